@@ -1,0 +1,35 @@
+// algenta._core: argument conversion and nothing else. Each family binds itself in its own file.
+#include <pybind11/pybind11.h>
+
+#include "algenta/kernels.hpp"
+#include "algenta/status_error.hpp"
+
+namespace py = pybind11;
+
+void bind_lossk(py::module_& m);
+void bind_residentk(py::module_& m);
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "algenta's C++/OpenMP core (private: use the algenta package)";
+  m.attr("__version__") = ALGENTA_VERSION;
+
+  // StatusError -> algenta.errors.<family error>(message, status). Imported lazily, at the first
+  // refusal, so importing _core stays free of Python-level dependencies.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const algenta::StatusError& e) {
+      py::gil_scoped_acquire gil;
+      py::object errors = py::module_::import("algenta.errors");
+      py::object exc = errors.attr("from_status")(
+          e.family == algenta::Family::Loss ? "lossk" : "residentk", e.status, e.what());
+      PyErr_SetObject(py::type::handle_of(exc).ptr(), exc.ptr());
+    }
+  });
+
+  m.def("isa_name", [] { return std::string(algenta::kern::isa_name()); },
+        "Instruction set of the active CPU kernels (or why ALGENTA_ISA was refused).");
+
+  bind_lossk(m);
+  bind_residentk(m);
+}

@@ -1,0 +1,359 @@
+// Hot CPU kernels, compiled once per instruction set (see CMakeLists.txt): a packed,
+// register-blocked GEMM micro-kernel and the vectorized exp behind the log-sum-exp and the
+// softmax gradient. Written with GCC/Clang vector extensions so one source serves SSE2, AVX2/FMA
+// and AVX-512; -ffp-contract (GCC's default) fuses the multiply-adds where FMA exists.
+//
+// Fuses: nothing across calls; each call packs its own A and B panels (zero-padded to MR x NR),
+// so callers may hand it any strided view. Never allocates: scratch comes from the caller.
+// Limits: dimensions must fit int64 products (the lossk ceilings guarantee it).
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "algenta/kernels.hpp"
+
+#ifndef ALGENTA_ISA_NS
+#error "compile with -DALGENTA_ISA_NS=isa_<name>"
+#endif
+
+namespace algenta {
+namespace kern {
+namespace ALGENTA_ISA_NS {
+
+#if defined(__AVX512F__)
+constexpr int VBYTES = 64;
+constexpr int MR = 8, NV = 3;  // 24 accumulators of 32 zmm registers
+#elif defined(__AVX2__)
+constexpr int VBYTES = 32;
+constexpr int MR = 6, NV = 2;  // 12 accumulators + 2 B vectors + 1 broadcast of 16 ymm
+#else
+constexpr int VBYTES = 16;
+constexpr int MR = 6, NV = 2;
+#endif
+
+typedef float vf __attribute__((vector_size(VBYTES)));
+typedef double vd __attribute__((vector_size(VBYTES)));
+typedef int32_t vi32 __attribute__((vector_size(VBYTES)));
+typedef int64_t vi64 __attribute__((vector_size(VBYTES)));
+
+template <class T>
+struct V;
+template <>
+struct V<float> {
+  typedef vf type;
+  typedef vi32 itype;
+};
+template <>
+struct V<double> {
+  typedef vd type;
+  typedef vi64 itype;
+};
+
+template <class T>
+constexpr int lanes() {
+  return VBYTES / int(sizeof(T));
+}
+
+template <class VT>
+inline VT loadu(const void* p) {
+  VT v;
+  std::memcpy(&v, p, sizeof(VT));
+  return v;
+}
+template <class VT>
+inline void storeu(void* p, const VT& v) {
+  std::memcpy(p, &v, sizeof(VT));
+}
+
+// Blocking. KC: k-depth of one packed panel pair (an MR x KC A panel lives in L1 across the
+// jr loop). MC x KC of A sits in L2, KC x NC of B in L2/L3. Tuned for Zen 2 / Skylake-class
+// caches; correctness never depends on them.
+constexpr int64_t KC = 256;
+constexpr int64_t MC = 16 * MR;
+template <class T>
+constexpr int64_t nr() {
+  return NV * lanes<T>();
+}
+template <class T>
+constexpr int64_t NC() {
+  return 64 * nr<T>();
+}
+
+template <class T>
+int64_t gemm_ws_elems() {
+  // packed A (MC x KC), packed B (KC x NC), one edge tile; padded for 64-byte alignment.
+  return MC * KC + KC * NC<T>() + MR * nr<T>() + 3 * 64;
+}
+
+template <class T>
+inline T* align64(T* p) {
+  uintptr_t u = reinterpret_cast<uintptr_t>(p);
+  return reinterpret_cast<T*>((u + 63) & ~uintptr_t(63));
+}
+
+// A block (mc x kc) -> panels of MR rows: Ap[panel][k][r], zero rows past mc.
+template <class T>
+void pack_a(int64_t mc, int64_t kc, const T* A, int64_t rsa, int64_t csa, T* Ap) {
+  for (int64_t i0 = 0; i0 < mc; i0 += MR) {
+    const int64_t mr = mc - i0 < MR ? mc - i0 : MR;
+    T* dst = Ap + i0 * kc;
+    if (csa == 1) {
+      for (int64_t r = 0; r < mr; ++r) {
+        const T* src = A + (i0 + r) * rsa;
+        for (int64_t k = 0; k < kc; ++k) dst[k * MR + r] = src[k];
+      }
+    } else {
+      for (int64_t k = 0; k < kc; ++k) {
+        const T* src = A + i0 * rsa + k * csa;
+        for (int64_t r = 0; r < mr; ++r) dst[k * MR + r] = src[r * rsa];
+      }
+    }
+    for (int64_t r = mr; r < MR; ++r)
+      for (int64_t k = 0; k < kc; ++k) dst[k * MR + r] = T(0);
+  }
+}
+
+// B block (kc x nc) -> panels of NR columns: Bp[panel][k][c], zero columns past nc.
+template <class T>
+void pack_b(int64_t kc, int64_t nc, const T* B, int64_t rsb, int64_t csb, T* Bp) {
+  constexpr int64_t NR = nr<T>();
+  for (int64_t j0 = 0; j0 < nc; j0 += NR) {
+    const int64_t w = nc - j0 < NR ? nc - j0 : NR;
+    T* dst = Bp + j0 * kc;
+    if (csb == 1) {
+      for (int64_t k = 0; k < kc; ++k) {
+        const T* src = B + k * rsb + j0;
+        T* d = dst + k * NR;
+        int64_t c = 0;
+        for (; c < w; ++c) d[c] = src[c];
+        for (; c < NR; ++c) d[c] = T(0);
+      }
+    } else {
+      for (int64_t c = 0; c < w; ++c) {
+        const T* src = B + (j0 + c) * csb;
+        for (int64_t k = 0; k < kc; ++k) dst[k * NR + c] = src[k * rsb];
+      }
+      for (int64_t c = w; c < NR; ++c)
+        for (int64_t k = 0; k < kc; ++k) dst[k * NR + c] = T(0);
+    }
+  }
+}
+
+// MR x NR tile: C = (load ? C : 0) + sum_k a[k][:] b[k][:], one chain per cell in k order.
+template <class T>
+inline void ukernel(int64_t kc, const T* __restrict a, const T* __restrict b, T* c, int64_t ldc,
+                    bool load) {
+  typedef typename V<T>::type VT;
+  constexpr int L = lanes<T>();
+  constexpr int NR = NV * L;
+  VT acc[MR][NV];
+  if (load) {
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NV; ++j) acc[i][j] = loadu<VT>(c + i * ldc + j * L);
+  } else {
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NV; ++j) acc[i][j] = VT{};
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    VT bv[NV];
+    for (int j = 0; j < NV; ++j) bv[j] = loadu<VT>(b + k * NR + j * L);
+    for (int i = 0; i < MR; ++i) {
+      const T ai = a[k * MR + i];
+      for (int j = 0; j < NV; ++j) acc[i][j] += bv[j] * ai;
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NV; ++j) storeu(c + i * ldc + j * L, acc[i][j]);
+}
+
+template <class T>
+void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t rsa, int64_t csa, const T* B,
+          int64_t rsb, int64_t csb, T* C, int64_t ldc, bool accumulate, T* ws) {
+  constexpr int64_t NR = nr<T>();
+  constexpr int64_t NCB = NC<T>();
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    if (!accumulate)
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = T(0);
+    return;
+  }
+  T* Ap = align64(ws);
+  T* Bp = align64(Ap + MC * KC);
+  T* tile = align64(Bp + KC * NCB);
+  for (int64_t jc = 0; jc < N; jc += NCB) {
+    const int64_t nc = N - jc < NCB ? N - jc : NCB;
+    for (int64_t pc = 0; pc < K; pc += KC) {
+      const int64_t kc = K - pc < KC ? K - pc : KC;
+      const bool load = accumulate || pc > 0;  // later k blocks continue the same chain
+      pack_b(kc, nc, B + pc * rsb + jc * csb, rsb, csb, Bp);
+      for (int64_t ic = 0; ic < M; ic += MC) {
+        const int64_t mc = M - ic < MC ? M - ic : MC;
+        pack_a(mc, kc, A + ic * rsa + pc * csa, rsa, csa, Ap);
+        for (int64_t jr = 0; jr < nc; jr += NR) {
+          const int64_t nr_ = nc - jr < NR ? nc - jr : NR;
+          for (int64_t ir = 0; ir < mc; ir += MR) {
+            const int64_t mr_ = mc - ir < MR ? mc - ir : MR;
+            T* c = C + (ic + ir) * ldc + jc + jr;
+            if (mr_ == MR && nr_ == NR) {
+              ukernel<T>(kc, Ap + ir * kc, Bp + jr * kc, c, ldc, load);
+            } else {
+              // Edge: the same micro-kernel on a full tile copy, so edge cells take the same
+              // instruction sequence as interior ones.
+              if (load)
+                for (int64_t i = 0; i < mr_; ++i)
+                  for (int64_t j = 0; j < nr_; ++j) tile[i * NR + j] = c[i * ldc + j];
+              ukernel<T>(kc, Ap + ir * kc, Bp + jr * kc, tile, NR, load);
+              for (int64_t i = 0; i < mr_; ++i)
+                for (int64_t j = 0; j < nr_; ++j) c[i * ldc + j] = tile[i * NR + j];
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- vectorized exp ------------------------------------------------------------------------
+// exp(x) = 2^n * p(r), n = round(x / ln2), r = x - n*ln2 (two-constant Cody-Waite split, so r is
+// exact to well below an ulp), p a Taylor polynomial: degree 13 for double (truncation < 1e-17
+// on |r| <= ln2/2), degree 7 for float (< 6e-9). exp(0) is exactly 1. Arguments below the
+// smallest normal result flush to 0; callers only pass x <= 0 (logit minus a max or an lse).
+inline vd vexp(vd x) {
+  const vd shifter = vd{} + 0x1.8p52;
+  const vd t = x * 1.4426950408889634 + shifter;
+  const vd n = t - shifter;
+  vd r = x - n * 0.693147180559890330187;  // ln2 hi (exact in 32 bits of mantissa)
+  r = r - n * 5.4979230187083711552e-14;   // ln2 lo
+  vd p = vd{} + 1.0 / 6227020800.0;
+  p = p * r + 1.0 / 479001600.0;
+  p = p * r + 1.0 / 39916800.0;
+  p = p * r + 1.0 / 3628800.0;
+  p = p * r + 1.0 / 362880.0;
+  p = p * r + 1.0 / 40320.0;
+  p = p * r + 1.0 / 5040.0;
+  p = p * r + 1.0 / 720.0;
+  p = p * r + 1.0 / 120.0;
+  p = p * r + 1.0 / 24.0;
+  p = p * r + 1.0 / 6.0;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  vi64 tb, sb;
+  std::memcpy(&tb, &t, sizeof tb);
+  std::memcpy(&sb, &shifter, sizeof sb);
+  const vi64 e = ((tb - sb) + 1023) << 52;
+  vd scale;
+  std::memcpy(&scale, &e, sizeof scale);
+  vd y = p * scale;
+  const vi64 tiny = x < -708.0;  // lane mask: all ones where true
+  vi64 yb;
+  std::memcpy(&yb, &y, sizeof yb);
+  yb = yb & ~tiny;
+  std::memcpy(&y, &yb, sizeof y);
+  return y;
+}
+
+inline vf vexp(vf x) {
+  const vf shifter = vf{} + 0x1.8p23f;
+  const vf t = x * 1.44269504f + shifter;
+  const vf n = t - shifter;
+  vf r = x - n * 0.693145751953125f;  // ln2 hi
+  r = r - n * 1.428606765330187045e-06f;  // ln2 lo
+  vf p = vf{} + 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  vi32 tb, sb;
+  std::memcpy(&tb, &t, sizeof tb);
+  std::memcpy(&sb, &shifter, sizeof sb);
+  const vi32 e = ((tb - sb) + 127) << 23;
+  vf scale;
+  std::memcpy(&scale, &e, sizeof scale);
+  vf y = p * scale;
+  const vi32 tiny = x < -87.0f;
+  vi32 yb;
+  std::memcpy(&yb, &y, sizeof yb);
+  yb = yb & ~tiny;
+  std::memcpy(&y, &yb, sizeof y);
+  return y;
+}
+
+// exp of a scalar through the vector routine, so tails and bodies round identically.
+template <class T>
+inline T sexp(T x) {
+  typedef typename V<T>::type VT;
+  VT v = VT{} + x;
+  return vexp(v)[0];
+}
+
+template <class T>
+BlockStats block_stats(const T* z, int64_t n) {
+  typedef typename V<T>::type VT;
+  constexpr int L = lanes<T>();
+  BlockStats s{-std::numeric_limits<double>::infinity(), 0.0, 0.0};
+  if (n <= 0) return s;
+  T m = z[0];
+  for (int64_t v = 1; v < n; ++v) m = z[v] > m ? z[v] : m;
+  // Lane-wise double accumulators, folded in lane order at the end: a fixed order for a
+  // given n, independent of where the block sits in the vocabulary.
+  double se[L], sz[L];
+  for (int l = 0; l < L; ++l) se[l] = sz[l] = 0.0;
+  int64_t v = 0;
+  for (; v + L <= n; v += L) {
+    VT x = loadu<VT>(z + v);
+    VT e = vexp(x - m);
+    for (int l = 0; l < L; ++l) {
+      se[l] += double(e[l]);
+      sz[l] += double(x[l]);
+    }
+  }
+  for (int l = 0; v < n; ++v, ++l) {
+    se[l] += double(sexp<T>(z[v] - m));
+    sz[l] += double(z[v]);
+  }
+  double a = 0.0, b = 0.0;
+  for (int l = 0; l < L; ++l) {
+    a += se[l];
+    b += sz[l];
+  }
+  s.max = double(m);
+  s.sumexp = a;
+  s.sumz = b;
+  return s;
+}
+
+template <class T>
+void softmax_shift(T* z, int64_t n, double lse, double off, double scale) {
+  typedef typename V<T>::type VT;
+  constexpr int L = lanes<T>();
+  const T l = T(lse), o = T(off), sc = T(scale);
+  int64_t v = 0;
+  for (; v + L <= n; v += L) {
+    VT x = loadu<VT>(z + v);
+    storeu(z + v, (vexp(x - l) - o) * sc);
+  }
+  for (; v < n; ++v) z[v] = (sexp<T>(z[v] - l) - o) * sc;
+}
+
+}  // namespace ALGENTA_ISA_NS
+
+#define ALGENTA_CAT2(a, b) a##b
+#define ALGENTA_CAT(a, b) ALGENTA_CAT2(a, b)
+
+// One table per compiled instruction set; cpu_dispatch.cpp declares and picks among them.
+extern const IsaTable ALGENTA_CAT(ALGENTA_ISA_NS, _table);
+const IsaTable ALGENTA_CAT(ALGENTA_ISA_NS, _table) = {
+    ALGENTA_ISA_NAME,
+    {ALGENTA_ISA_NS::gemm<float>, ALGENTA_ISA_NS::gemm_ws_elems<float>,
+     ALGENTA_ISA_NS::block_stats<float>, ALGENTA_ISA_NS::softmax_shift<float>},
+    {ALGENTA_ISA_NS::gemm<double>, ALGENTA_ISA_NS::gemm_ws_elems<double>,
+     ALGENTA_ISA_NS::block_stats<double>, ALGENTA_ISA_NS::softmax_shift<double>},
+};
+
+}  // namespace kern
+}  // namespace algenta

@@ -1,0 +1,325 @@
+"""lossk.cross_entropy: cross-entropy fused with the output projection, a chunk at a time.
+
+``linear_cross_entropy`` is the NumPy-native entry point (float32/float64, PyTorch's
+``F.cross_entropy`` options). The ``*_flat`` functions are the seed's flat-list API; they are
+thin callers of the same C++ core and compute in float64.
+
+Numerics: the loss, the per-token log-sum-exp and both gradients are bit-identical for every
+chunk size and every OpenMP thread count (per-token losses summed in token order, log-sum-exp
+merged over fixed 256-class blocks in block order, GEMM cells accumulated in a fixed order).
+The mean is ``first + sum(l - first) / n`` over the valid tokens, which returns the exact loss
+when every token has the same one (uniform logits give exactly ``log(vocab)``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import _core
+from .._convert import as_float, as_int, float_array, int_array, length_of
+from .._records import record_type
+from ..errors import LossError
+from . import contract as _contract
+
+_c = _core.lossk
+
+CELoss = record_type("CELoss", ("mean_loss", "total_loss", "status"), "Loss of a logits tensor.")
+FusedCELoss = record_type(
+    "FusedCELoss",
+    ("mean_loss", "total_loss", "chunk", "n_chunks", "status"),
+    "Loss of the fused projection + cross-entropy, computed `chunk` tokens at a time.",
+)
+FusedCEGrad = record_type(
+    "FusedCEGrad",
+    ("d_hidden", "d_weight", "mean_loss", "status"),
+    "Gradients of the mean loss: d_hidden (n_tok*d_model) and d_weight (vocab*d_model), flat.",
+)
+PeakLogitCells = record_type(
+    "PeakLogitCells",
+    ("chunked_cells", "materialized_cells", "ratio", "n_chunks", "status"),
+    "Logit cells a chunked call holds at once against the materialized (n_tok, vocab) tensor.",
+)
+ChunkInvariance = record_type(
+    "ChunkInvariance",
+    ("total_chunk_1", "total_chunk_n", "chunk_n", "max_abs_delta", "status"),
+    "Totals at chunk=1 and chunk=n (n_tok, or the largest chunk the logit budget admits).",
+)
+LinearCrossEntropy = record_type(
+    "LinearCrossEntropy",
+    ("loss", "lse", "n_valid", "d_hidden", "d_weight"),
+    "Result of linear_cross_entropy: loss (scalar, or per token for reduction='none'), per-token "
+    "log-sum-exp, the count of non-ignored tokens, and the gradients when with_grad=True.",
+)
+
+_OK = _contract.LOSS_OK
+
+
+def _err(msg: str, status: int) -> LossError:
+    return LossError(msg, status)
+
+
+def _dims(n_tok, d_model, vocab) -> tuple:
+    n, d, v = as_int(n_tok, "n_tok"), as_int(d_model, "d_model"), as_int(vocab, "vocab")
+    st = _contract.loss_dims_check(n, d, v)
+    if st != _OK:
+        raise _err(f"shape (n_tok={n}, d_model={d}, vocab={v}) refused", st)
+    return n, d, v
+
+
+def _need(x, name: str, need: int) -> None:
+    have = length_of(x, name)
+    if have < need:
+        raise _err(f"{name} has {have} elements, the declared shape needs {need}", 582)
+
+
+def _targets(t, need: int) -> np.ndarray:
+    _need(t, "targets", need)
+    return int_array(t, "targets", error=lambda m: _err(m, 586))[:need]
+
+
+def _chunk(chunk, n_tok: int, vocab: int) -> int:
+    if chunk is None:
+        c = _contract.loss_max_chunk(n_tok, vocab)
+        if c < 1:
+            raise _err(f"no chunk of vocab={vocab} fits the logit budget", 587)
+        return c
+    c = as_int(chunk, "chunk")
+    st = _contract.loss_chunk_check(c, vocab)
+    if st != _OK:
+        raise _err(f"chunk={c} refused for vocab={vocab}", st)
+    return c
+
+
+def _run(hidden, weight, targets, n, d, v, chunk, *, reduction="mean", ignore_index=None,
+         label_smoothing=0.0, want_dh=False, want_dw=False, grad_output=None, want_loss_tok=False):
+    fn = _c.fused_linear_ce_f32 if hidden.dtype == np.float32 else _c.fused_linear_ce_f64
+    return fn(hidden, weight, targets, n, d, v, chunk, reduction, ignore_index is not None,
+              0 if ignore_index is None else ignore_index, label_smoothing, want_dh, want_dw,
+              grad_output, want_loss_tok)
+
+
+# ---- the seed's flat API ----------------------------------------------------------------------
+
+def ce_from_logits_flat(logits, targets, n_tok, vocab) -> CELoss:
+    """Cross-entropy of an already-materialized row-major [n_tok][vocab] float64 logit tensor:
+    the reference the fused kernel is measured against. Uniform logits give exactly log(vocab)."""
+    n, v = as_int(n_tok, "n_tok"), as_int(vocab, "vocab")
+    if n < 1 or v < 1:
+        raise _err(f"n_tok and vocab must be >= 1, got {n}, {v}", 581)
+    if n > _contract.LOSS_MAX_TOKENS or v > _contract.LOSS_MAX_VOCAB:
+        raise _err(f"n_tok={n} or vocab={v} exceeds its ceiling", 583)
+    _need(logits, "logits", n * v)
+    t = _targets(targets, n)
+    z = float_array(logits, "logits")[: n * v]
+    s = _c.LossSum()
+    _c.ce_from_logits(z, t, n, v, s)
+    return CELoss(mean_loss=s.mean, total_loss=s.total, status=_OK)
+
+
+def fused_linear_ce_flat(hidden, weight, targets, n_tok, d_model, vocab, chunk) -> FusedCELoss:
+    """Projects hidden [n_tok][d_model] through weight [vocab][d_model] (row-major) and reduces to
+    cross-entropy `chunk` tokens at a time; the [n_tok][vocab] logits never exist."""
+    n, d, v = _dims(n_tok, d_model, vocab)
+    _need(hidden, "hidden", n * d)
+    _need(weight, "weight", v * d)
+    t = _targets(targets, n)
+    c = _chunk(chunk, n, v)
+    h = float_array(hidden, "hidden")[: n * d]
+    w = float_array(weight, "weight")[: v * d]
+    r = _run(h, w, t, n, d, v, c)
+    return FusedCELoss(mean_loss=r["mean"], total_loss=r["total"], chunk=c,
+                       n_chunks=-(-n // c), status=_OK)
+
+
+def fused_linear_ce_bwd_flat(hidden, weight, targets, n_tok, d_model, vocab, chunk=None) -> FusedCEGrad:
+    """Gradients of the mean fused loss with respect to hidden and weight (flat float64 arrays),
+    chunked like the forward: peak extra memory is the gradients plus one chunk of logits.
+    ``chunk=None`` takes the largest chunk the logit budget admits."""
+    n, d, v = _dims(n_tok, d_model, vocab)
+    _need(hidden, "hidden", n * d)
+    _need(weight, "weight", v * d)
+    t = _targets(targets, n)
+    c = _chunk(chunk, n, v)
+    h = float_array(hidden, "hidden")[: n * d]
+    w = float_array(weight, "weight")[: v * d]
+    r = _run(h, w, t, n, d, v, c, want_dh=True, want_dw=True)
+    return FusedCEGrad(d_hidden=r["d_hidden"].reshape(-1), d_weight=r["d_weight"].reshape(-1),
+                       mean_loss=r["mean"], status=_OK)
+
+
+def ce_peak_logit_cells(n_tok, vocab, chunk) -> PeakLogitCells:
+    """What a chunked call holds at once against the materialized form. Never raises for
+    out-of-range sizes: the status says why (581/583 with cells -1.0, or 587 for a chunk over the
+    logit budget, whose numbers are still reported). A chunk larger than n_tok holds n_tok rows."""
+    n, v, c = as_int(n_tok, "n_tok"), as_int(vocab, "vocab"), as_int(chunk, "chunk")
+    bad = None
+    if min(n, v, c) < 1:
+        bad = 581
+    elif n > _contract.LOSS_MAX_TOKENS or v > _contract.LOSS_MAX_VOCAB or c > _contract.LOSS_MAX_TOKENS:
+        bad = 583
+    if bad is not None:
+        return PeakLogitCells(chunked_cells=-1.0, materialized_cells=-1.0, ratio=0.0, n_chunks=0,
+                              status=bad)
+    held = min(c, n)
+    chunked = _contract.loss_logit_cells(held, v)
+    materialized = _contract.loss_logit_cells(n, v)
+    return PeakLogitCells(chunked_cells=chunked, materialized_cells=materialized,
+                          ratio=materialized / chunked, n_chunks=-(-n // c),
+                          status=_contract.loss_chunk_check(held, v))
+
+
+def ce_chunk_invariance_flat(hidden, weight, targets, n_tok, d_model, vocab) -> ChunkInvariance:
+    """Runs the fused loss at chunk=1 and chunk=n_tok (or the largest chunk the logit budget
+    admits) and reports how far apart they land. The contract is max_abs_delta == 0.0: the
+    accumulation order does not depend on the chunk size."""
+    n, d, v = _dims(n_tok, d_model, vocab)
+    _need(hidden, "hidden", n * d)
+    _need(weight, "weight", v * d)
+    t = _targets(targets, n)
+    big = _chunk(None, n, v)
+    h = float_array(hidden, "hidden")[: n * d]
+    w = float_array(weight, "weight")[: v * d]
+    a = _run(h, w, t, n, d, v, 1, want_loss_tok=True)
+    b = _run(h, w, t, n, d, v, big, want_loss_tok=True)
+    delta = max(abs(a["total"] - b["total"]), abs(a["mean"] - b["mean"]),
+                float(np.max(np.abs(a["loss_tok"] - b["loss_tok"]))),
+                float(np.max(np.abs(a["lse"] - b["lse"]))))
+    return ChunkInvariance(total_chunk_1=a["total"], total_chunk_n=b["total"], chunk_n=big,
+                           max_abs_delta=delta, status=_OK)
+
+
+def ce_grad_logits_flat(logits, targets, n_tok, vocab, scale=1.0) -> np.ndarray:
+    """(softmax(logits) - one_hot(target)) * scale for row-major [n_tok][vocab] float64 logits,
+    returned flat: the backward of cross-entropy with respect to its logits."""
+    n, v = as_int(n_tok, "n_tok"), as_int(vocab, "vocab")
+    s = as_float(scale, "scale")
+    if not math.isfinite(s):
+        raise _err(f"scale must be finite, got {s}", 585)
+    if n < 1 or v < 1:
+        raise _err(f"n_tok and vocab must be >= 1, got {n}, {v}", 581)
+    if n > _contract.LOSS_MAX_TOKENS or v > _contract.LOSS_MAX_VOCAB:
+        raise _err(f"n_tok={n} or vocab={v} exceeds its ceiling", 583)
+    _need(logits, "logits", n * v)
+    t = _targets(targets, n)
+    z = float_array(logits, "logits")[: n * v]
+    return _c.ce_grad_logits(z, t, n, v, s)
+
+
+class CEAccumulator:
+    """Cross-entropy over logits that arrive a piece at a time.
+
+    ``add(logits, targets)`` takes a row-major [n][vocab] float64 piece (n = len(targets)); the
+    ``mean_loss`` and ``total_loss`` read at the end are bit-identical to one
+    ``ce_from_logits_flat`` over the concatenation (the same token-order sum)."""
+
+    def __init__(self, vocab):
+        v = as_int(vocab, "vocab")
+        if v < 1:
+            raise _err(f"vocab must be >= 1, got {v}", 581)
+        if v > _contract.LOSS_MAX_VOCAB:
+            raise _err(f"vocab={v} exceeds its ceiling", 583)
+        self.vocab = v
+        self._sum = _c.LossSum()
+
+    def add(self, logits, targets) -> None:
+        n = length_of(targets, "targets")
+        if n == 0:
+            return
+        if n > _contract.LOSS_MAX_TOKENS:
+            raise _err(f"{n} tokens in one piece exceed the ceiling", 583)
+        _need(logits, "logits", n * self.vocab)
+        t = _targets(targets, n)
+        z = float_array(logits, "logits")[: n * self.vocab]
+        _c.ce_from_logits(z, t, n, self.vocab, self._sum)
+
+    @property
+    def n_tok(self) -> int:
+        return self._sum.count
+
+    @property
+    def total_loss(self) -> float:
+        return self._sum.total
+
+    @property
+    def mean_loss(self) -> float:
+        """Mean over every token added so far (NaN before the first)."""
+        return self._sum.mean
+
+
+# ---- the NumPy-native entry point ------------------------------------------------------------
+
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+def linear_cross_entropy(hidden, weight, targets, *, chunk=None, reduction="mean",
+                         ignore_index=None, label_smoothing=0.0, with_grad=False,
+                         grad_output=None) -> LinearCrossEntropy:
+    """Cross-entropy of ``hidden @ weight.T`` against ``targets`` without materializing the logits.
+
+    hidden (n_tok, d_model) and weight (vocab, d_model): 2-D arrays of one dtype, float32 or
+    float64. targets (n_tok,): integers. ``chunk=None`` picks the largest chunk the logit budget
+    (2**27 cells) admits. ``reduction``, ``ignore_index`` and ``label_smoothing`` follow PyTorch's
+    ``F.cross_entropy``: "mean" averages over non-ignored tokens (NaN when every token is ignored,
+    as in PyTorch, with zero gradients), "sum" adds them, "none" returns the per-token losses (0
+    for ignored tokens). With ``ignore_index=None`` every target must be in [0, vocab): a negative
+    target is refused (586), never read as a mask.
+
+    ``with_grad=True`` also returns ``d_hidden`` and ``d_weight`` (input dtype) of the reduced
+    loss, computed in the same pass; for "none", ``grad_output`` (n_tok,) weights each token
+    (default all ones). Peak extra memory is the gradients plus one chunk of logits.
+    """
+    if not isinstance(hidden, np.ndarray) or not isinstance(weight, np.ndarray):
+        raise TypeError("hidden and weight must be NumPy arrays")
+    if hidden.dtype not in (np.float32, np.float64) or weight.dtype != hidden.dtype:
+        raise TypeError(f"hidden and weight must share one dtype, float32 or float64; got "
+                        f"{hidden.dtype} and {weight.dtype}")
+    if hidden.ndim != 2 or weight.ndim != 2:
+        raise _err(f"hidden and weight must be 2-D, got shapes {hidden.shape} and {weight.shape}", 582)
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    if isinstance(with_grad, (bool, np.bool_)) is False:
+        raise TypeError("with_grad must be a bool")
+    n, d = hidden.shape
+    v = weight.shape[0]
+    if n < 1 or d < 1 or v < 1:
+        raise _err(f"empty dimension: hidden {hidden.shape}, weight {weight.shape}", 581)
+    if weight.shape[1] != d:
+        raise _err(f"weight has d_model {weight.shape[1]}, hidden has {d}", 582)
+    n, d, v = _dims(n, d, v)
+    if not isinstance(targets, np.ndarray):
+        targets = np.asarray(targets)
+    if targets.ndim != 1 or targets.shape[0] != n:
+        raise _err(f"targets must have shape ({n},), got {targets.shape}", 582)
+    t = int_array(targets, "targets", error=lambda m: _err(m, 586))
+    c = _chunk(chunk, n, v)
+    ii = None if ignore_index is None else as_int(ignore_index, "ignore_index")
+    if ii is not None and not -(2**63) <= ii < 2**63:
+        raise _err(f"ignore_index={ii} is beyond int64", 586)
+    ls = as_float(label_smoothing, "label_smoothing")
+    go = None
+    if grad_output is not None:
+        if not with_grad or reduction != "none":
+            raise ValueError("grad_output is only used with with_grad=True and reduction='none'")
+        go = np.asarray(grad_output)
+        if go.shape != (n,):
+            raise _err(f"grad_output must have shape ({n},), got {go.shape}", 582)
+        go = np.ascontiguousarray(go, dtype=hidden.dtype)
+    h = np.ascontiguousarray(hidden)
+    w = np.ascontiguousarray(weight)
+    r = _run(h, w, t, n, d, v, c, reduction=reduction, ignore_index=ii, label_smoothing=ls,
+             want_dh=bool(with_grad), want_dw=bool(with_grad), grad_output=go,
+             want_loss_tok=reduction == "none")
+    if reduction == "none":
+        loss = r["loss_tok"]
+    else:
+        loss = hidden.dtype.type(r["mean"] if reduction == "mean" else r["total"])
+    return LinearCrossEntropy(loss=loss, lse=r["lse"], n_valid=r["n_valid"],
+                              d_hidden=r["d_hidden"], d_weight=r["d_weight"])
+
+
+__all__ = [
+    "ce_from_logits_flat", "fused_linear_ce_flat", "fused_linear_ce_bwd_flat", "ce_peak_logit_cells",
+    "ce_chunk_invariance_flat", "ce_grad_logits_flat", "CEAccumulator", "linear_cross_entropy",
+]
