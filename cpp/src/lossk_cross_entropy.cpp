@@ -158,12 +158,16 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
         se += s[b].sumexp * std::exp(s[b].max - m);
         sz += s[b].sumz;
       }
-      const double l = m + std::log(se);
+      // loss = (m - z_target) + log(se), not lse - z_target: the logit difference is formed
+      // before the log is added, so equal logits give exactly log(V) whatever their value,
+      // and a large max does not cancel against a large target logit.
+      const double logse = std::log(se);
+      const double l = m + logse;
       lse[t] = l;
       double lt = 0.0;
       if (valid[t]) {
-        lt = l - ztarget[r];
-        if (eps > 0.0) lt = (1.0 - eps) * lt + eps * (l - sz / double(V));
+        lt = (m - ztarget[r]) + logse;
+        if (eps > 0.0) lt = (1.0 - eps) * lt + eps * ((m - sz / double(V)) + logse);
       }
       loss[t] = lt;
       if (with_grad) {
@@ -256,21 +260,24 @@ int ce_from_logits_check(const double* logits, const int64_t* targets, int64_t n
 
 // Straight two-pass log-sum-exp per row with libm's exp/log, in vocab order: the independent
 // reference the fused kernel is tested against.
-static double row_lse(const double* z, int64_t V) {
+struct RowLse {
+  double max, logse;  // lse = max + logse
+};
+static RowLse row_lse(const double* z, int64_t V) {
   double m = z[0];
   for (int64_t v = 1; v < V; ++v) m = z[v] > m ? z[v] : m;
   double s = 0.0;
   for (int64_t v = 0; v < V; ++v) s += std::exp(z[v] - m);
-  return m + std::log(s);
+  return {m, std::log(s)};
 }
 
 void ce_from_logits(const double* logits, const int64_t* targets, int64_t n_tok, int64_t vocab,
                     LossSum& sum, double* lse_out) {
   for (int64_t t = 0; t < n_tok; ++t) {
     const double* z = logits + t * vocab;
-    const double l = row_lse(z, vocab);
-    if (lse_out) lse_out[t] = l;
-    sum.add(l - z[targets[t]]);
+    const RowLse r = row_lse(z, vocab);
+    if (lse_out) lse_out[t] = r.max + r.logse;
+    sum.add((r.max - z[targets[t]]) + r.logse);  // exact log(V) for equal logits
   }
 }
 
@@ -279,7 +286,8 @@ void ce_grad_logits(const double* logits, const int64_t* targets, int64_t n_tok,
   for (int64_t t = 0; t < n_tok; ++t) {
     const double* z = logits + t * vocab;
     double* g = out + t * vocab;
-    const double l = row_lse(z, vocab);
+    const RowLse r = row_lse(z, vocab);
+    const double l = r.max + r.logse;
     for (int64_t v = 0; v < vocab; ++v) g[v] = std::exp(z[v] - l) * scale;
     g[targets[t]] -= scale;
   }
