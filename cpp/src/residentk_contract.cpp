@@ -1,0 +1,296 @@
+// residentk contract and probe: status names, shape/context checks, resident sizing, the split-K
+// and prefill-tile policies. Pure int64 arithmetic; every product goes through mul() so a value
+// that slipped past a ceiling is refused instead of wrapping into a small, plausible count.
+#include <cmath>
+#include <string>
+
+#include "algenta/residentk.hpp"
+
+namespace algenta {
+namespace residentk {
+
+namespace {
+
+// a * b into *out; false (and *out untouched) on int64 overflow.
+bool mul(int64_t a, int64_t b, int64_t* out) { return !__builtin_mul_overflow(a, b, out); }
+bool add(int64_t a, int64_t b, int64_t* out) { return !__builtin_add_overflow(a, b, out); }
+
+bool is_pow2(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
+
+void say(std::string* why, const std::string& msg) {
+  if (why) *why = msg;
+}
+
+std::string num(int64_t v) { return std::to_string(v); }
+
+struct Dim {
+  const char* name;
+  int64_t value, ceiling;
+};
+
+}  // namespace
+
+int64_t residentk_smem_tier_bytes() { return RESIDENT_SMEM_TIER_BYTES; }
+
+const char* residentk_status_name(int64_t code) {
+  switch (code) {
+    case RESIDENT_OK: return "resident_ok";
+    case RESIDENT_ERR_EMPTY_DIMENSION: return "resident_empty_dimension";
+    case RESIDENT_ERR_DIMENSION_TOO_LARGE: return "resident_dimension_too_large";
+    case RESIDENT_ERR_HEAD_GEOMETRY: return "resident_head_geometry_unsupported";
+    case RESIDENT_ERR_NO_KERNELS: return "resident_shader_toolchain_absent";
+    case RESIDENT_ERR_NO_ACCELERATOR: return "resident_no_accelerator_present";
+    case RESIDENT_ERR_CONTEXT_FULL: return "resident_kv_context_full";
+    case RESIDENT_ERR_WEIGHT_LENGTH: return "resident_weight_length_mismatch";
+    case RESIDENT_ERR_LAUNCH_FAILED: return "resident_launch_failed";
+    case RESIDENT_ERR_NON_FINITE: return "resident_non_finite_scalar";
+    default: return "resident_code_out_of_range";  // 610 itself included: it names "not a code"
+  }
+}
+
+static int shape_check_impl(const Dim* dims, int n, int64_t d_model, int64_t h_q, int64_t h_kv,
+                            int64_t d_head, int64_t d_ff, std::string* why) {
+  // Every emptiness before any ceiling, so the code does not depend on argument order.
+  for (int i = 0; i < n; ++i)
+    if (dims[i].value < 1) {
+      say(why, std::string(dims[i].name) + " is " + num(dims[i].value) + "; it must be >= 1");
+      return RESIDENT_ERR_EMPTY_DIMENSION;
+    }
+  for (int i = 0; i < n; ++i)
+    if (dims[i].value > dims[i].ceiling) {
+      say(why, std::string(dims[i].name) + " " + num(dims[i].value) + " exceeds its ceiling " +
+                   num(dims[i].ceiling));
+      return RESIDENT_ERR_DIMENSION_TOO_LARGE;
+    }
+  if (h_q % h_kv != 0) {
+    say(why, "h_q " + num(h_q) + " is not a multiple of h_kv " + num(h_kv) +
+                 " (grouped-query attention needs an integer group size)");
+    return RESIDENT_ERR_HEAD_GEOMETRY;
+  }
+  if (!is_pow2(d_head)) {
+    say(why, "d_head " + num(d_head) +
+                 " is not a power of two (the RoPE/SDPA reduction halves its stride)");
+    return RESIDENT_ERR_HEAD_GEOMETRY;
+  }
+  // Within the ceilings h_q * d_head <= 2^20: no overflow.
+  const int64_t qdim = h_q * d_head;
+  int64_t staged = d_model;
+  const char* which = "d_model";
+  if (d_ff > staged) staged = d_ff, which = "d_ff";
+  if (qdim > staged) staged = qdim, which = "h_q*d_head";
+  if (staged > RESIDENT_MAX_STAGED_FLOATS) {
+    say(why, std::string("largest staged vector (") + which + " = " + num(staged) +
+                 " float32, " + num(staged * 4) + " bytes) exceeds the compiled shared-memory tier of " +
+                 num(RESIDENT_SMEM_TIER_BYTES) + " bytes (" + num(RESIDENT_MAX_STAGED_FLOATS) +
+                 " floats; rebuild with -Ccmake.define.ALGENTA_SMEM_TIER_BYTES=" +
+                 num(((staged * 4 + 1023) / 1024) * 1024) + ")");
+    return RESIDENT_ERR_DIMENSION_TOO_LARGE;
+  }
+  say(why, "");
+  return RESIDENT_OK;
+}
+
+int residentk_dims_check(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff) {
+  const Dim dims[] = {{"d_model", d_model, RESIDENT_MAX_D_MODEL},
+                      {"h_q", h_q, RESIDENT_MAX_HEADS},
+                      {"h_kv", h_kv, RESIDENT_MAX_HEADS},
+                      {"d_head", d_head, RESIDENT_MAX_D_HEAD},
+                      {"d_ff", d_ff, RESIDENT_MAX_D_FF}};
+  return shape_check_impl(dims, 5, d_model, h_q, h_kv, d_head, d_ff, nullptr);
+}
+
+int residentk_shape_check(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
+                          int64_t n_layers, int64_t vocab, std::string* why) {
+  const Dim dims[] = {{"d_model", d_model, RESIDENT_MAX_D_MODEL},
+                      {"h_q", h_q, RESIDENT_MAX_HEADS},
+                      {"h_kv", h_kv, RESIDENT_MAX_HEADS},
+                      {"d_head", d_head, RESIDENT_MAX_D_HEAD},
+                      {"d_ff", d_ff, RESIDENT_MAX_D_FF},
+                      {"n_layers", n_layers, RESIDENT_MAX_LAYERS},
+                      {"vocab", vocab, RESIDENT_MAX_VOCAB}};
+  return shape_check_impl(dims, 7, d_model, h_q, h_kv, d_head, d_ff, why);
+}
+
+int residentk_context_check(int64_t n_prompt, int64_t n_new, int64_t max_ctx) {
+  if (n_prompt < 1 || n_new < 0 || max_ctx < 1) return RESIDENT_ERR_EMPTY_DIMENSION;
+  if (max_ctx > RESIDENT_MAX_CONTEXT) return RESIDENT_ERR_DIMENSION_TOO_LARGE;
+  // n_prompt + n_new > max_ctx without forming a sum that could overflow.
+  if (n_prompt > max_ctx || n_new > max_ctx - n_prompt) return RESIDENT_ERR_CONTEXT_FULL;
+  return RESIDENT_OK;
+}
+
+int64_t residentk_cache_elements(int64_t n_layers, int64_t h_kv, int64_t d_head, int64_t max_ctx) {
+  if (n_layers < 1 || h_kv < 1 || d_head < 1 || max_ctx < 1) return 0;
+  if (n_layers > RESIDENT_MAX_LAYERS || h_kv > RESIDENT_MAX_HEADS || d_head > RESIDENT_MAX_D_HEAD ||
+      max_ctx > RESIDENT_MAX_CONTEXT)
+    return 0;
+  int64_t r = 0;
+  if (!mul(n_layers, 2, &r) || !mul(r, max_ctx, &r) || !mul(r, h_kv, &r) || !mul(r, d_head, &r))
+    return 0;
+  return r;
+}
+
+int64_t residentk_dispatch_budget(int64_t n_layers) {
+  if (n_layers < 1 || n_layers > RESIDENT_MAX_LAYERS) return 0;
+  // Per layer: rmsnorm+qkv, rope+kv-append, sdpa, o-proj+residual, rmsnorm+gate/up, down+residual;
+  // per token: embedding lookup, final norm, lm_head.
+  return n_layers * 6 + 3;
+}
+
+int64_t residentk_dispatch_budget_deep(int64_t n_layers) {
+  if (n_layers < 1 || n_layers > RESIDENT_MAX_LAYERS) return 0;
+  // Split-K turns each layer's sdpa into partial + merge; the embedding stays 1 in front and
+  // the final norm + lm_head 2 behind, written that way to match the seed's formula.
+  return 1 + n_layers * 7 + 2;
+}
+
+ResidentFootprint residentk_footprint(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
+                                      int64_t d_ff, int64_t n_layers, int64_t vocab,
+                                      int64_t max_ctx, bool tied, int64_t tp, std::string* why) {
+  ResidentFootprint f;
+  f.status = residentk_shape_check(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, why);
+  if (f.status != RESIDENT_OK) return f;
+  if (max_ctx < 1 || max_ctx > RESIDENT_MAX_CONTEXT) {
+    f.status = max_ctx < 1 ? RESIDENT_ERR_EMPTY_DIMENSION : RESIDENT_ERR_DIMENSION_TOO_LARGE;
+    say(why, "max_ctx " + num(max_ctx) + " is outside [1, " + num(RESIDENT_MAX_CONTEXT) + "]");
+    return f;
+  }
+  if (tp < 1 || h_q % tp != 0 || h_kv % tp != 0 || d_ff % tp != 0) {
+    f.status = RESIDENT_ERR_HEAD_GEOMETRY;
+    say(why, "tensor-parallel degree " + num(tp) + " must divide h_q " + num(h_q) + ", h_kv " +
+                 num(h_kv) + " and d_ff " + num(d_ff));
+    return f;
+  }
+  const int64_t hq = h_q / tp, hkv = h_kv / tp, ff = d_ff / tp;
+  // Within the ceilings no term exceeds 2^50; the checked products are the belt to those braces.
+  int64_t q = 0, kv = 0, per_layer = 0, t = 0;
+  bool ok = mul(d_model, hq, &q) && mul(q, d_head, &q)             // q and o: D x Hq*Dh each
+            && mul(d_model, hkv, &kv) && mul(kv, d_head, &kv)      // k and v: D x Hkv*Dh each
+            && mul(q, 2, &t) && mul(kv, 2, &per_layer) && add(t, per_layer, &per_layer) &&
+            mul(n_layers, per_layer, &f.attn);
+  ok = ok && mul(d_model, ff, &t) && mul(t, 3, &t) && mul(n_layers, t, &f.mlp);
+  ok = ok && add(2 * d_model, 2 * d_head, &t) && mul(n_layers, t, &t) && add(t, d_model, &f.norms);
+  ok = ok && mul(vocab, d_model, &f.embed);
+  f.lm_head = tied ? 0 : f.embed;
+  ok = ok && add(f.attn, f.mlp, &t) && add(t, f.norms, &t) && add(t, f.embed, &t) &&
+       add(t, f.lm_head, &f.weights);
+  ok = ok && mul(n_layers, 2, &t) && mul(t, hkv, &t) && mul(t, d_head, &f.kv_per_pos) &&
+       mul(f.kv_per_pos, max_ctx, &f.kv_cache) && add(f.weights, f.kv_cache, &f.total);
+  if (!ok) {  // unreachable within the ceilings; refuse rather than report a wrapped size
+    f = ResidentFootprint();
+    f.status = RESIDENT_ERR_DIMENSION_TOO_LARGE;
+    say(why, "resident element count overflows int64");
+  }
+  return f;
+}
+
+int64_t residentk_weight_elems(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
+                               int64_t d_ff, int64_t n_layers, int64_t vocab, int64_t max_ctx,
+                               bool tied) {
+  const ResidentFootprint f =
+      residentk_footprint(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, max_ctx, tied, 1);
+  return f.status == RESIDENT_OK ? f.total : 0;
+}
+
+int64_t residentk_max_ctx_fitting(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
+                                  int64_t d_ff, int64_t n_layers, int64_t vocab, bool tied,
+                                  int64_t tp, int64_t budget_bytes) {
+  if (budget_bytes < 1) return 0;
+  const int64_t budget_elems = budget_bytes / 4;
+  for (int64_t cap = RESIDENT_MAX_CONTEXT; cap >= RESIDENT_DEFAULT_CONTEXT; cap /= 2) {
+    const ResidentFootprint f =
+        residentk_footprint(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, cap, tied, tp);
+    if (f.status != RESIDENT_OK) return 0;
+    if (f.total <= budget_elems) return cap;
+  }
+  return 0;
+}
+
+bool residentk_scalars_ok(double eps, double scale) {
+  return std::isfinite(eps) && std::isfinite(scale) && eps > 0.0 && scale > 0.0;
+}
+
+bool residentk_splitk_should_split(int64_t n_keys) { return n_keys >= RESIDENT_SPLITK_MIN_KEYS; }
+
+int64_t residentk_splitk_max_n_splits(int64_t n_cores, int64_t h_q) {
+  if (h_q < 1) return 1;  // no heads, nothing to split: a scratch of one split is always safe
+  if (n_cores <= 0) return RESIDENT_SPLITK_FALLBACK_SPLITS;
+  // Past 2^20 cores the cap below binds anyway; clamping first keeps 32 * n_cores in range.
+  const int64_t cores = n_cores > (int64_t(1) << 20) ? (int64_t(1) << 20) : n_cores;
+  const int64_t slots = RESIDENT_SPLITK_BLOCKS_PER_CORE * cores;
+  int64_t m = slots / h_q + (slots % h_q != 0);  // ceil(slots / h_q)
+  if (m > RESIDENT_SPLITK_MAX_SPLITS) m = RESIDENT_SPLITK_MAX_SPLITS;
+  return m < 1 ? 1 : m;
+}
+
+int64_t residentk_splitk_policy(int64_t n_keys, int64_t n_cores, int64_t h_q) {
+  if (!residentk_splitk_should_split(n_keys)) return 1;
+  const int64_t m = residentk_splitk_max_n_splits(n_cores, h_q);
+  // Fraction of the occupancy ceiling, log-linear in depth: 1/2 at 128 keys, 1 at 1000 keys.
+  // Both anchors are exact in floating point: log(1) is 0, and at 1000 keys the numerator and
+  // denominator are the same computed double, so their ratio is exactly 1. Every step (log,
+  // divide, multiply and add by positive constants, floor) is monotone, so the policy never
+  // decreases as n_keys grows.
+  const double span = std::log(double(RESIDENT_SPLITK_ANCHOR_HI_KEYS) / double(RESIDENT_SPLITK_ANCHOR_LO_KEYS));
+  const double depth = std::log(double(n_keys) / double(RESIDENT_SPLITK_ANCHOR_LO_KEYS)) / span;
+  const double half = 0.5 * double(m);
+  const double x = std::floor(half + half * depth + 0.5);
+  if (!(x >= 1.0)) return 1;
+  if (x >= double(m)) return m;
+  return int64_t(x);
+}
+
+bool residentk_prefill_gemm_use_narrow_tile(int64_t m_rows) {
+  return m_rows < RESIDENT_PREFILL_NARROW_BELOW_ROWS;
+}
+
+int64_t resident_bucket_ctx(int64_t max_ctx) {
+  if (max_ctx <= RESIDENT_DEFAULT_CONTEXT) return RESIDENT_DEFAULT_CONTEXT;
+  if (max_ctx >= RESIDENT_MAX_CONTEXT) return RESIDENT_MAX_CONTEXT;
+  int64_t b = RESIDENT_DEFAULT_CONTEXT;
+  while (b < max_ctx) b *= 2;
+  return b;
+}
+
+bool resident_gpu_kernels_compiled() {
+#ifdef ALGENTA_GPU
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool resident_available() {
+#ifdef ALGENTA_GPU
+  // Thread-safe one-time initialization; a failed CUDA initialization is sticky for the process
+  // in the CUDA runtime too, so asking again could not change the answer.
+  static const bool usable = cuda_device_usable();
+  return usable;
+#else
+  return false;
+#endif
+}
+
+ResidentProbe resident_session_probe(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
+                                     int64_t d_ff, int64_t n_layers, int64_t vocab) {
+  ResidentProbe p;
+  p.kernels_compiled = resident_gpu_kernels_compiled();
+  p.dispatch_budget = residentk_dispatch_budget(n_layers);
+  p.resident_f32_elems = residentk_weight_elems(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab);
+  const int shape = residentk_shape_check(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab);
+  // A refused shape is answered without touching the driver: no hardware could have helped.
+  p.device_present = shape == RESIDENT_OK && resident_available();
+  if (shape != RESIDENT_OK)
+    p.status = shape;
+  else if (!p.kernels_compiled)
+    p.status = RESIDENT_ERR_NO_KERNELS;
+  else if (!p.device_present)
+    p.status = RESIDENT_ERR_NO_ACCELERATOR;
+  else
+    p.status = RESIDENT_OK;
+  p.session_possible = p.status == RESIDENT_OK;
+  return p;
+}
+
+}  // namespace residentk
+}  // namespace algenta
