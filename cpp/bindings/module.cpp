@@ -8,6 +8,7 @@ namespace py = pybind11;
 
 void bind_lossk(py::module_& m);
 void bind_residentk(py::module_& m);
+void bind_session(py::module_& m);
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "algenta's C++/OpenMP core (private: use the algenta package)";
@@ -32,4 +33,5 @@ PYBIND11_MODULE(_core, m) {
 
   bind_lossk(m);
   bind_residentk(m);
+  bind_session(m);
 }

@@ -1,0 +1,108 @@
+// pybind11 bindings of the resident decode session (algenta._core.session): argument conversion,
+// GIL release, nothing else. The Python face is algenta.residentk.session.ResidentSession.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "algenta/residentk.hpp"
+#include "algenta/session.hpp"
+#include "algenta/status_error.hpp"
+
+namespace py = pybind11;
+using algenta::residentk::Session;
+using algenta::residentk::SessionConfig;
+
+namespace {
+
+using F32 = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using I64 = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+
+[[noreturn]] void refuse(int code, const std::string& msg) {
+  throw algenta::StatusError(algenta::Family::Resident, code, msg);
+}
+
+}  // namespace
+
+void bind_session(py::module_& m) {
+  py::module_ s = m.def_submodule("session", "resident decode session engines");
+
+  py::class_<Session>(s, "Session")
+      .def_property_readonly("device", [](const Session& x) { return std::string(x.device()); })
+      .def_property_readonly("max_ctx", &Session::max_ctx)
+      .def_property_readonly("capacity", &Session::capacity)
+      .def_property_readonly("position", &Session::position)
+      .def_property_readonly("dispatches_per_token", &Session::dispatches_per_token)
+      .def("set_weight",
+           [](Session& x, const std::string& name, const F32& a) {
+             std::vector<int64_t> shape(a.shape(), a.shape() + a.ndim());
+             const float* p = a.data();
+             py::gil_scoped_release nogil;
+             x.set_weight(name, shape, p);
+           },
+           py::arg("name"), py::arg("array"))
+      .def("missing_weights", &Session::missing_weights)
+      .def("prefill",
+           [](Session& x, const I64& ids) {
+             if (ids.ndim() != 1)
+               refuse(algenta::residentk::RESIDENT_ERR_EMPTY_DIMENSION,
+                      "prefill takes a 1-D sequence of token ids");
+             py::array_t<float> out(x.config().vocab);
+             float* o = out.mutable_data();
+             const int64_t* p = ids.data();
+             const int64_t n = ids.shape(0);
+             {
+               py::gil_scoped_release nogil;
+               x.prefill(p, n, o);
+             }
+             return out;
+           },
+           py::arg("ids"))
+      .def("step",
+           [](Session& x, int64_t id) {
+             py::array_t<float> out(x.config().vocab);
+             float* o = out.mutable_data();
+             {
+               py::gil_scoped_release nogil;
+               x.step(id, o);
+             }
+             return out;
+           },
+           py::arg("id"))
+      .def("reset", &Session::reset);
+
+  s.def(
+      "cpu_session",
+      [](int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
+         int64_t n_layers, int64_t vocab, double rms_eps, double rope_theta, bool tied,
+         int64_t max_ctx) {
+        SessionConfig c;
+        c.d_model = d_model;
+        c.h_q = h_q;
+        c.h_kv = h_kv;
+        c.d_head = d_head;
+        c.d_ff = d_ff;
+        c.n_layers = n_layers;
+        c.vocab = vocab;
+        c.rms_eps = rms_eps;
+        c.rope_theta = rope_theta;
+        c.tie_word_embeddings = tied;
+        py::gil_scoped_release nogil;
+        return algenta::residentk::make_cpu_session(c, max_ctx);
+      },
+      py::arg("d_model"), py::arg("h_q"), py::arg("h_kv"), py::arg("d_head"), py::arg("d_ff"),
+      py::arg("n_layers"), py::arg("vocab"), py::arg("rms_eps"), py::arg("rope_theta"),
+      py::arg("tie_word_embeddings"), py::arg("max_ctx"),
+      "A float32 CPU session; weights are set afterwards with set_weight.");
+
+  s.def(
+      "cpu_read_bandwidth",
+      [](int64_t bytes, int reps) {
+        py::gil_scoped_release nogil;
+        return algenta::residentk::cpu_read_bandwidth(bytes, reps);
+      },
+      py::arg("bytes"), py::arg("reps") = 5,
+      "Best all-core streaming read bandwidth (bytes/s) over reps passes of a bytes-sized buffer.");
+
+  // The CUDA session backend is its own issue: until it lands no build has one.
+  s.attr("cuda_backend_compiled") = false;
+}

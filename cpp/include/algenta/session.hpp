@@ -1,0 +1,79 @@
+// residentk session: the interface every resident decode backend implements (the CPU engine in
+// cpp/src/session_cpu.cpp; a CUDA backend later, behind the same signatures). No CUDA, no OpenMP.
+//
+// Dimension legend: D d_model, Hq query heads, Hkv key/value heads, Dh d_head, F d_ff, L layers,
+// V vocab, T capacity (KV positions allocated), P position (tokens already in the cache).
+//
+// A session holds its weights and one fixed-capacity KV cache (allocated once, at construction,
+// at T = resident_bucket_ctx(max_ctx) positions) for its whole life. Tokens are appended one KV
+// slot each, written in place; nothing is ever reallocated or copied to grow. The model is Qwen3
+// exactly as HuggingFace transformers computes it (see session_cpu.cpp for the stage list).
+//
+// Weights are handed over one tensor at a time by their HuggingFace names
+// (`model.layers.3.self_attn.q_proj.weight`, ...) so a loader can stream a checkpoint with peak
+// memory about one model, and every tensor's shape is checked against the config before a byte
+// of it is kept (status 607 naming the tensor).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace algenta {
+namespace residentk {
+
+struct SessionConfig {
+  int64_t d_model = 0;   // D
+  int64_t h_q = 0;       // Hq
+  int64_t h_kv = 0;      // Hkv, divides Hq
+  int64_t d_head = 0;    // Dh, a power of two; Hq*Dh need not equal D
+  int64_t d_ff = 0;      // F
+  int64_t n_layers = 0;  // L
+  int64_t vocab = 0;     // V
+  double rms_eps = 1e-6;
+  double rope_theta = 1e6;
+  bool tie_word_embeddings = true;  // the head reuses model.embed_tokens.weight
+};
+
+class Session {
+ public:
+  virtual ~Session() = default;
+
+  virtual const SessionConfig& config() const = 0;
+  virtual const char* device() const = 0;
+  virtual int64_t max_ctx() const = 0;   // what the caller asked for (the context check's limit)
+  virtual int64_t capacity() const = 0;  // T, what the KV cache holds
+  virtual int64_t position() const = 0;  // P
+  // Stages the last decode step ran (0 before the first step): counted, not restated, so a
+  // fused or skipped stage shows up against residentk_dispatch_budget(n_layers).
+  virtual int64_t dispatches_per_token() const = 0;
+
+  // Copy one HF-named tensor into the resident weights. shape is the tensor's shape as stored;
+  // a name the model does not have, or a shape that does not match the config, throws 607.
+  virtual void set_weight(const std::string& name, const std::vector<int64_t>& shape,
+                          const float* data) = 0;
+  // HF names of the tensors not yet set (empty once the session can run).
+  virtual std::vector<std::string> missing_weights() const = 0;
+
+  // Append n tokens at positions P..P+n-1; logits (V) receive the last position's logits.
+  // Refuses (606) when P+n > T, (607) when weights are missing, (601) on n < 1 or an id outside
+  // [0, V); a refusal leaves the session untouched.
+  virtual void prefill(const int64_t* ids, int64_t n, float* logits) = 0;
+  // Append one token; logits (V). Same refusals as prefill.
+  virtual void step(int64_t id, float* logits) = 0;
+  // Rewind to position 0. The cache is not freed or reallocated; stale slots past P are never
+  // read because attention only ever looks at positions < P.
+  virtual void reset() = 0;
+};
+
+// The CPU engine (float32, OpenMP). Throws StatusError(Resident, 601-603/609) on a config the
+// residentk contract refuses and 606 when max_ctx exceeds RESIDENT_MAX_CONTEXT.
+std::unique_ptr<Session> make_cpu_session(const SessionConfig& cfg, int64_t max_ctx);
+
+// All-core streaming read bandwidth of this host in bytes/s: sums a buffer of `bytes` bytes
+// `reps` times with the same SIMD and thread layout the decode matvec uses, and returns the best
+// repetition. The roofline perf/bench_decode_cpu.py reports decode against.
+double cpu_read_bandwidth(int64_t bytes, int reps);
+
+}  // namespace residentk
+}  // namespace algenta

@@ -1,0 +1,612 @@
+// The CPU resident decode engine: Qwen3 in float32, OpenMP across cores, SIMD within one.
+//
+// Dimension legend: D d_model, Hq query heads, Hkv key/value heads, G = Hq/Hkv group size,
+// Dh d_head, Q = (Hq + 2*Hkv)*Dh fused q/k/v rows, F d_ff, L layers, V vocab, T capacity,
+// P position, M prefill block rows.
+//
+// Decode fuses, per token, exactly the stages residentk_dispatch_budget counts, each ONE
+// `omp parallel` region (the count is measured, see dispatches_per_token):
+//   fixed:     embed (x = E[id])  ...  final norm (xf = rmsnorm(x))  ...  head (logits = H xf)
+//   per layer: 1 norm + QKV      qkv = Wqkv rmsnorm(x)             (Q rows split over threads)
+//              2 q/k norm + RoPE + KV write, per head              (K, V slots P written in place)
+//              3 attention, per query head: softmax(q K[0..P]^T / sqrt(Dh)) V[0..P]
+//              4 o_proj + residual  x += Wo attn
+//              5 norm + gate/up     act = silu(Wg rmsnorm(x)) * (Wu rmsnorm(x))
+//              6 down + residual    x += Wd act
+// Never materialized: the normed x (each thread rebuilds its own private copy of it, D values,
+// instead of paying a barrier), gate and up separately (the row that computes gate j also
+// computes up j and writes only act j), any [T]-sized per-layer state beyond one score row.
+// Every weight element is read exactly once per token, by the thread that owns its row.
+//
+// Prefill runs blocks of M <= PREFILL_BLOCK tokens through each layer as matrix-matrix
+// products: the packed GEMM (kern::ops<float>().gemm) for M >= 32 rows, the narrow tile (weight
+// row read once, reused from L1 across M activation rows) below that, as
+// residentk_prefill_gemm_use_narrow_tile decides. Only the last row's logits are formed.
+//
+// Numerics: every output cell has one owning thread and a fixed reduction order, so logits are
+// bit-identical for every thread count. RMSNorm sums squares in double. RoPE angles are formed
+// in double (p * theta^(-2i/Dh)) and rounded once; transformers forms them in float32, a
+// difference far below the 1e-4 logit tolerance the tests hold against it.
+//
+// Limits: shapes residentk_shape_check accepts; capacity resident_bucket_ctx(max_ctx) <= 65536.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "algenta/kernels.hpp"
+#include "algenta/residentk.hpp"
+#include "algenta/session.hpp"
+#include "algenta/status_error.hpp"
+
+namespace algenta {
+namespace residentk {
+
+// ---- per-ISA SIMD primitives ------------------------------------------------------------------
+namespace simd_generic {
+#define VBYTES 16
+#include "session_simd.inc"
+#undef VBYTES
+}  // namespace simd_generic
+#if defined(__x86_64__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace simd_avx2 {
+#define VBYTES 32
+#include "session_simd.inc"
+#undef VBYTES
+}  // namespace simd_avx2
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")
+namespace simd_avx512 {
+#define VBYTES 64
+#include "session_simd.inc"
+#undef VBYTES
+}  // namespace simd_avx512
+#pragma GCC pop_options
+#endif
+
+namespace {
+
+struct Simd {
+  float (*dot)(const float*, const float*, int64_t);
+  void (*matvec_rows)(const float*, const float*, int64_t, int64_t, int64_t, float*, bool);
+  void (*matmat_rows_narrow)(const float*, const float*, int64_t, int64_t, int64_t, int64_t,
+                             float*, int64_t, bool);
+  void (*axpy)(float, const float*, float*, int64_t);
+  float (*sum)(const float*, int64_t);
+};
+
+#define ALGENTA_SIMD_TABLE(ns) \
+  Simd { ns::dot, ns::matvec_rows, ns::matmat_rows_narrow, ns::axpy, ns::sum }
+
+// Follows the GEMM kernels' choice (host support, or ALGENTA_ISA), so one variable pins both.
+const Simd& simd() {
+  static const Simd table = [] {
+#if defined(__x86_64__)
+    const std::string name = kern::isa().name;
+    if (name == "avx512") return ALGENTA_SIMD_TABLE(simd_avx512);
+    if (name == "avx2") return ALGENTA_SIMD_TABLE(simd_avx2);
+#endif
+    return ALGENTA_SIMD_TABLE(simd_generic);
+  }();
+  return table;
+}
+
+[[noreturn]] void refuse(int code, const std::string& msg) {
+  throw StatusError(Family::Resident, code, msg);
+}
+
+// 64-byte aligned float buffer: weight rows of a multiple-of-16 length then never straddle a
+// cache line at their start, and SIMD loads of them never split.
+struct Buf {
+  float* p = nullptr;
+  int64_t n = 0;
+  Buf() = default;
+  explicit Buf(int64_t count) : n(count) {
+    const size_t bytes = ((size_t(count) * sizeof(float)) + 63) / 64 * 64;
+    p = static_cast<float*>(std::aligned_alloc(64, bytes ? bytes : 64));
+    if (!p) throw std::bad_alloc();
+    std::memset(p, 0, bytes);
+  }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  Buf(Buf&& o) noexcept : p(o.p), n(o.n) { o.p = nullptr; o.n = 0; }
+  Buf& operator=(Buf&& o) noexcept {
+    std::swap(p, o.p);
+    std::swap(n, o.n);
+    return *this;
+  }
+  ~Buf() { std::free(p); }
+};
+
+// [r0, r1) of `rows` for thread t of nt, contiguous.
+inline void split(int64_t rows, int t, int nt, int64_t& r0, int64_t& r1) {
+  const int64_t base = rows / nt, extra = rows % nt;
+  r0 = t * base + std::min<int64_t>(t, extra);
+  r1 = r0 + base + (t < extra ? 1 : 0);
+}
+
+// out (n) = w (n) * (x (n) * 1/sqrt(mean(x^2) + eps)), as transformers' Qwen3RMSNorm.
+inline void rmsnorm(const float* x, const float* w, int64_t n, double eps, float* out) {
+  double ss = 0.0;
+  for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * double(x[i]);
+  const float inv = float(1.0 / std::sqrt(ss / double(n) + eps));
+  for (int64_t i = 0; i < n; ++i) out[i] = w[i] * (x[i] * inv);
+}
+
+inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
+
+struct Layer {
+  Buf in_norm;    // (D)
+  Buf wqkv;       // (Q, D): q_proj rows, then k_proj, then v_proj
+  Buf q_norm;     // (Dh)
+  Buf k_norm;     // (Dh)
+  Buf wo;         // (D, Hq*Dh)
+  Buf post_norm;  // (D)
+  Buf wg, wu;     // (F, D)
+  Buf wd;         // (D, F)
+};
+
+constexpr int64_t PREFILL_BLOCK = 256;
+
+class CpuSession final : public Session {
+ public:
+  CpuSession(const SessionConfig& c, int64_t max_ctx) : c_(c), max_ctx_(max_ctx) {
+    std::string why;
+    const int st = residentk_shape_check(c.d_model, c.h_q, c.h_kv, c.d_head, c.d_ff, c.n_layers,
+                                         c.vocab, &why);
+    if (st != RESIDENT_OK) refuse(st, "model shape refused: " + why);
+    if (!residentk_scalars_ok(c.rms_eps, 1.0 / std::sqrt(double(c.d_head))) ||
+        !std::isfinite(c.rope_theta) || !(c.rope_theta > 0.0))
+      refuse(RESIDENT_ERR_NON_FINITE, "rms_eps and rope_theta must be finite and > 0");
+    const int cst = residentk_context_check(1, 0, max_ctx);
+    if (cst != RESIDENT_OK)
+      refuse(cst, "max_ctx " + std::to_string(max_ctx) + " outside [1, " +
+                      std::to_string(RESIDENT_MAX_CONTEXT) + "]");
+    cap_ = resident_bucket_ctx(max_ctx);
+    nt_ = std::max(1, omp_get_max_threads());
+
+    const int64_t D = c.d_model, Dh = c.d_head, F = c.d_ff;
+    q_rows_ = (c.h_q + 2 * c.h_kv) * Dh;
+    embed_ = Buf(c.vocab * D);
+    if (!c.tie_word_embeddings) head_ = Buf(c.vocab * D);
+    final_norm_ = Buf(D);
+    layers_.resize(size_t(c.n_layers));
+    for (Layer& l : layers_) {
+      l.in_norm = Buf(D);
+      l.wqkv = Buf(q_rows_ * D);
+      l.q_norm = Buf(Dh);
+      l.k_norm = Buf(Dh);
+      l.wo = Buf(D * c.h_q * Dh);
+      l.post_norm = Buf(D);
+      l.wg = Buf(F * D);
+      l.wu = Buf(F * D);
+      l.wd = Buf(D * F);
+    }
+    // One allocation for the whole cache: layer l's K at kv_ + l*2*S, its V at + S, each laid
+    // out (Hkv, T, Dh) so one head's keys stream contiguously.
+    kv_ = Buf(residentk_cache_elements(c.n_layers, c.h_kv, Dh, cap_));
+
+    // RoPE table (T, Dh/2), rotate-half pairing (i, i + Dh/2).
+    const int64_t half = Dh / 2;
+    rope_cos_ = Buf(cap_ * half);
+    rope_sin_ = Buf(cap_ * half);
+    for (int64_t p = 0; p < cap_; ++p)
+      for (int64_t i = 0; i < half; ++i) {
+        const double inv_freq = std::pow(c.rope_theta, -double(2 * i) / double(Dh));
+        const double a = double(p) * inv_freq;
+        rope_cos_.p[p * half + i] = float(std::cos(a));
+        rope_sin_.p[p * half + i] = float(std::sin(a));
+      }
+
+    x_ = Buf(D);
+    xf_ = Buf(D);
+    qkv_ = Buf(q_rows_);
+    attn_ = Buf(c.h_q * Dh);
+    act_ = Buf(F);
+    scratch_ = Buf(int64_t(nt_) * std::max(D, F));
+    scores_ = Buf(c.h_q * cap_);
+
+    build_names();
+  }
+
+  const SessionConfig& config() const override { return c_; }
+  const char* device() const override { return "cpu"; }
+  int64_t max_ctx() const override { return max_ctx_; }
+  int64_t capacity() const override { return cap_; }
+  int64_t position() const override { return pos_; }
+  int64_t dispatches_per_token() const override { return dispatches_; }
+
+  void set_weight(const std::string& name, const std::vector<int64_t>& shape,
+                  const float* data) override {
+    auto it = slots_.find(name);
+    if (it == slots_.end())
+      refuse(RESIDENT_ERR_WEIGHT_LENGTH, "tensor '" + name + "' is not part of this model");
+    Slot& s = it->second;
+    if (shape != s.shape)
+      refuse(RESIDENT_ERR_WEIGHT_LENGTH, "tensor '" + name + "' has shape " + fmt(shape) +
+                                             ", the config declares " + fmt(s.shape));
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    // One NaN or inf weight would turn every later logit into NaN without a word.
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(data[i]))
+        refuse(RESIDENT_ERR_NON_FINITE, "tensor '" + name + "' holds a non-finite value at flat index " +
+                                            std::to_string(i));
+    std::memcpy(s.dst, data, size_t(n) * sizeof(float));
+    s.set = true;
+  }
+
+  std::vector<std::string> missing_weights() const override {
+    std::vector<std::string> out;
+    for (const std::string& n : order_)
+      if (!slots_.at(n).set) out.push_back(n);
+    return out;
+  }
+
+  void prefill(const int64_t* ids, int64_t n, float* logits) override {
+    if (n < 1) refuse(RESIDENT_ERR_EMPTY_DIMENSION, "prefill needs at least one token");
+    check_ready();
+    check_fits(n);
+    for (int64_t i = 0; i < n; ++i) check_id(ids[i]);
+    for (int64_t b = 0; b < n; b += PREFILL_BLOCK) {
+      const int64_t m = std::min(PREFILL_BLOCK, n - b);
+      prefill_block(ids + b, m, b + m == n ? logits : nullptr);
+    }
+  }
+
+  void step(int64_t id, float* logits) override {
+    check_ready();
+    check_fits(1);
+    check_id(id);
+    decode(id, logits);
+  }
+
+  void reset() override { pos_ = 0; }
+
+ private:
+  struct Slot {
+    std::vector<int64_t> shape;
+    float* dst;
+    bool set = false;
+  };
+
+  static std::string fmt(const std::vector<int64_t>& s) {
+    std::string o = "[";
+    for (size_t i = 0; i < s.size(); ++i) o += (i ? ", " : "") + std::to_string(s[i]);
+    return o + "]";
+  }
+
+  void add(const std::string& name, std::vector<int64_t> shape, float* dst) {
+    slots_[name] = Slot{std::move(shape), dst, false};
+    order_.push_back(name);
+  }
+
+  void build_names() {
+    const int64_t D = c_.d_model, Dh = c_.d_head, F = c_.d_ff;
+    add("model.embed_tokens.weight", {c_.vocab, D}, embed_.p);
+    for (int64_t i = 0; i < c_.n_layers; ++i) {
+      Layer& l = layers_[size_t(i)];
+      const std::string p = "model.layers." + std::to_string(i) + ".";
+      add(p + "input_layernorm.weight", {D}, l.in_norm.p);
+      add(p + "self_attn.q_proj.weight", {c_.h_q * Dh, D}, l.wqkv.p);
+      add(p + "self_attn.k_proj.weight", {c_.h_kv * Dh, D}, l.wqkv.p + c_.h_q * Dh * D);
+      add(p + "self_attn.v_proj.weight", {c_.h_kv * Dh, D},
+          l.wqkv.p + (c_.h_q + c_.h_kv) * Dh * D);
+      add(p + "self_attn.q_norm.weight", {Dh}, l.q_norm.p);
+      add(p + "self_attn.k_norm.weight", {Dh}, l.k_norm.p);
+      add(p + "self_attn.o_proj.weight", {D, c_.h_q * Dh}, l.wo.p);
+      add(p + "post_attention_layernorm.weight", {D}, l.post_norm.p);
+      add(p + "mlp.gate_proj.weight", {F, D}, l.wg.p);
+      add(p + "mlp.up_proj.weight", {F, D}, l.wu.p);
+      add(p + "mlp.down_proj.weight", {D, F}, l.wd.p);
+    }
+    add("model.norm.weight", {D}, final_norm_.p);
+    if (!c_.tie_word_embeddings) add("lm_head.weight", {c_.vocab, D}, head_.p);
+  }
+
+  void check_ready() const {
+    for (const std::string& n : order_)
+      if (!slots_.at(n).set)
+        refuse(RESIDENT_ERR_WEIGHT_LENGTH, "tensor '" + n + "' was never set");
+  }
+  void check_fits(int64_t n) const {
+    if (pos_ + n > cap_)
+      refuse(RESIDENT_ERR_CONTEXT_FULL, "position " + std::to_string(pos_) + " + " +
+                                            std::to_string(n) + " tokens exceeds the capacity " +
+                                            std::to_string(cap_) + " of this session's KV cache");
+  }
+  void check_id(int64_t id) const {
+    if (id < 0 || id >= c_.vocab)
+      refuse(RESIDENT_ERR_EMPTY_DIMENSION, "token id " + std::to_string(id) + " outside [0, " +
+                                               std::to_string(c_.vocab) + ")");
+  }
+
+  const float* head() const { return c_.tie_word_embeddings ? embed_.p : head_.p; }
+  // Layer l's K (Hkv, T, Dh) and V (Hkv, T, Dh).
+  float* kcache(int64_t l) const { return kv_.p + l * 2 * c_.h_kv * cap_ * c_.d_head; }
+  float* vcache(int64_t l) const { return kcache(l) + c_.h_kv * cap_ * c_.d_head; }
+
+  // In place on one head vector h (Dh): per-head RMSNorm with w, then rotate-half RoPE at p.
+  void norm_rope(float* h, const float* w, int64_t p) const {
+    const int64_t Dh = c_.d_head, half = Dh / 2;
+    rmsnorm(h, w, Dh, c_.rms_eps, h);
+    const float* cs = rope_cos_.p + p * half;
+    const float* sn = rope_sin_.p + p * half;
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = h[i], b = h[i + half];
+      h[i] = a * cs[i] - b * sn[i];
+      h[i + half] = b * cs[i] + a * sn[i];
+    }
+  }
+
+  // out (Dh) = softmax(q . K[0..n) * scale) V[0..n); K, V (n, Dh) rows of one KV head;
+  // s (n) scratch. Normalized once at the end, as softmax-then-matmul rounds similarly.
+  void attend(const Simd& S, const float* q, const float* K, const float* V, int64_t n, float* s,
+              float* out) const {
+    const int64_t Dh = c_.d_head;
+    const float scale = float(1.0 / std::sqrt(double(Dh)));
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < n; ++j) {
+      s[j] = S.dot(q, K + j * Dh, Dh) * scale;
+      mx = std::max(mx, s[j]);
+    }
+    double tot = 0.0;
+    for (int64_t j = 0; j < n; ++j) {
+      s[j] = std::exp(s[j] - mx);
+      tot += s[j];
+    }
+    const float inv = float(1.0 / tot);
+    std::fill(out, out + Dh, 0.f);
+    for (int64_t j = 0; j < n; ++j) S.axpy(s[j] * inv, V + j * Dh, out, Dh);
+  }
+
+  void decode(int64_t id, float* logits) {
+    const Simd& S = simd();
+    const int64_t D = c_.d_model, Dh = c_.d_head, F = c_.d_ff, Hq = c_.h_q, Hkv = c_.h_kv;
+    const int64_t G = Hq / Hkv, HD = Hq * Dh, p = pos_;
+    const int nt = nt_;
+    int64_t stages = 0;
+
+#pragma omp parallel num_threads(nt)
+    {
+      int64_t r0, r1;
+      split(D, omp_get_thread_num(), omp_get_num_threads(), r0, r1);
+      std::memcpy(x_.p + r0, embed_.p + id * D + r0, size_t(r1 - r0) * sizeof(float));
+    }
+    ++stages;
+
+    for (int64_t li = 0; li < c_.n_layers; ++li) {
+      const Layer& L = layers_[size_t(li)];
+      float* Kc = kcache(li);
+      float* Vc = vcache(li);
+#pragma omp parallel num_threads(nt)
+      {
+        const int t = omp_get_thread_num();
+        float* xn = scratch_.p + int64_t(t) * std::max(D, F);
+        rmsnorm(x_.p, L.in_norm.p, D, c_.rms_eps, xn);
+        int64_t r0, r1;
+        split(q_rows_, t, omp_get_num_threads(), r0, r1);
+        S.matvec_rows(L.wqkv.p, xn, D, r0, r1, qkv_.p, false);
+      }
+      ++stages;
+#pragma omp parallel for num_threads(nt) schedule(static)
+      for (int64_t h = 0; h < Hq + 2 * Hkv; ++h) {
+        float* v = qkv_.p + h * Dh;
+        if (h < Hq) {
+          norm_rope(v, L.q_norm.p, p);
+        } else if (h < Hq + Hkv) {
+          norm_rope(v, L.k_norm.p, p);
+          std::memcpy(Kc + ((h - Hq) * cap_ + p) * Dh, v, size_t(Dh) * sizeof(float));
+        } else {
+          std::memcpy(Vc + ((h - Hq - Hkv) * cap_ + p) * Dh, v, size_t(Dh) * sizeof(float));
+        }
+      }
+      ++stages;
+#pragma omp parallel for num_threads(nt) schedule(static)
+      for (int64_t h = 0; h < Hq; ++h) {
+        const int64_t g = h / G;
+        attend(S, qkv_.p + h * Dh, Kc + g * cap_ * Dh, Vc + g * cap_ * Dh, p + 1,
+               scores_.p + h * cap_, attn_.p + h * Dh);
+      }
+      ++stages;
+#pragma omp parallel num_threads(nt)
+      {
+        int64_t r0, r1;
+        split(D, omp_get_thread_num(), omp_get_num_threads(), r0, r1);
+        S.matvec_rows(L.wo.p, attn_.p, HD, r0, r1, x_.p, true);
+      }
+      ++stages;
+#pragma omp parallel num_threads(nt)
+      {
+        const int t = omp_get_thread_num();
+        float* xn = scratch_.p + int64_t(t) * std::max(D, F);
+        rmsnorm(x_.p, L.post_norm.p, D, c_.rms_eps, xn);
+        int64_t r0, r1;
+        split(F, t, omp_get_num_threads(), r0, r1);
+        for (int64_t j = r0; j < r1; ++j)
+          act_.p[j] = silu(S.dot(L.wg.p + j * D, xn, D)) * S.dot(L.wu.p + j * D, xn, D);
+      }
+      ++stages;
+#pragma omp parallel num_threads(nt)
+      {
+        int64_t r0, r1;
+        split(D, omp_get_thread_num(), omp_get_num_threads(), r0, r1);
+        S.matvec_rows(L.wd.p, act_.p, F, r0, r1, x_.p, true);
+      }
+      ++stages;
+    }
+
+#pragma omp parallel num_threads(nt)
+    {
+      const int t = omp_get_thread_num();
+      // Each thread forms the norm's scale itself (same bits everywhere) and writes its slice.
+      double ss = 0.0;
+      for (int64_t i = 0; i < D; ++i) ss += double(x_.p[i]) * double(x_.p[i]);
+      const float inv = float(1.0 / std::sqrt(ss / double(D) + c_.rms_eps));
+      int64_t r0, r1;
+      split(D, t, omp_get_num_threads(), r0, r1);
+      for (int64_t i = r0; i < r1; ++i) xf_.p[i] = final_norm_.p[i] * (x_.p[i] * inv);
+    }
+    ++stages;
+#pragma omp parallel num_threads(nt)
+    {
+      int64_t r0, r1;
+      split(c_.vocab, omp_get_thread_num(), omp_get_num_threads(), r0, r1);
+      S.matvec_rows(head(), xf_.p, D, r0, r1, logits, false);
+    }
+    ++stages;
+    dispatches_ = stages;
+    ++pos_;
+  }
+
+  // Y (M, N) (+)= X (M, K) @ W^T, W (N, K) row-major: the prefill projection.
+  void project(const Simd& S, const float* X, int64_t M, int64_t K, const float* Wt, int64_t N,
+               float* Y, bool accumulate) {
+    if (residentk_prefill_gemm_use_narrow_tile(M)) {
+#pragma omp parallel num_threads(nt_)
+      {
+        int64_t r0, r1;
+        split(N, omp_get_thread_num(), omp_get_num_threads(), r0, r1);
+        S.matmat_rows_narrow(Wt, X, M, K, r0, r1, Y, N, accumulate);
+      }
+      return;
+    }
+    const auto& ops = kern::ops<float>();
+    const int64_t ws_elems = ops.gemm_ws_elems();
+    if (gemm_ws_.n < ws_elems * nt_) gemm_ws_ = Buf(ws_elems * nt_);
+    constexpr int64_t NB = 256;  // output columns per task: packing A costs <1% of its FLOPs
+    const int64_t tasks = (N + NB - 1) / NB;
+#pragma omp parallel for num_threads(nt_) schedule(dynamic)
+    for (int64_t tk = 0; tk < tasks; ++tk) {
+      const int64_t j0 = tk * NB, nb = std::min(NB, N - j0);
+      ops.gemm(M, nb, K, X, K, 1, Wt + j0 * K, 1, K, Y + j0, N, accumulate,
+               gemm_ws_.p + omp_get_thread_num() * ws_elems);
+    }
+  }
+
+  // M tokens at positions P..P+M-1 through every layer; logits of the last one when asked.
+  void prefill_block(const int64_t* ids, int64_t M, float* logits) {
+    const Simd& S = simd();
+    const int64_t D = c_.d_model, Dh = c_.d_head, F = c_.d_ff, Hq = c_.h_q, Hkv = c_.h_kv;
+    const int64_t G = Hq / Hkv, HD = Hq * Dh, p0 = pos_;
+    Buf X(M * D), Xn(M * D), QKV(M * q_rows_), A(M * HD), Gt(M * F), U(M * F);
+    for (int64_t r = 0; r < M; ++r)
+      std::memcpy(X.p + r * D, embed_.p + ids[r] * D, size_t(D) * sizeof(float));
+
+    for (int64_t li = 0; li < c_.n_layers; ++li) {
+      const Layer& L = layers_[size_t(li)];
+      float* Kc = kcache(li);
+      float* Vc = vcache(li);
+#pragma omp parallel for num_threads(nt_) schedule(static)
+      for (int64_t r = 0; r < M; ++r)
+        rmsnorm(X.p + r * D, L.in_norm.p, D, c_.rms_eps, Xn.p + r * D);
+      project(S, Xn.p, M, D, L.wqkv.p, q_rows_, QKV.p, false);
+      const int64_t heads = Hq + 2 * Hkv;
+#pragma omp parallel for num_threads(nt_) schedule(static)
+      for (int64_t rh = 0; rh < M * heads; ++rh) {
+        const int64_t r = rh / heads, h = rh % heads, p = p0 + r;
+        float* v = QKV.p + r * q_rows_ + h * Dh;
+        if (h < Hq) {
+          norm_rope(v, L.q_norm.p, p);
+        } else if (h < Hq + Hkv) {
+          norm_rope(v, L.k_norm.p, p);
+          std::memcpy(Kc + ((h - Hq) * cap_ + p) * Dh, v, size_t(Dh) * sizeof(float));
+        } else {
+          std::memcpy(Vc + ((h - Hq - Hkv) * cap_ + p) * Dh, v, size_t(Dh) * sizeof(float));
+        }
+      }
+#pragma omp parallel num_threads(nt_)
+      {
+        float* s = scores_.p + (omp_get_thread_num() % Hq) * cap_;
+        // A thread's score row is its own only when nt <= Hq; beyond that, share none.
+        std::vector<float> own;
+        if (nt_ > Hq) {
+          own.resize(size_t(cap_));
+          s = own.data();
+        }
+#pragma omp for schedule(dynamic, 4)
+        for (int64_t rh = 0; rh < M * Hq; ++rh) {
+          const int64_t r = rh / Hq, h = rh % Hq, g = h / G;
+          attend(S, QKV.p + r * q_rows_ + h * Dh, Kc + g * cap_ * Dh, Vc + g * cap_ * Dh,
+                 p0 + r + 1, s, A.p + r * HD + h * Dh);
+        }
+      }
+      project(S, A.p, M, HD, L.wo.p, D, X.p, true);
+#pragma omp parallel for num_threads(nt_) schedule(static)
+      for (int64_t r = 0; r < M; ++r)
+        rmsnorm(X.p + r * D, L.post_norm.p, D, c_.rms_eps, Xn.p + r * D);
+      project(S, Xn.p, M, D, L.wg.p, F, Gt.p, false);
+      project(S, Xn.p, M, D, L.wu.p, F, U.p, false);
+#pragma omp parallel for num_threads(nt_) schedule(static)
+      for (int64_t i = 0; i < M * F; ++i) Gt.p[i] = silu(Gt.p[i]) * U.p[i];
+      project(S, Gt.p, M, F, L.wd.p, D, X.p, true);
+    }
+    pos_ += M;
+    if (!logits) return;
+    rmsnorm(X.p + (M - 1) * D, final_norm_.p, D, c_.rms_eps, xf_.p);
+#pragma omp parallel num_threads(nt_)
+    {
+      int64_t r0, r1;
+      split(c_.vocab, omp_get_thread_num(), omp_get_num_threads(), r0, r1);
+      S.matvec_rows(head(), xf_.p, D, r0, r1, logits, false);
+    }
+  }
+
+  SessionConfig c_;
+  int64_t max_ctx_ = 0, cap_ = 0, pos_ = 0, dispatches_ = 0, q_rows_ = 0;
+  int nt_ = 1;
+  Buf embed_, head_, final_norm_, kv_, rope_cos_, rope_sin_;
+  std::vector<Layer> layers_;
+  Buf x_, xf_, qkv_, attn_, act_, scratch_, scores_, gemm_ws_;
+  std::map<std::string, Slot> slots_;
+  std::vector<std::string> order_;
+};
+
+}  // namespace
+
+std::unique_ptr<Session> make_cpu_session(const SessionConfig& cfg, int64_t max_ctx) {
+  return std::unique_ptr<Session>(new CpuSession(cfg, max_ctx));
+}
+
+double cpu_read_bandwidth(int64_t bytes, int reps) {
+  const int64_t n = std::max<int64_t>(bytes / int64_t(sizeof(float)), 1 << 16);
+  Buf a(n);
+  const int nt = std::max(1, omp_get_max_threads());
+  // Touch the pages from the threads that will read them (first-touch placement).
+#pragma omp parallel num_threads(nt)
+  {
+    int64_t r0, r1;
+    split(n, omp_get_thread_num(), omp_get_num_threads(), r0, r1);
+    for (int64_t i = r0; i < r1; ++i) a.p[i] = float(i & 7);
+  }
+  const Simd& S = simd();
+  double best = 0.0;
+  volatile float sink = 0.f;
+  for (int rep = 0; rep < std::max(1, reps); ++rep) {
+    const double t0 = omp_get_wtime();
+    float tot = 0.f;
+#pragma omp parallel num_threads(nt) reduction(+ : tot)
+    {
+      int64_t r0, r1;
+      split(n, omp_get_thread_num(), omp_get_num_threads(), r0, r1);
+      tot += S.sum(a.p + r0, r1 - r0);
+    }
+    const double dt = omp_get_wtime() - t0;
+    sink = sink + tot;
+    if (dt > 0) best = std::max(best, double(n) * sizeof(float) / dt);
+  }
+  (void)sink;
+  return best;
+}
+
+}  // namespace residentk
+}  // namespace algenta

@@ -1,0 +1,257 @@
+"""ResidentSession on the CPU engine against the independent NumPy float64 reference
+(tests/qwen3_reference.py): prefill logits, step-by-step logits and greedy tokens of two-layer
+models, plus the session's contract (capacity, dispatch count, refusals, reset, sampling)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import qwen3_reference as ref
+from algenta import ResidentError, ResidentUnavailableError, _core
+from algenta.residentk.session import ResidentSession, random_weights
+
+RC = _core.residentk
+
+# Awkward on purpose: d_model not a multiple of any SIMD width, h_q*d_head != d_model, a prime
+# vocabulary, GQA groups of 1 and 3, tied and untied heads.
+CONFIGS = {
+    "gqa2_untied": dict(d_model=52, h_q=4, h_kv=2, d_head=16, d_ff=84, n_layers=2, vocab=101,
+                        rms_eps=1e-6, rope_theta=10_000.0, tie_word_embeddings=False),
+    "mha_tied": dict(d_model=40, h_q=2, h_kv=2, d_head=32, d_ff=72, n_layers=2, vocab=89,
+                     rms_eps=1e-5, rope_theta=1_000_000.0, tie_word_embeddings=True),
+    "gqa3_tied": dict(d_model=64, h_q=6, h_kv=2, d_head=8, d_ff=100, n_layers=2, vocab=131,
+                      rms_eps=1e-6, rope_theta=500.0, tie_word_embeddings=True),
+}
+
+# float32 engine vs float64 reference on O(1) logits: a few float32 ulps times the reduction
+# widths; 2e-5 is ~100x what the engine shows and far below any real error (a wrong RoPE
+# pairing, head mapping or norm moves logits by O(0.1)).
+TOL = 2e-5
+
+
+def _pair(name, seed=0):
+    cfg = CONFIGS[name]
+    return cfg, ref.random_weights(cfg, seed)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_golden_two_layer_prefill_steps_greedy(name):
+    cfg, w = _pair(name, seed=7)
+    s = ResidentSession(cfg, w, max_ctx=64)
+    prompt = [1, 5, 9, 2, 33, 17, 0]
+    want = ref.greedy(cfg, w, prompt, 12)
+    full = ref.forward(cfg, w, prompt + want)
+    lg = s.prefill(prompt)
+    assert lg.dtype == np.float32 and lg.shape == (cfg["vocab"],)
+    np.testing.assert_allclose(lg, full[len(prompt) - 1], rtol=0, atol=TOL)
+    for i, t in enumerate(want[:-1]):
+        lg = s.step(t)
+        np.testing.assert_allclose(lg, full[len(prompt) + i], rtol=0, atol=TOL)
+    assert s.position == len(prompt) + len(want) - 1
+    assert s.generate(prompt, 12) == want
+
+
+def test_prefill_narrow_wide_and_blocked_paths_agree_with_reference():
+    # 300 tokens: two prefill blocks (256 + 44), both on the wide GEMM path; 5 and 31 tokens on
+    # the narrow tile; and a prompt fed as prefill(5) + prefill(31) continuing at position 5.
+    cfg, w = _pair("gqa2_untied", seed=3)
+    ids = np.random.default_rng(0).integers(0, cfg["vocab"], 300)
+    full = ref.forward(cfg, w, ids)
+    s = ResidentSession(cfg, w, max_ctx=300)
+    np.testing.assert_allclose(s.prefill(ids), full[-1], rtol=0, atol=TOL)
+    assert s.position == 300
+    for n in (5, 31, 32, 33):
+        s.reset()
+        np.testing.assert_allclose(s.prefill(ids[:n]), full[n - 1], rtol=0, atol=TOL)
+    s.reset()
+    s.prefill(ids[:5])
+    np.testing.assert_allclose(s.prefill(ids[5:36]), full[35], rtol=0, atol=TOL)
+    np.testing.assert_allclose(s.step(int(ids[36])), full[36], rtol=0, atol=TOL)
+
+
+def test_capacity_dispatches_and_properties():
+    cfg, w = _pair("gqa3_tied")
+    s = ResidentSession(cfg, w, max_ctx=600)
+    assert s.max_ctx == 600
+    assert s.capacity == RC.resident_bucket_ctx(600) == 1024
+    assert s.device == "cpu" and s.config["d_head"] == 8 and dict(s.config) == {
+        **cfg, "rms_eps": cfg["rms_eps"], "rope_theta": cfg["rope_theta"]}
+    assert s.dispatches_per_token == 0
+    s.prefill([1, 2, 3])
+    s.step(4)
+    assert s.dispatches_per_token == RC.residentk_dispatch_budget(cfg["n_layers"]) == 15
+
+
+def test_reset_rewinds_bit_exactly():
+    cfg, w = _pair("gqa2_untied", seed=1)
+    s = ResidentSession(cfg, w)
+    a = s.prefill([4, 8, 15, 16])
+    b = s.step(23)
+    s.reset()
+    assert s.position == 0 and s.capacity == 512
+    np.testing.assert_array_equal(s.prefill([4, 8, 15, 16]), a)
+    np.testing.assert_array_equal(s.step(23), b)
+
+
+def test_context_refusal_before_first_token_leaves_session_untouched():
+    cfg, w = _pair("mha_tied", seed=2)
+    s = ResidentSession(cfg, w, max_ctx=10)
+    s.prefill([1, 2, 3])
+    want = s.step(4)
+    s.reset()
+    s.prefill([1, 2, 3])
+    with pytest.raises(ResidentError) as e:
+        s.generate([1, 2, 3, 4, 5, 6], 5)  # 11 > max_ctx 10
+    assert e.value.status == 606 and e.value.status_name == "resident_kv_context_full"
+    assert s.position == 3
+    np.testing.assert_array_equal(s.step(4), want)
+    assert len(s.generate([1, 2, 3, 4, 5], 5)) == 5  # exactly max_ctx fits
+
+
+def test_step_and_prefill_past_capacity_refuse_606():
+    cfg, w = _pair("gqa3_tied", seed=4)
+    s = ResidentSession(cfg, w, max_ctx=8)  # capacity 512
+    ids = np.arange(510) % cfg["vocab"]
+    s.prefill(ids)
+    with pytest.raises(ResidentError) as e:
+        s.prefill([1, 2, 3])
+    assert e.value.status == 606 and s.position == 510
+    s.step(1)
+    s.step(2)
+    with pytest.raises(ResidentError) as e:
+        s.step(3)
+    assert e.value.status == 606 and s.position == 512
+
+
+def test_sampling_is_reproducible_with_a_seed_and_respects_filters():
+    cfg, w = _pair("gqa2_untied", seed=5)
+    s = ResidentSession(cfg, w, max_ctx=64)
+    p = [3, 1, 4, 1, 5]
+    greedy = s.generate(p, 10)
+    a = s.generate(p, 10, temperature=1.3, seed=11)
+    b = s.generate(p, 10, temperature=1.3, seed=11)
+    assert a == b
+    runs = {tuple(s.generate(p, 10, temperature=1.3, seed=k)) for k in range(6)}
+    assert len(runs) > 1  # a sampler that ignored its seed would give one run
+    assert s.generate(p, 10, temperature=0.7, top_k=1, seed=3) == greedy
+    assert s.generate(p, 10, temperature=0.7, top_p=1e-9, seed=3) == greedy
+    # top_k=3: every sampled id is among the 3 largest logits at its position.
+    toks = s.generate(p, 8, temperature=5.0, top_k=3, seed=9)
+    s.reset()
+    lg = s.prefill(p)
+    for t in toks:
+        assert t in np.argsort(-lg)[:3]
+        lg = s.step(t)
+
+
+def test_stream_callback_and_stop_ids():
+    cfg, w = _pair("gqa3_tied", seed=6)
+    s = ResidentSession(cfg, w, max_ctx=64)
+    full = s.generate([7, 7, 2], 12)
+    seen = []
+    got = s.generate([7, 7, 2], 12, on_token=seen.append, stop_ids=[full[4]])
+    k = full.index(full[4])
+    assert got == full[: k + 1] and seen == got
+
+
+def test_random_matches_reference_on_the_same_weights():
+    cfg = dict(CONFIGS["gqa2_untied"])
+    a = ResidentSession.random(52, 4, 2, 16, 84, 2, 101, seed=3, rope_theta=10_000.0,
+                               tie_word_embeddings=False)
+    b = ResidentSession.random(52, 4, 2, 16, 84, 2, 101, seed=3, rope_theta=10_000.0,
+                               tie_word_embeddings=False)
+    c = ResidentSession.random(52, 4, 2, 16, 84, 2, 101, seed=4, rope_theta=10_000.0,
+                               tie_word_embeddings=False)
+    la, lb, lc = a.prefill([1, 2, 3]), b.prefill([1, 2, 3]), c.prefill([1, 2, 3])
+    np.testing.assert_array_equal(la, lb)
+    assert not np.array_equal(la, lc)
+    w = dict(random_weights(cfg, seed=3))
+    np.testing.assert_allclose(la, ref.forward(cfg, w, [1, 2, 3])[-1], rtol=0, atol=TOL)
+
+
+# ---- refusals -------------------------------------------------------------------------------
+
+def test_weight_shape_mismatch_names_the_tensor():
+    cfg, w = _pair("gqa2_untied")
+    w = dict(w)
+    name = "model.layers.1.self_attn.k_proj.weight"
+    w[name] = w[name][:, :-1]
+    with pytest.raises(ResidentError) as e:
+        ResidentSession(cfg, w)
+    assert e.value.status == 607 and name in str(e.value)
+
+
+def test_missing_unknown_and_non_finite_tensors():
+    cfg, w = _pair("gqa2_untied")
+    w = dict(w)
+    del w["lm_head.weight"]
+    with pytest.raises(ResidentError) as e:
+        ResidentSession(cfg, w)
+    assert e.value.status == 607 and "lm_head.weight" in str(e.value)
+    _, w = _pair("gqa2_untied")
+    w = dict(w, **{"model.layers.2.mlp.up_proj.weight": np.zeros((84, 52), np.float32)})
+    with pytest.raises(ResidentError) as e:
+        ResidentSession(cfg, w)
+    assert e.value.status == 607 and "model.layers.2.mlp.up_proj.weight" in str(e.value)
+    _, w = _pair("gqa2_untied")
+    w["model.norm.weight"] = w["model.norm.weight"].copy()
+    w["model.norm.weight"][3] = np.nan
+    with pytest.raises(ResidentError) as e:
+        ResidentSession(cfg, w)
+    assert e.value.status == 609 and "model.norm.weight" in str(e.value)
+
+
+def test_tied_checkpoint_shipping_lm_head_loads_the_table_once():
+    cfg, w = _pair("mha_tied")
+    w = dict(w, **{"lm_head.weight": np.zeros((89, 40), np.float32)})
+    s = ResidentSession(cfg, w)
+    np.testing.assert_allclose(s.prefill([1, 2]), ref.forward(cfg, w, [1, 2])[-1], atol=TOL)
+
+
+@pytest.mark.parametrize("change,status", [
+    (dict(h_q=3, h_kv=2), 603),      # h_q not a multiple of h_kv
+    (dict(d_head=12), 603),          # d_head not a power of two
+    (dict(d_ff=0), 601),
+    (dict(vocab=0), 601),
+    (dict(n_layers=1 << 20), 602),
+])
+def test_shape_refusals(change, status):
+    cfg = dict(CONFIGS["gqa2_untied"], **change)
+    with pytest.raises(ResidentError) as e:
+        ResidentSession(cfg, {})
+    assert e.value.status == status
+
+
+def test_scalar_token_and_context_refusals():
+    cfg, w = _pair("gqa2_untied")
+    with pytest.raises(ResidentError) as e:
+        ResidentSession(dict(cfg, rms_eps=float("nan")), w)
+    assert e.value.status == 609
+    with pytest.raises(ResidentError) as e:
+        ResidentSession(cfg, w, max_ctx=70_000)
+    assert e.value.status == 602
+    s = ResidentSession(cfg, w)
+    for bad in ([1, 101], [-1]):
+        with pytest.raises(ResidentError) as e:
+            s.generate(bad, 2)
+        assert e.value.status == 601
+    with pytest.raises(ResidentError) as e:
+        s.step(101)
+    assert e.value.status == 601 and s.position == 0
+    with pytest.raises(ResidentError):
+        s.generate([1], 2, temperature=-1.0)
+    with pytest.raises(TypeError):
+        s.step(1.5)
+    with pytest.raises(TypeError):
+        s.generate([[1, 2]], 2)
+
+
+def test_cuda_device_refuses_with_604_or_605_where_unavailable():
+    cfg, w = _pair("gqa2_untied")
+    if _core.session.cuda_backend_compiled and RC.resident_available():
+        pytest.skip("a CUDA session backend is available here")
+    with pytest.raises(ResidentUnavailableError) as e:
+        ResidentSession(cfg, w, device="cuda")
+    assert e.value.status in (604, 605)
+    assert ResidentSession(cfg, w, device="auto").device == "cpu"
