@@ -1,0 +1,186 @@
+"""vocab_parallel_linear_cross_entropy over two gloo processes on 127.0.0.1 against the unsharded
+loss: same loss on every rank, each rank's shard gradient, the full hidden gradient."""
+
+import os
+import socket
+import time
+from datetime import timedelta
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+import torch.multiprocessing as mp  # noqa: E402
+
+import algenta  # noqa: E402
+from algenta import LossError  # noqa: E402
+
+F = torch.nn.functional
+WORLD = 2
+D = 12
+# (vocab, rows on rank 0): uneven shards, a prime vocab, and shards of more than one
+# 256-class block of the core's log-sum-exp.
+VOCABS = {"small": (37, 19), "blocks": (601, 300)}
+CASES = [
+    dict(name="f64-mean", dtype="float64", vocab="small", reduction="mean"),
+    dict(name="f64-sum-ls", dtype="float64", vocab="small", reduction="sum", label_smoothing=0.2),
+    dict(name="f64-none-ls", dtype="float64", vocab="blocks", reduction="none",
+         label_smoothing=0.1),
+    dict(name="f64-mean-ii", dtype="float64", vocab="small", reduction="mean", ignore_index=20,
+         label_smoothing=0.1),
+    dict(name="f32-mean-ls", dtype="float32", vocab="blocks", reduction="mean",
+         label_smoothing=0.1),
+    dict(name="f32-none", dtype="float32", vocab="small", reduction="none"),
+    dict(name="f64-all-ignored", dtype="float64", vocab="small", reduction="mean", all_ignored=True),
+    dict(name="f64-weight-only", dtype="float64", vocab="small", reduction="mean", hidden_grad=False),
+    # Logits of size ~100: one shard holds nearly all the probability of each token, and the
+    # log-sum-exps are large next to the losses.
+    dict(name="f32-peaked", dtype="float32", vocab="small", reduction="sum", scale=30.0),
+]
+
+
+def _inputs(case):
+    vocab, _ = VOCABS[case["vocab"]]
+    dtype = getattr(torch, case["dtype"])
+    g = torch.Generator().manual_seed(len(case["name"]))
+    h = torch.randn(3, 5, D, generator=g, dtype=torch.float64).to(dtype)
+    w = torch.randn(vocab, D, generator=g, dtype=torch.float64)
+    w = (w * case.get("scale", 1.0)).to(dtype)
+    t = torch.randint(0, vocab, (3, 5), generator=g)
+    ii = case.get("ignore_index", -100)
+    t.view(-1)[[2, 9]] = ii
+    if case.get("all_ignored"):
+        t.fill_(ii)
+    return h, w, t
+
+
+def _kw(case):
+    return {k: case[k] for k in ("reduction", "ignore_index", "label_smoothing") if k in case}
+
+
+def _upstream(case, loss):
+    g = torch.Generator().manual_seed(99)
+    if case["reduction"] == "none":
+        return torch.randn(loss.shape, generator=g, dtype=torch.float64).to(loss.dtype)
+    return torch.tensor(1.5, dtype=loss.dtype)
+
+
+def _worker(rank, port, outdir):
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=WORLD, timeout=timedelta(seconds=60))
+    out = {}
+    try:
+        for case in CASES:
+            h, w, t = _inputs(case)
+            vocab, rows0 = VOCABS[case["vocab"]]
+            lo, hi = (0, rows0) if rank == 0 else (rows0, vocab)
+            h = h.requires_grad_(case.get("hidden_grad", True))
+            ws = w[lo:hi].clone().requires_grad_(True)
+            loss = algenta.torch.vocab_parallel_linear_cross_entropy(h, ws, t, vocab_start=lo,
+                                                                     **_kw(case))
+            loss.backward(_upstream(case, loss))
+            out[case["name"]] = (loss.detach(), None if h.grad is None else h.grad, ws.grad)
+        # Refusals raise on every rank (none waits for a collective the other skipped).
+        h, w, t = _inputs(CASES[0])
+        for name, start, bad_rows in (("gap", 0 if rank == 0 else 20, False),
+                                      ("nan", 0 if rank == 0 else 19, True)):
+            ws = w[:19] if rank == 0 else w[19:].clone()
+            if bad_rows and rank == 1:
+                ws[3, 2] = float("nan")
+            try:
+                algenta.torch.vocab_parallel_linear_cross_entropy(h, ws, t, vocab_start=start)
+                out[name] = None
+            except LossError as e:
+                out[name] = e.status
+        # A target beyond the combined vocabulary, which no single shard could tell.
+        t2 = t.clone()
+        t2[0, 0] = 37
+        try:
+            algenta.torch.vocab_parallel_linear_cross_entropy(
+                h, w[:19] if rank == 0 else w[19:], t2, vocab_start=0 if rank == 0 else 19)
+            out["beyond"] = None
+        except LossError as e:
+            out["beyond"] = e.status
+    finally:
+        torch.save(out, os.path.join(outdir, f"rank{rank}.pt"))
+        dist.destroy_process_group()
+
+
+def _free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, request):
+    outdir = str(tmp_path_factory.mktemp("vp"))
+    mp_env = pytest.MonkeyPatch()
+    # Children inherit this before they load the core's OpenMP runtime: one thread each on a
+    # shared machine.
+    mp_env.setenv("OMP_NUM_THREADS", "1")
+    try:
+        ctx = mp.start_processes(_worker, args=(_free_port(), outdir), nprocs=WORLD, join=False,
+                                 start_method="spawn")
+    finally:
+        mp_env.undo()
+    deadline = time.monotonic() + 180
+    try:
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:
+                pytest.fail("the two-process vocab-parallel run did not finish in 180 s (hang)")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.terminate()
+    return [torch.load(os.path.join(outdir, f"rank{r}.pt")) for r in range(WORLD)]
+
+
+def _close(a, b, tol):
+    assert a.shape == b.shape and a.dtype == b.dtype
+    assert torch.equal(torch.isnan(a), torch.isnan(b))
+    m = ~torch.isnan(b)
+    if m.any():
+        err = float((a[m].double() - b[m].double()).abs().max())
+        assert err <= tol * max(1.0, float(b[m].double().abs().max())), err
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_matches_unsharded(results, case):
+    h, w, t = _inputs(case)
+    vocab, rows0 = VOCABS[case["vocab"]]
+    h = h.requires_grad_(True)
+    w = w.requires_grad_(True)
+    z = F.linear(h, w).reshape(-1, vocab)
+    ref = F.cross_entropy(z, t.reshape(-1), **_kw(case))
+    if case["reduction"] == "none":
+        ref = ref.reshape(t.shape)
+    ref.backward(_upstream(case, ref))
+    tol = 1e-12 if case["dtype"] == "float64" else 3e-5
+    (l0, dh0, dw0), (l1, dh1, dw1) = results[0][case["name"]], results[1][case["name"]]
+    # Every rank holds the same loss, to the bit.
+    torch.testing.assert_close(l0, l1, rtol=0, atol=0, equal_nan=True)
+    _close(l0, ref.detach(), tol)
+    if case.get("hidden_grad", True):
+        assert torch.equal(dh0, dh1)
+        _close(dh0, h.grad, tol)
+    else:
+        assert dh0 is None and dh1 is None
+    _close(dw0, w.grad[:rows0], tol)
+    _close(dw1, w.grad[rows0:], tol)
+    if case["dtype"] == "float64":
+        # ...and the fused single-process op on the whole head.
+        single = algenta.torch.linear_cross_entropy(h.detach(), w.detach(), t, **_kw(case))
+        _close(l0, single, 1e-12)
+
+
+def test_refusals_raise_on_every_rank(results):
+    for r in results:
+        assert r["gap"] == 582  # shards [0, 19) and [20, 38) leave a gap
+        assert r["nan"] == 585  # rank 1's shard holds a NaN: rank 0 raises too
+        assert r["beyond"] == 586
