@@ -58,9 +58,11 @@ void bind_residentk(py::module_& m) {
   r.def("residentk_prefill_gemm_use_narrow_tile", &residentk_prefill_gemm_use_narrow_tile);
   r.def("resident_bucket_ctx", &resident_bucket_ctx);
   r.def("residentk_footprint", [](int64_t d, int64_t hq, int64_t hkv, int64_t dh, int64_t ff,
-                                  int64_t l, int64_t v, int64_t ctx, bool tied, int64_t tp) {
+                                  int64_t l, int64_t v, int64_t ctx, bool tied, int64_t tp,
+                                  bool check_tier) {
     std::string why;
-    const ResidentFootprint f = residentk_footprint(d, hq, hkv, dh, ff, l, v, ctx, tied, tp, &why);
+    const ResidentFootprint f =
+        residentk_footprint(d, hq, hkv, dh, ff, l, v, ctx, tied, tp, &why, check_tier);
     py::dict o;
     o["status"] = f.status;
     o["reason"] = why;

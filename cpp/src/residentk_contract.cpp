@@ -49,7 +49,7 @@ const char* residentk_status_name(int64_t code) {
 }
 
 static int shape_check_impl(const Dim* dims, int n, int64_t d_model, int64_t h_q, int64_t h_kv,
-                            int64_t d_head, int64_t d_ff, std::string* why) {
+                            int64_t d_head, int64_t d_ff, std::string* why, bool check_tier) {
   // Every emptiness before any ceiling, so the code does not depend on argument order.
   for (int i = 0; i < n; ++i)
     if (dims[i].value < 1) {
@@ -78,7 +78,7 @@ static int shape_check_impl(const Dim* dims, int n, int64_t d_model, int64_t h_q
   const char* which = "d_model";
   if (d_ff > staged) staged = d_ff, which = "d_ff";
   if (qdim > staged) staged = qdim, which = "h_q*d_head";
-  if (staged > RESIDENT_MAX_STAGED_FLOATS) {
+  if (check_tier && staged > RESIDENT_MAX_STAGED_FLOATS) {
     say(why, std::string("largest staged vector (") + which + " = " + num(staged) +
                  " float32, " + num(staged * 4) + " bytes) exceeds the compiled shared-memory tier of " +
                  num(RESIDENT_SMEM_TIER_BYTES) + " bytes (" + num(RESIDENT_MAX_STAGED_FLOATS) +
@@ -96,11 +96,11 @@ int residentk_dims_check(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_h
                       {"h_kv", h_kv, RESIDENT_MAX_HEADS},
                       {"d_head", d_head, RESIDENT_MAX_D_HEAD},
                       {"d_ff", d_ff, RESIDENT_MAX_D_FF}};
-  return shape_check_impl(dims, 5, d_model, h_q, h_kv, d_head, d_ff, nullptr);
+  return shape_check_impl(dims, 5, d_model, h_q, h_kv, d_head, d_ff, nullptr, true);
 }
 
-int residentk_shape_check(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
-                          int64_t n_layers, int64_t vocab, std::string* why) {
+static int shape_check7(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
+                        int64_t n_layers, int64_t vocab, std::string* why, bool check_tier) {
   const Dim dims[] = {{"d_model", d_model, RESIDENT_MAX_D_MODEL},
                       {"h_q", h_q, RESIDENT_MAX_HEADS},
                       {"h_kv", h_kv, RESIDENT_MAX_HEADS},
@@ -108,7 +108,12 @@ int residentk_shape_check(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_
                       {"d_ff", d_ff, RESIDENT_MAX_D_FF},
                       {"n_layers", n_layers, RESIDENT_MAX_LAYERS},
                       {"vocab", vocab, RESIDENT_MAX_VOCAB}};
-  return shape_check_impl(dims, 7, d_model, h_q, h_kv, d_head, d_ff, why);
+  return shape_check_impl(dims, 7, d_model, h_q, h_kv, d_head, d_ff, why, check_tier);
+}
+
+int residentk_shape_check(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
+                          int64_t n_layers, int64_t vocab, std::string* why) {
+  return shape_check7(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, why, true);
 }
 
 int residentk_context_check(int64_t n_prompt, int64_t n_new, int64_t max_ctx) {
@@ -146,9 +151,10 @@ int64_t residentk_dispatch_budget_deep(int64_t n_layers) {
 
 ResidentFootprint residentk_footprint(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
                                       int64_t d_ff, int64_t n_layers, int64_t vocab,
-                                      int64_t max_ctx, bool tied, int64_t tp, std::string* why) {
+                                      int64_t max_ctx, bool tied, int64_t tp, std::string* why,
+                                      bool check_tier) {
   ResidentFootprint f;
-  f.status = residentk_shape_check(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, why);
+  f.status = shape_check7(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, why, check_tier);
   if (f.status != RESIDENT_OK) return f;
   if (max_ctx < 1 || max_ctx > RESIDENT_MAX_CONTEXT) {
     f.status = max_ctx < 1 ? RESIDENT_ERR_EMPTY_DIMENSION : RESIDENT_ERR_DIMENSION_TOO_LARGE;
@@ -194,12 +200,12 @@ int64_t residentk_weight_elems(int64_t d_model, int64_t h_q, int64_t h_kv, int64
 
 int64_t residentk_max_ctx_fitting(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
                                   int64_t d_ff, int64_t n_layers, int64_t vocab, bool tied,
-                                  int64_t tp, int64_t budget_bytes) {
+                                  int64_t tp, int64_t budget_bytes, bool check_tier) {
   if (budget_bytes < 1) return 0;
   const int64_t budget_elems = budget_bytes / 4;
   for (int64_t cap = RESIDENT_MAX_CONTEXT; cap >= RESIDENT_DEFAULT_CONTEXT; cap /= 2) {
-    const ResidentFootprint f =
-        residentk_footprint(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, cap, tied, tp);
+    const ResidentFootprint f = residentk_footprint(d_model, h_q, h_kv, d_head, d_ff, n_layers,
+                                                    vocab, cap, tied, tp, nullptr, check_tier);
     if (f.status != RESIDENT_OK) return 0;
     if (f.total <= budget_elems) return cap;
   }

@@ -149,17 +149,18 @@ struct ResidentFootprint {
   int64_t total = 0;       // weights + kv_cache
 };
 // status: residentk_shape_check's; then 602 for max_ctx past the ceiling (601 below 1); 603 for
-// tp < 1 or a tp that does not divide Hq, Hkv and F.
+// tp < 1 or a tp that does not divide Hq, Hkv and F. check_tier = false skips only the
+// shared-memory tier check, to size a shape for a rebuild with a larger tier.
 ResidentFootprint residentk_footprint(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
                                       int64_t d_ff, int64_t n_layers, int64_t vocab,
                                       int64_t max_ctx, bool tied, int64_t tp,
-                                      std::string* why = nullptr);
+                                      std::string* why = nullptr, bool check_tier = true);
 // Largest power-of-two capacity (a resident_bucket_ctx value, 512..65536) whose per-GPU
 // footprint fits budget_bytes at 4 bytes per element; 0 when not even 512 positions fit or the
-// shape is refused.
+// shape is refused (check_tier as in residentk_footprint).
 int64_t residentk_max_ctx_fitting(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
                                   int64_t d_ff, int64_t n_layers, int64_t vocab, bool tied,
-                                  int64_t tp, int64_t budget_bytes);
+                                  int64_t tp, int64_t budget_bytes, bool check_tier = true);
 
 // ---- probe ----------------------------------------------------------------------------------
 // A build fact: true only in an ALGENTA_GPU=ON build.

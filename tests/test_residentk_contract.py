@@ -1,0 +1,302 @@
+"""residentk.contract: every function, success and refusal, with the seed's numbers pinned."""
+
+import math
+
+import numpy as np
+import pytest
+
+import algenta
+from algenta.residentk import contract as rc
+
+QWEN3_06B = (1024, 16, 8, 128, 3072, 28, 151936)
+
+
+def test_status_names_cover_600_to_610():
+    expected = {
+        600: "resident_ok", 601: "resident_empty_dimension", 602: "resident_dimension_too_large",
+        603: "resident_head_geometry_unsupported", 604: "resident_shader_toolchain_absent",
+        605: "resident_no_accelerator_present", 606: "resident_kv_context_full",
+        607: "resident_weight_length_mismatch", 608: "resident_launch_failed",
+        609: "resident_non_finite_scalar", 610: "resident_code_out_of_range",
+    }
+    for code, name in expected.items():
+        assert rc.residentk_status_name(code) == name
+    assert len(set(expected.values())) == 11
+
+
+@pytest.mark.parametrize("code", [599, 611, 619, 580, 0, -600, 2**63 - 1, 2**63, -(2**70)])
+def test_status_name_out_of_range(code):
+    assert rc.residentk_status_name(code) == "resident_code_out_of_range"
+
+
+def test_status_name_type():
+    with pytest.raises(TypeError):
+        rc.residentk_status_name("600")
+    with pytest.raises(TypeError):
+        rc.residentk_status_name(600.0)
+
+
+def test_constants():
+    assert rc.RESIDENT_MAX_CONTEXT == 65536
+    assert rc.RESIDENT_DEFAULT_CONTEXT == 512
+    assert rc.RESIDENT_OK == 600 and rc.RESIDENT_CODE_OUT_OF_RANGE == 610
+    assert rc.RESIDENT_MAX_STAGED_FLOATS == rc.residentk_smem_tier_bytes() // 4
+    # The documented CMake default; CI builds never override it.
+    assert rc.residentk_smem_tier_bytes() == 49152
+
+
+def test_errors_module_names_resident_codes():
+    e = algenta.errors.from_status("residentk", 603, "bad heads")
+    assert isinstance(e, algenta.ResidentError) and isinstance(e, ValueError)
+    assert e.status_name == "resident_head_geometry_unsupported"
+    for code in (604, 605, 608):
+        u = algenta.errors.from_status("residentk", code, "x")
+        assert isinstance(u, algenta.ResidentUnavailableError) and isinstance(u, RuntimeError)
+
+
+# ---- dims ------------------------------------------------------------------------------------
+
+def test_dims_check_qwen3_06b_passes_without_hq_dhead_equal_dmodel():
+    assert 16 * 128 != 1024
+    assert rc.residentk_dims_check(1024, 16, 8, 128, 3072) == 600
+
+
+@pytest.mark.parametrize("dims", [(0, 16, 8, 128, 3072), (1024, 0, 8, 128, 3072),
+                                  (1024, 16, 0, 128, 3072), (1024, 16, 8, 0, 3072),
+                                  (1024, 16, 8, 128, 0), (-1, 16, 8, 128, 3072),
+                                  (-(2**80), 16, 8, 128, 3072)])
+def test_dims_check_empty(dims):
+    assert rc.residentk_dims_check(*dims) == 601
+
+
+@pytest.mark.parametrize("dims", [(2**16 + 1, 16, 8, 128, 3072), (1024, 1025, 1, 128, 3072),
+                                  (1024, 16, 1025, 128, 3072), (1024, 16, 8, 2048, 3072),
+                                  (1024, 16, 8, 128, 2**18 + 1), (2**63 - 1, 16, 8, 128, 3072),
+                                  (2**200, 16, 8, 128, 3072)])
+def test_dims_check_past_ceiling(dims):
+    assert rc.residentk_dims_check(*dims) == 602
+
+
+@pytest.mark.parametrize("dims", [(1024, 5, 2, 128, 3072), (1024, 8, 16, 128, 3072),
+                                  (1024, 16, 8, 96, 3072), (1024, 16, 8, 127, 3072)])
+def test_dims_check_head_geometry(dims):
+    assert rc.residentk_dims_check(*dims) == 603
+
+
+def test_emptiness_before_ceiling_before_geometry():
+    # One empty dimension wins over another past its ceiling, whatever the argument order.
+    assert rc.residentk_dims_check(2**40, 16, 8, 128, 0) == 601
+    assert rc.residentk_dims_check(2**40, 5, 2, 128, 3072) == 602
+
+
+def test_dims_check_shared_memory_tier():
+    cap = rc.RESIDENT_MAX_STAGED_FLOATS
+    assert rc.residentk_dims_check(1024, 16, 8, 128, cap) == 600          # exactly at the tier
+    assert rc.residentk_dims_check(1024, 16, 8, 128, cap + 1) == 602      # d_ff one float over
+    assert rc.residentk_dims_check(cap + 1, 16, 8, 128, 3072) == 602      # d_model over
+    # h_q * d_head is staged too (the q projection output), not only d_model and d_ff.
+    assert rc.residentk_dims_check(1024, cap // 64, 8, 128, 3072) == 602
+    st, why = rc.residentk_shape_reason(5120, 40, 8, 128, 17408, 40, 151936)   # Qwen3-14B
+    assert st == 602 and "d_ff" in why and "ALGENTA_SMEM_TIER_BYTES=69632" in why
+
+
+def test_shape_check_adds_layers_and_vocab():
+    assert rc.residentk_shape_check(*QWEN3_06B) == 600
+    assert rc.residentk_shape_reason(*QWEN3_06B) == (600, "")
+    assert rc.residentk_shape_check(1024, 16, 8, 128, 3072, 0, 151936) == 601
+    assert rc.residentk_shape_check(1024, 16, 8, 128, 3072, 28, 0) == 601
+    assert rc.residentk_shape_check(1024, 16, 8, 128, 3072, 1025, 151936) == 602
+    assert rc.residentk_shape_check(1024, 16, 8, 128, 3072, 28, 2**22 + 1) == 602
+    st, why = rc.residentk_shape_reason(1024, 5, 2, 128, 3072, 2, 151936)
+    assert st == 603 and "multiple" in why
+    st, why = rc.residentk_shape_reason(1024, 16, 8, 96, 3072, 2, 151936)
+    assert st == 603 and "power of two" in why
+
+
+def test_dims_types():
+    with pytest.raises(TypeError):
+        rc.residentk_dims_check(1024.0, 16, 8, 128, 3072)
+    with pytest.raises(TypeError):
+        rc.residentk_dims_check(True, 16, 8, 128, 3072)
+    assert rc.residentk_dims_check(np.int64(1024), np.int32(16), 8, 128, 3072) == 600
+
+
+# ---- context ---------------------------------------------------------------------------------
+
+def test_context_check():
+    assert rc.residentk_context_check(100, 412, 512) == 600
+    assert rc.residentk_context_check(100, 413, 512) == 606
+    assert rc.residentk_context_check(513, 0, 512) == 606
+    assert rc.residentk_context_check(1, 0, 1) == 600
+    assert rc.residentk_context_check(1, 65535, 65536) == 600
+    assert rc.residentk_context_check(1, 1, 65537) == 602
+    assert rc.residentk_context_check(0, 1, 512) == 601
+    assert rc.residentk_context_check(1, -1, 512) == 601
+    assert rc.residentk_context_check(1, 1, 0) == 601
+    # A sum that would wrap int64 must still read as "does not fit".
+    assert rc.residentk_context_check(10, 2**63 - 1, 512) == 606
+    assert rc.residentk_context_check(2**63 - 1, 2**63 - 1, 65536) == 606
+    assert rc.residentk_context_check(5, 2**90, 512) == 606
+
+
+# ---- sizes -----------------------------------------------------------------------------------
+
+def test_cache_elements_seed_values():
+    assert rc.residentk_cache_elements(28, 8, 128, 512) == 29_360_128
+    assert rc.residentk_cache_elements(28, 8, 128, 65536) == 3_758_096_384
+    assert rc.residentk_cache_elements(1, 1, 1, 1) == 2
+
+
+@pytest.mark.parametrize("args", [(0, 8, 128, 512), (28, 0, 128, 512), (28, 8, 0, 512),
+                                  (28, 8, 128, 0), (28, 8, 128, 65537), (2**63 - 1, 8, 128, 512),
+                                  (28, 2**64, 128, 512)])
+def test_cache_elements_malformed_is_zero(args):
+    assert rc.residentk_cache_elements(*args) == 0
+
+
+def test_dispatch_budgets():
+    assert rc.residentk_dispatch_budget(28) == 171
+    assert rc.residentk_dispatch_budget(1) == 9
+    assert rc.residentk_dispatch_budget_deep(28) == 1 + 28 * 7 + 2 == 199
+    assert rc.residentk_dispatch_budget_deep(1024) == 7171
+    for bad in (0, -3, 1025, 2**63 - 1, 2**70):
+        assert rc.residentk_dispatch_budget(bad) == 0
+        assert rc.residentk_dispatch_budget_deep(bad) == 0
+
+
+def _weights_reference(d, hq, hkv, dh, ff, n_layers, vocab, ctx, tied=True):
+    """Term by term in Python's unbounded ints, written independently of the C++."""
+    q, k, v, o = d * hq * dh, d * hkv * dh, d * hkv * dh, hq * dh * d
+    mlp = 3 * d * ff
+    norms = 2 * d + 2 * dh
+    per_layer = q + k + v + o + mlp + norms
+    emb = vocab * d * (1 if tied else 2)
+    return n_layers * per_layer + emb + d + n_layers * 2 * ctx * hkv * dh
+
+
+def test_weight_elems_qwen3_06b_exact():
+    assert rc.residentk_weight_elems(*QWEN3_06B) == 625_410_048
+    assert rc.residentk_weight_elems(*QWEN3_06B, 512) == 625_410_048
+    assert _weights_reference(*QWEN3_06B, 512) == 625_410_048
+    # Weights alone are Qwen3-0.6B's published 596,049,920 parameters (tied embedding once).
+    assert 625_410_048 - rc.residentk_cache_elements(28, 8, 128, 512) == 596_049_920
+
+
+def test_weight_elems_untied_counts_the_lm_head():
+    tied = rc.residentk_weight_elems(*QWEN3_06B)
+    untied = rc.residentk_weight_elems(*QWEN3_06B, tied=False)
+    assert untied - tied == 151936 * 1024
+    q8 = (4096, 32, 8, 128, 12288, 36, 151936)  # Qwen3-8B: separate lm_head
+    assert rc.residentk_weight_elems(*q8, 4096, tied=False) == _weights_reference(*q8, 4096, tied=False)
+
+
+@pytest.mark.parametrize("shape", [(64, 4, 2, 16, 96, 3, 97), (256, 8, 1, 64, 1000, 5, 50257),
+                                   (4096, 32, 8, 128, 12288, 36, 151936)])
+@pytest.mark.parametrize("ctx", [1, 512, 3000, 65536])
+def test_weight_elems_matches_reference(shape, ctx):
+    assert rc.residentk_weight_elems(*shape, ctx) == _weights_reference(*shape, ctx)
+
+
+def test_weight_elems_zero_for_unsupported():
+    assert rc.residentk_weight_elems(1024, 5, 2, 128, 3072, 28, 151936) == 0
+    assert rc.residentk_weight_elems(1024, 16, 8, 128, 3072, 0, 151936) == 0
+    assert rc.residentk_weight_elems(*QWEN3_06B, 0) == 0
+    assert rc.residentk_weight_elems(*QWEN3_06B, 65537) == 0
+    assert rc.residentk_weight_elems(2**63 - 1, 16, 8, 128, 3072, 28, 151936) == 0
+    with pytest.raises(TypeError):
+        rc.residentk_weight_elems(*QWEN3_06B, tied=1)
+
+
+def test_weight_elems_at_every_ceiling_does_not_wrap():
+    # The largest shape the ceilings admit with a tier-sized staged vector: exact, positive.
+    cap = rc.RESIDENT_MAX_STAGED_FLOATS
+    dims = (cap, 1024, 1024, 1, cap, rc.RESIDENT_MAX_LAYERS, rc.RESIDENT_MAX_VOCAB)
+    got = rc.residentk_weight_elems(*dims, 65536, tied=False)
+    assert got == _weights_reference(*dims, 65536, tied=False) and 0 < got < 2**63
+
+
+def test_footprint_terms_and_tensor_parallel():
+    f = rc.residentk_footprint(*QWEN3_06B)
+    assert f["status"] == 600 and f["reason"] == ""
+    assert f["attn"] + f["mlp"] + f["norms"] + f["embed"] + f["lm_head"] == f["weights"]
+    assert f["weights"] == 596_049_920 and f["kv_cache"] == 29_360_128
+    assert f["total"] == 625_410_048 and f["kv_per_pos"] == 28 * 2 * 8 * 128
+    f2 = rc.residentk_footprint(*QWEN3_06B, tp=2)
+    assert f2["attn"] * 2 == f["attn"] and f2["mlp"] * 2 == f["mlp"]
+    assert f2["embed"] == f["embed"] and f2["norms"] == f["norms"]
+    assert f2["kv_cache"] * 2 == f["kv_cache"]
+    for bad_tp in (0, -1, 3, 16):   # 16 does not divide h_kv = 8
+        g = rc.residentk_footprint(*QWEN3_06B, tp=bad_tp)
+        assert g["status"] == 603 and g["total"] == 0 and "tensor-parallel" in g["reason"]
+    assert rc.residentk_footprint(*QWEN3_06B, 70000)["status"] == 602
+
+
+def test_footprint_check_tier_false_sizes_a_bigger_tier():
+    q14 = (5120, 40, 8, 128, 17408, 40, 151936)
+    assert rc.residentk_footprint(*q14, tied=False)["status"] == 602
+    f = rc.residentk_footprint(*q14, tied=False, check_tier=False)
+    assert f["status"] == 600 and f["total"] == _weights_reference(*q14, 512, tied=False)
+    # Other refusals are still refusals.
+    assert rc.residentk_footprint(1024, 5, 2, 128, 3072, 2, 9, check_tier=False)["status"] == 603
+
+
+def test_max_ctx_fitting():
+    total_512 = 625_410_048 * 4
+    per_pos = 28 * 2 * 8 * 128 * 4
+    assert rc.residentk_max_ctx_fitting(*QWEN3_06B, total_512) == 512
+    assert rc.residentk_max_ctx_fitting(*QWEN3_06B, total_512 - 1) == 0
+    assert rc.residentk_max_ctx_fitting(*QWEN3_06B, total_512 + 512 * per_pos) == 1024
+    assert rc.residentk_max_ctx_fitting(*QWEN3_06B, 80 * 2**30) == 65536
+    assert rc.residentk_max_ctx_fitting(*QWEN3_06B, 0) == 0
+    assert rc.residentk_max_ctx_fitting(*QWEN3_06B, -5) == 0
+    assert rc.residentk_max_ctx_fitting(1024, 5, 2, 128, 3072, 28, 151936, 2**40) == 0
+    # Splitting 2 ways halves the KV per GPU: a budget that holds 1024 on one GPU holds more.
+    b = total_512 + 512 * per_pos
+    assert rc.residentk_max_ctx_fitting(*QWEN3_06B, b, tp=2) > 1024
+
+
+def test_scalars_ok():
+    assert rc.residentk_scalars_ok(1e-6, 1 / math.sqrt(128))
+    assert rc.residentk_scalars_ok(1, 1)
+    for eps, scale in [(0.0, 1.0), (1e-6, 0.0), (-1e-6, 1.0), (1e-6, -0.1), (math.nan, 1.0),
+                       (1e-6, math.inf), (math.inf, 1.0), (1e-6, -math.inf)]:
+        assert not rc.residentk_scalars_ok(eps, scale)
+    with pytest.raises(TypeError):
+        rc.residentk_scalars_ok("1e-6", 1.0)
+
+
+def test_bucket_ctx():
+    assert rc.resident_bucket_ctx(1) == 512
+    assert rc.resident_bucket_ctx(0) == 512
+    assert rc.resident_bucket_ctx(-7) == 512
+    assert rc.resident_bucket_ctx(512) == 512
+    assert rc.resident_bucket_ctx(513) == 1024
+    assert rc.resident_bucket_ctx(1024) == 1024
+    assert rc.resident_bucket_ctx(3000) == 4096
+    assert rc.resident_bucket_ctx(65535) == 65536
+    assert rc.resident_bucket_ctx(65536) == 65536
+    assert rc.resident_bucket_ctx(10**6) == 65536
+    assert rc.resident_bucket_ctx(2**100) == 65536
+    for n in range(1, 70000, 977):
+        b = rc.resident_bucket_ctx(n)
+        assert b >= min(n, 65536) and b & (b - 1) == 0 and 512 <= b <= 65536
+        assert b == 512 or b // 2 < n
+
+
+def test_splitk_and_prefill_smoke():
+    # Pinned in their own suites; here: the contract module exposes them with the seed's names.
+    assert rc.residentk_splitk_should_split(32) and not rc.residentk_splitk_should_split(31)
+    assert rc.residentk_splitk_policy(128, 40, 16) == 40
+    assert rc.residentk_splitk_max_n_splits(40, 16) == 80
+    assert rc.residentk_prefill_gemm_use_narrow_tile(5)
+
+
+def test_runtime_dispatches_contract():
+    rt = algenta.MojoRuntime(mode="local")
+    assert rt.execute("residentk.contract", "residentk_dispatch_budget", [28]) == {"result": 171, "status": 600}
+    out = rt.execute("residentk.contract", "residentk_weight_elems", list(QWEN3_06B))
+    assert out == {"result": 625_410_048, "status": 600}
+    assert rt.execute("residentk.contract", "residentk_cache_elements", [28, 8, 128, 512])["result"] == 29_360_128
+    assert rt.execute("residentk.contract", "residentk_status_name", [604])["result"] == "resident_shader_toolchain_absent"
+    with pytest.raises(ValueError):
+        rt.execute("residentk.contract", "_shape", [1, 2, 3, 4, 5])
