@@ -335,3 +335,23 @@ def test_import_algenta_does_not_import_torch():
     code = "import sys, algenta; assert 'torch' not in sys.modules; algenta.torch; " \
            "assert 'torch' in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_contiguous_tensors_reach_the_core_without_a_copy(monkeypatch):
+    x, w, t = _data(torch.float32)
+    seen = []
+    real = _ce._run
+
+    def spy(h, wt, tt, *args, **kw):
+        seen.append((h, wt, tt))
+        return real(h, wt, tt, *args, **kw)
+
+    monkeypatch.setattr(_ce, "_run", spy)
+    x.requires_grad_(True)
+    w.requires_grad_(True)
+    at.linear_cross_entropy(x, w, t, reduction="none").sum().backward()
+    assert len(seen) == 2  # forward, and the backward's pass with grad_output
+    for h, wt, tt in seen:
+        assert np.shares_memory(h, x.detach().numpy())
+        assert np.shares_memory(wt, w.detach().numpy())
+        assert np.shares_memory(tt, t.numpy())
