@@ -41,6 +41,7 @@ void bind_session(py::module_& m) {
            },
            py::arg("name"), py::arg("array"))
       .def("missing_weights", &Session::missing_weights)
+      .def("weight_shape", &Session::weight_shape, py::arg("name"))
       .def("prefill",
            [](Session& x, const I64& ids) {
              if (ids.ndim() != 1)

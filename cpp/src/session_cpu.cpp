@@ -134,6 +134,19 @@ inline void split(int64_t rows, int t, int nt, int64_t& r0, int64_t& r1) {
   r1 = r0 + base + (t < extra ? 1 : 0);
 }
 
+// Inside a parallel region: fn(r0, r1) over [0, rows) in chunks of ROWS_PER_TASK handed out
+// dynamically. Each row still has exactly one owner and one reduction order (bits never depend
+// on the schedule), but a thread that the OS deschedules on a shared machine no longer holds a
+// fixed half of every matvec hostage: the running ones take its chunks.
+constexpr int64_t ROWS_PER_TASK = 32;
+template <class Fn>
+inline void rows_dynamic(int64_t rows, Fn&& fn) {
+  const int64_t tasks = (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
+#pragma omp for schedule(dynamic, 1)
+  for (int64_t t = 0; t < tasks; ++t)
+    fn(t * ROWS_PER_TASK, std::min(rows, (t + 1) * ROWS_PER_TASK));
+}
+
 // out (n) = w (n) * (x (n) * 1/sqrt(mean(x^2) + eps)), as transformers' Qwen3RMSNorm.
 inline void rmsnorm(const float* x, const float* w, int64_t n, double eps, float* out) {
   double ss = 0.0;
@@ -243,6 +256,11 @@ class CpuSession final : public Session {
                                             std::to_string(i));
     std::memcpy(s.dst, data, size_t(n) * sizeof(float));
     s.set = true;
+  }
+
+  std::vector<int64_t> weight_shape(const std::string& name) const override {
+    auto it = slots_.find(name);
+    return it == slots_.end() ? std::vector<int64_t>{} : it->second.shape;
   }
 
   std::vector<std::string> missing_weights() const override {
@@ -393,9 +411,9 @@ class CpuSession final : public Session {
         const int t = omp_get_thread_num();
         float* xn = scratch_.p + int64_t(t) * std::max(D, F);
         rmsnorm(x_.p, L.in_norm.p, D, c_.rms_eps, xn);
-        int64_t r0, r1;
-        split(q_rows_, t, omp_get_num_threads(), r0, r1);
-        S.matvec_rows(L.wqkv.p, xn, D, r0, r1, qkv_.p, false);
+        rows_dynamic(q_rows_, [&](int64_t r0, int64_t r1) {
+          S.matvec_rows(L.wqkv.p, xn, D, r0, r1, qkv_.p, false);
+        });
       }
       ++stages;
 #pragma omp parallel for num_threads(nt) schedule(static)
@@ -420,9 +438,9 @@ class CpuSession final : public Session {
       ++stages;
 #pragma omp parallel num_threads(nt)
       {
-        int64_t r0, r1;
-        split(D, omp_get_thread_num(), omp_get_num_threads(), r0, r1);
-        S.matvec_rows(L.wo.p, attn_.p, HD, r0, r1, x_.p, true);
+        rows_dynamic(D, [&](int64_t r0, int64_t r1) {
+          S.matvec_rows(L.wo.p, attn_.p, HD, r0, r1, x_.p, true);
+        });
       }
       ++stages;
 #pragma omp parallel num_threads(nt)
@@ -430,17 +448,17 @@ class CpuSession final : public Session {
         const int t = omp_get_thread_num();
         float* xn = scratch_.p + int64_t(t) * std::max(D, F);
         rmsnorm(x_.p, L.post_norm.p, D, c_.rms_eps, xn);
-        int64_t r0, r1;
-        split(F, t, omp_get_num_threads(), r0, r1);
-        for (int64_t j = r0; j < r1; ++j)
-          act_.p[j] = silu(S.dot(L.wg.p + j * D, xn, D)) * S.dot(L.wu.p + j * D, xn, D);
+        rows_dynamic(F, [&](int64_t r0, int64_t r1) {
+          for (int64_t j = r0; j < r1; ++j)
+            act_.p[j] = silu(S.dot(L.wg.p + j * D, xn, D)) * S.dot(L.wu.p + j * D, xn, D);
+        });
       }
       ++stages;
 #pragma omp parallel num_threads(nt)
       {
-        int64_t r0, r1;
-        split(D, omp_get_thread_num(), omp_get_num_threads(), r0, r1);
-        S.matvec_rows(L.wd.p, act_.p, F, r0, r1, x_.p, true);
+        rows_dynamic(D, [&](int64_t r0, int64_t r1) {
+          S.matvec_rows(L.wd.p, act_.p, F, r0, r1, x_.p, true);
+        });
       }
       ++stages;
     }
@@ -459,9 +477,9 @@ class CpuSession final : public Session {
     ++stages;
 #pragma omp parallel num_threads(nt)
     {
-      int64_t r0, r1;
-      split(c_.vocab, omp_get_thread_num(), omp_get_num_threads(), r0, r1);
-      S.matvec_rows(head(), xf_.p, D, r0, r1, logits, false);
+      rows_dynamic(c_.vocab, [&](int64_t r0, int64_t r1) {
+        S.matvec_rows(head(), xf_.p, D, r0, r1, logits, false);
+      });
     }
     ++stages;
     dispatches_ = stages;
@@ -555,9 +573,9 @@ class CpuSession final : public Session {
     rmsnorm(X.p + (M - 1) * D, final_norm_.p, D, c_.rms_eps, xf_.p);
 #pragma omp parallel num_threads(nt_)
     {
-      int64_t r0, r1;
-      split(c_.vocab, omp_get_thread_num(), omp_get_num_threads(), r0, r1);
-      S.matvec_rows(head(), xf_.p, D, r0, r1, logits, false);
+      rows_dynamic(c_.vocab, [&](int64_t r0, int64_t r1) {
+        S.matvec_rows(head(), xf_.p, D, r0, r1, logits, false);
+      });
     }
   }
 
