@@ -3,6 +3,7 @@ loss: same loss on every rank, each rank's shard gradient, the full hidden gradi
 
 import os
 import socket
+import sys
 import time
 from datetime import timedelta
 
@@ -69,7 +70,9 @@ def _upstream(case, loss):
 
 
 def _worker(rank, port, outdir):
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if sys.platform.startswith("linux"):
+        # Gloo picks its interface from the hostname, which a sandbox may not resolve.
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=WORLD, timeout=timedelta(seconds=60))
