@@ -22,7 +22,11 @@ namespace ALGENTA_ISA_NS {
 
 #if defined(__AVX512F__)
 constexpr int VBYTES = 64;
-constexpr int MR = 8, NV = 3;  // 24 accumulators of 32 zmm registers
+#ifndef ALGENTA_T_MR
+#define ALGENTA_T_MR 12
+#define ALGENTA_T_NV 2
+#endif
+constexpr int MR = ALGENTA_T_MR, NV = ALGENTA_T_NV;  // 24 accumulators of 32 zmm registers
 #elif defined(__AVX2__)
 constexpr int VBYTES = 32;
 constexpr int MR = 6, NV = 2;  // 12 accumulators + 2 B vectors + 1 broadcast of 16 ymm
@@ -68,8 +72,12 @@ inline void storeu(void* p, const VT& v) {
 // Blocking. KC: k-depth of one packed panel pair (an MR x KC A panel lives in L1 across the
 // jr loop). MC x KC of A sits in L2, KC x NC of B in L2/L3. Tuned for Zen 2 / Skylake-class
 // caches; correctness never depends on them.
-constexpr int64_t KC = 256;
-constexpr int64_t MC = 16 * MR;
+#ifndef ALGENTA_T_KC
+#define ALGENTA_T_KC 256
+#endif
+constexpr int64_t KC = ALGENTA_T_KC;
+constexpr int64_t MC = 96;  // a multiple of every MR above
+static_assert(MC % MR == 0, "MC must hold whole MR panels");
 template <class T>
 constexpr int64_t nr() {
   return NV * lanes<T>();
@@ -97,7 +105,13 @@ void pack_a(int64_t mc, int64_t kc, const T* A, int64_t rsa, int64_t csa, T* Ap)
   for (int64_t i0 = 0; i0 < mc; i0 += MR) {
     const int64_t mr = mc - i0 < MR ? mc - i0 : MR;
     T* dst = Ap + i0 * kc;
-    if (csa == 1) {
+    if (csa == 1 && mr == MR) {
+      // k-contiguous rows: walk k outside so the stores are contiguous and the MR source rows
+      // are read as parallel sequential streams (hot in L1 after the first touch of a line).
+      const T* src = A + i0 * rsa;
+      for (int64_t k = 0; k < kc; ++k)
+        for (int64_t r = 0; r < MR; ++r) dst[k * MR + r] = src[r * rsa + k];
+    } else if (csa == 1) {
       for (int64_t r = 0; r < mr; ++r) {
         const T* src = A + (i0 + r) * rsa;
         for (int64_t k = 0; k < kc; ++k) dst[k * MR + r] = src[k];
@@ -128,6 +142,21 @@ void pack_b(int64_t kc, int64_t nc, const T* B, int64_t rsb, int64_t csb, T* Bp)
         for (; c < w; ++c) d[c] = src[c];
         for (; c < NR; ++c) d[c] = T(0);
       }
+    } else if (rsb == 1 && w == NR) {
+      // k-contiguous columns (B = W^T): contiguous stores, NR sequential read streams.
+      // 8-deep k blocks: each column's 8 k-values are one short contiguous read, and the 8
+      // destination rows they land in stay in L1 while the block is written.
+      const T* src = B + j0 * csb;
+      int64_t k0 = 0;
+      for (; k0 + 8 <= kc; k0 += 8)
+          for (int64_t c = 0; c < NR; ++c) {
+            const T* s = src + c * csb + k0;
+            T* d = dst + k0 * NR + c;
+            d[0 * NR] = s[0]; d[1 * NR] = s[1]; d[2 * NR] = s[2]; d[3 * NR] = s[3];
+            d[4 * NR] = s[4]; d[5 * NR] = s[5]; d[6 * NR] = s[6]; d[7 * NR] = s[7];
+          }
+      for (int64_t k = k0; k < kc; ++k)
+        for (int64_t c = 0; c < NR; ++c) dst[k * NR + c] = src[c * csb + k];
     } else {
       for (int64_t c = 0; c < w; ++c) {
         const T* src = B + (j0 + c) * csb;
@@ -154,6 +183,9 @@ inline void ukernel(int64_t kc, const T* __restrict a, const T* __restrict b, T*
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < NV; ++j) acc[i][j] = VT{};
   }
+#ifdef ALGENTA_T_UNROLL
+#pragma GCC unroll 4
+#endif
   for (int64_t k = 0; k < kc; ++k) {
     VT bv[NV];
     for (int j = 0; j < NV; ++j) bv[j] = loadu<VT>(b + k * NR + j * L);
@@ -166,9 +198,13 @@ inline void ukernel(int64_t kc, const T* __restrict a, const T* __restrict b, T*
     for (int j = 0; j < NV; ++j) storeu(c + i * ldc + j * L, acc[i][j]);
 }
 
+// Shared driver. Bfull, when given, is B already packed by pack_b_full (N <= NC): the k block
+// starting at pc lives at Bfull + pc * round_up(N, NR). Afull, when given, is a larger A packed
+// by pack_a_full with amp = round_up(its rows, MR); this call's rows start at its row a0.
 template <class T>
-void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t rsa, int64_t csa, const T* B,
-          int64_t rsb, int64_t csb, T* C, int64_t ldc, bool accumulate, T* ws) {
+void gemm_core(int64_t M, int64_t N, int64_t K, const T* A, int64_t rsa, int64_t csa, const T* B,
+               int64_t rsb, int64_t csb, const T* Afull, int64_t amp, int64_t a0,
+               const T* Bfull, T* C, int64_t ldc, bool accumulate, T* ws) {
   constexpr int64_t NR = nr<T>();
   constexpr int64_t NCB = NC<T>();
   if (M <= 0 || N <= 0) return;
@@ -181,29 +217,42 @@ void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t rsa, int64_t csa,
   T* Ap = align64(ws);
   T* Bp = align64(Ap + MC * KC);
   T* tile = align64(Bp + KC * NCB);
+  const int64_t npad = (N + NR - 1) / NR * NR;
   for (int64_t jc = 0; jc < N; jc += NCB) {
     const int64_t nc = N - jc < NCB ? N - jc : NCB;
     for (int64_t pc = 0; pc < K; pc += KC) {
       const int64_t kc = K - pc < KC ? K - pc : KC;
       const bool load = accumulate || pc > 0;  // later k blocks continue the same chain
-      pack_b(kc, nc, B + pc * rsb + jc * csb, rsb, csb, Bp);
+      const T* Bk;
+      if (Bfull) {
+        Bk = Bfull + pc * npad;
+      } else {
+        pack_b(kc, nc, B + pc * rsb + jc * csb, rsb, csb, Bp);
+        Bk = Bp;
+      }
       for (int64_t ic = 0; ic < M; ic += MC) {
         const int64_t mc = M - ic < MC ? M - ic : MC;
-        pack_a(mc, kc, A + ic * rsa + pc * csa, rsa, csa, Ap);
+        const T* Ak;
+        if (Afull) {
+          Ak = Afull + pc * amp + (a0 + ic) * kc;
+        } else {
+          pack_a(mc, kc, A + ic * rsa + pc * csa, rsa, csa, Ap);
+          Ak = Ap;
+        }
         for (int64_t jr = 0; jr < nc; jr += NR) {
           const int64_t nr_ = nc - jr < NR ? nc - jr : NR;
           for (int64_t ir = 0; ir < mc; ir += MR) {
             const int64_t mr_ = mc - ir < MR ? mc - ir : MR;
             T* c = C + (ic + ir) * ldc + jc + jr;
             if (mr_ == MR && nr_ == NR) {
-              ukernel<T>(kc, Ap + ir * kc, Bp + jr * kc, c, ldc, load);
+              ukernel<T>(kc, Ak + ir * kc, Bk + jr * kc, c, ldc, load);
             } else {
               // Edge: the same micro-kernel on a full tile copy, so edge cells take the same
               // instruction sequence as interior ones.
               if (load)
                 for (int64_t i = 0; i < mr_; ++i)
                   for (int64_t j = 0; j < nr_; ++j) tile[i * NR + j] = c[i * ldc + j];
-              ukernel<T>(kc, Ap + ir * kc, Bp + jr * kc, tile, NR, load);
+              ukernel<T>(kc, Ak + ir * kc, Bk + jr * kc, tile, NR, load);
               for (int64_t i = 0; i < mr_; ++i)
                 for (int64_t j = 0; j < nr_; ++j) c[i * ldc + j] = tile[i * NR + j];
             }
@@ -212,6 +261,67 @@ void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t rsa, int64_t csa,
       }
     }
   }
+}
+
+template <class T>
+void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t rsa, int64_t csa, const T* B,
+          int64_t rsb, int64_t csb, T* C, int64_t ldc, bool accumulate, T* ws) {
+  gemm_core<T>(M, N, K, A, rsa, csa, B, rsb, csb, nullptr, 0, 0, nullptr, C, ldc, accumulate, ws);
+}
+
+template <class T>
+int64_t packed_b_elems(int64_t K, int64_t N) {
+  return K * ((N + nr<T>() - 1) / nr<T>() * nr<T>()) + 16;
+}
+
+template <class T>
+int64_t packed_b_max_cols() {
+  return NC<T>();
+}
+
+template <class T>
+void pack_b_full(int64_t K, int64_t N, const T* B, int64_t rsb, int64_t csb, T* Bfull) {
+  const int64_t npad = (N + nr<T>() - 1) / nr<T>() * nr<T>();
+  for (int64_t pc = 0; pc < K; pc += KC) {
+    const int64_t kc = K - pc < KC ? K - pc : KC;
+    pack_b(kc, N, B + pc * rsb, rsb, csb, Bfull + pc * npad);
+  }
+}
+
+template <class T>
+void gemm_pb(int64_t M, int64_t N, int64_t K, const T* A, int64_t rsa, int64_t csa,
+             const T* Bfull, T* C, int64_t ldc, bool accumulate, T* ws) {
+  gemm_core<T>(M, N, K, A, rsa, csa, nullptr, 0, 0, nullptr, 0, 0, Bfull, C, ldc, accumulate, ws);
+}
+
+template <class T>
+int64_t packed_a_elems(int64_t M, int64_t K) {
+  return K * ((M + MR - 1) / MR * MR) + 16;
+}
+
+// Rows [r0, r1) of the full packed A (M x K): r0 a multiple of MR, so callers can pack disjoint
+// row ranges in parallel.
+template <class T>
+void pack_a_rows(int64_t M, int64_t K, int64_t r0, int64_t r1, const T* A, int64_t rsa,
+                 int64_t csa, T* Afull) {
+  const int64_t mp = (M + MR - 1) / MR * MR;
+  for (int64_t pc = 0; pc < K; pc += KC) {
+    const int64_t kc = K - pc < KC ? K - pc : KC;
+    pack_a(r1 - r0, kc, A + r0 * rsa + pc * csa, rsa, csa, Afull + pc * mp + r0 * kc);
+  }
+}
+
+template <class T>
+void gemm_papb(int64_t Mfull, int64_t row0, int64_t M, int64_t N, int64_t K, const T* Afull,
+               const T* Bfull, T* C, int64_t ldc, bool accumulate, T* ws) {
+  const int64_t mp = (Mfull + MR - 1) / MR * MR;
+  gemm_core<T>(M, N, K, nullptr, 0, 0, nullptr, 0, 0, Afull, mp, row0, Bfull, C, ldc, accumulate,
+               ws);
+}
+
+template <class T>
+int64_t row_quantum() {
+  return MR;
 }
 
 // ---- vectorized exp ------------------------------------------------------------------------
@@ -350,8 +460,16 @@ extern const IsaTable ALGENTA_CAT(ALGENTA_ISA_NS, _table);
 const IsaTable ALGENTA_CAT(ALGENTA_ISA_NS, _table) = {
     ALGENTA_ISA_NAME,
     {ALGENTA_ISA_NS::gemm<float>, ALGENTA_ISA_NS::gemm_ws_elems<float>,
+     ALGENTA_ISA_NS::pack_b_full<float>, ALGENTA_ISA_NS::packed_b_elems<float>,
+     ALGENTA_ISA_NS::packed_b_max_cols<float>, ALGENTA_ISA_NS::gemm_pb<float>,
+     ALGENTA_ISA_NS::packed_a_elems<float>, ALGENTA_ISA_NS::pack_a_rows<float>,
+     ALGENTA_ISA_NS::gemm_papb<float>, ALGENTA_ISA_NS::row_quantum<float>,
      ALGENTA_ISA_NS::block_stats<float>, ALGENTA_ISA_NS::softmax_shift<float>},
     {ALGENTA_ISA_NS::gemm<double>, ALGENTA_ISA_NS::gemm_ws_elems<double>,
+     ALGENTA_ISA_NS::pack_b_full<double>, ALGENTA_ISA_NS::packed_b_elems<double>,
+     ALGENTA_ISA_NS::packed_b_max_cols<double>, ALGENTA_ISA_NS::gemm_pb<double>,
+     ALGENTA_ISA_NS::packed_a_elems<double>, ALGENTA_ISA_NS::pack_a_rows<double>,
+     ALGENTA_ISA_NS::gemm_papb<double>, ALGENTA_ISA_NS::row_quantum<double>,
      ALGENTA_ISA_NS::block_stats<double>, ALGENTA_ISA_NS::softmax_shift<double>},
 };
 

@@ -11,8 +11,10 @@
 // lossk.hpp), so results are bit-identical for every C and every thread count.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "algenta/kernels.hpp"
@@ -23,12 +25,20 @@ namespace lossk {
 
 namespace {
 
+// True when no element is NaN or infinite. Tests the exponent bits with an integer OR, which
+// (unlike a floating-point sum) the compiler may vectorize and reassociate freely.
 template <class T>
 bool all_finite(const T* p, int64_t n) {
-  // Branch-free accumulation so the scan vectorizes: x - x is 0 for finite x, NaN otherwise.
-  T acc = T(0);
-  for (int64_t i = 0; i < n; ++i) acc += p[i] - p[i];
-  return acc == T(0);
+  typedef typename std::conditional<sizeof(T) == 4, uint32_t, uint64_t>::type U;
+  const U mask = sizeof(T) == 4 ? U(0x7f800000u) : U(0x7ff0000000000000ull);
+  U bad = 0;
+#pragma omp parallel for reduction(| : bad) schedule(static) if (n > (int64_t(1) << 18))
+  for (int64_t i = 0; i < n; ++i) {
+    U b;
+    std::memcpy(&b, p + i, sizeof b);
+    bad |= U((b & mask) == mask);
+  }
+  return bad == 0;
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -43,7 +53,7 @@ int64_t tile_size(int64_t extent, int64_t quantum, int64_t min_tiles, int64_t ma
   return t;
 }
 
-constexpr int64_t ROWS = 96;  // token rows per work item: a multiple of every MR
+constexpr int64_t ROWS = 96;  // token rows per work item: a multiple of every MR and row_quantum
 
 }  // namespace
 
@@ -97,12 +107,24 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
   const bool with_grad = want_dh || want_dw;
   const double eps = a.label_smoothing;
   const int nthreads = omp_get_max_threads();
+  // d tiles of the d_weight product: each packed once per chunk, at most packed_b_max_cols wide.
+  const int64_t dtile_w = K.packed_b_max_cols();
+  const int64_t n_dtiles = ceil_div(D, dtile_w);
 
   // ---- every allocation, before any work --------------------------------------------------
   const int64_t ws_elems = K.gemm_ws_elems();
+  const int64_t wpack_elems = K.packed_b_elems(D, VB);  // one (D, VB) block of W^T, packed
   std::vector<T> ws(size_t(nthreads) * size_t(ws_elems));
+  std::vector<T> wpack(size_t(nthreads) * size_t(wpack_elems));
   std::vector<T> tiles(with_grad ? 0 : size_t(nthreads) * size_t(ROWS * VB));
   std::vector<T> logits(with_grad ? size_t(C * V) : 0);  // (C, V): the one chunk in flight
+  std::vector<int64_t> hpack_off(size_t(n_dtiles) + 1, 0);
+  for (int64_t j = 0; j < n_dtiles; ++j) {
+    const int64_t cols = D - j * dtile_w < dtile_w ? D - j * dtile_w : dtile_w;
+    hpack_off[size_t(j) + 1] = hpack_off[size_t(j)] + K.packed_b_elems(C, cols);
+  }
+  std::vector<T> hpack(want_dw ? size_t(hpack_off[size_t(n_dtiles)]) : 0);  // (C, D) packed
+  std::vector<T> apack(size_t(K.packed_a_elems(C, D)));  // the chunk's hidden rows, packed
   std::vector<kern::BlockStats> stats(static_cast<size_t>(C * nVB));  // (C, nVB)
   std::vector<double> ztarget(static_cast<size_t>(C)), lse(static_cast<size_t>(N)),
       loss(static_cast<size_t>(N));
@@ -119,30 +141,43 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
     const int64_t c = N - t0 < C ? N - t0 : C;
     const T* Hc = a.hidden + t0 * D;  // (c, D)
 
-    // 1. logits tiles (ROWS x VB) and their block statistics while hot.
+    // 1. logits and their block statistics. An item is one vocab block against a range of
+    //    rows: its (D, VB) slice of W^T is packed once and reused by every ROWS-row tile, whose
+    //    statistics are taken while the tile is hot. Row ranges split only when there are too
+    //    few vocab blocks to keep every thread busy.
     const int64_t n_rg = ceil_div(c, ROWS);
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < n_rg; ++g)
+      K.pack_a_rows(c, D, g * ROWS, std::min(c, (g + 1) * ROWS), Hc, D, 1, apack.data());
+    const int64_t n_rs = std::min<int64_t>(n_rg, std::max<int64_t>(1, ceil_div(2 * nthreads, nVB)));
+    const int64_t rs_rows = ceil_div(n_rg, n_rs) * ROWS;
 #pragma omp parallel for schedule(dynamic)
-    for (int64_t item = 0; item < n_rg * nVB; ++item) {
+    for (int64_t item = 0; item < n_rs * nVB; ++item) {
       const int tid = omp_get_thread_num();
-      const int64_t r0 = (item / nVB) * ROWS, vb = item % nVB;
-      const int64_t rows = c - r0 < ROWS ? c - r0 : ROWS;
+      const int64_t vb = item % nVB, rs0 = (item / nVB) * rs_rows;
+      const int64_t rs1 = std::min(c, rs0 + rs_rows);
       const int64_t v0 = vb * VB, cols = V - v0 < VB ? V - v0 : VB;
-      T* dst;
-      int64_t ldd;
-      if (with_grad) {
-        dst = logits.data() + r0 * V + v0;
-        ldd = V;
-      } else {
-        dst = tiles.data() + size_t(tid) * size_t(ROWS * VB);
-        ldd = VB;
-      }
-      K.gemm(rows, cols, D, Hc + r0 * D, D, 1, a.weight + v0 * D, 1, D, dst, ldd, false,
-             ws.data() + size_t(tid) * size_t(ws_elems));
-      for (int64_t r = 0; r < rows; ++r) {
-        const T* z = dst + r * ldd;
-        stats[size_t((r0 + r) * nVB + vb)] = K.block_stats(z, cols);
-        const int64_t y = a.targets[t0 + r0 + r] - v0;
-        if (y >= 0 && y < cols) ztarget[size_t(r0 + r)] = double(z[y]);
+      T* wp = wpack.data() + size_t(tid) * size_t(wpack_elems);
+      T* wsp = ws.data() + size_t(tid) * size_t(ws_elems);
+      K.pack_b_full(D, cols, a.weight + v0 * D, 1, D, wp);
+      for (int64_t r0 = rs0; r0 < rs1; r0 += ROWS) {
+        const int64_t rows = rs1 - r0 < ROWS ? rs1 - r0 : ROWS;
+        T* dst;
+        int64_t ldd;
+        if (with_grad) {
+          dst = logits.data() + r0 * V + v0;
+          ldd = V;
+        } else {
+          dst = tiles.data() + size_t(tid) * size_t(ROWS * VB);
+          ldd = VB;
+        }
+        K.gemm_papb(c, r0, rows, cols, D, apack.data(), wp, dst, ldd, false, wsp);
+        for (int64_t r = 0; r < rows; ++r) {
+          const T* z = dst + r * ldd;
+          stats[size_t((r0 + r) * nVB + vb)] = K.block_stats(z, cols);
+          const int64_t y = a.targets[t0 + r0 + r] - v0;
+          if (y >= 0 && y < cols) ztarget[size_t(r0 + r)] = double(z[y]);
+        }
       }
     }
 
@@ -189,33 +224,37 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
 
     if (!with_grad) continue;
     const T* G = logits.data();  // (c, V) d_logits of this chunk
-    // 3. d_hidden rows of this chunk = G (c, V) @ W (V, D): one chain over v per cell.
+    // 3. d_hidden rows of this chunk = G (c, V) @ W (V, D): one chain over v per cell. Items
+    //    split D only; each call packs every W block once for all c rows.
     if (want_dh) {
-      const int64_t dt = tile_size(D, 16, ceil_div(2 * nthreads, n_rg), 1024);
+      const int64_t dt = tile_size(D, 16, 2 * nthreads, K.packed_b_max_cols());
       const int64_t n_dt = ceil_div(D, dt);
 #pragma omp parallel for schedule(dynamic)
-      for (int64_t item = 0; item < n_rg * n_dt; ++item) {
+      for (int64_t item = 0; item < n_dt; ++item) {
         const int tid = omp_get_thread_num();
-        const int64_t r0 = (item / n_dt) * ROWS, d0 = (item % n_dt) * dt;
-        const int64_t rows = c - r0 < ROWS ? c - r0 : ROWS, cols = D - d0 < dt ? D - d0 : dt;
-        K.gemm(rows, cols, V, G + r0 * V, V, 1, a.weight + d0, D, 1,
-               out.d_hidden + (t0 + r0) * D + d0, D, false,
+        const int64_t d0 = item * dt, cols = D - d0 < dt ? D - d0 : dt;
+        K.gemm(c, cols, V, G, V, 1, a.weight + d0, D, 1, out.d_hidden + t0 * D + d0, D, false,
                ws.data() + size_t(tid) * size_t(ws_elems));
       }
     }
     // 4. d_weight (V, D) += G^T (V, c) @ Hc (c, D): each cell continues its chain over tokens
-    //    in token order, chunk after chunk.
+    //    in token order, chunk after chunk. Hc is packed once per chunk and shared.
     if (want_dw) {
-      const int64_t n_vr = ceil_div(V, ROWS);
-      const int64_t dt = tile_size(D, 16, n_vr >= 2 * nthreads ? 1 : 2 * nthreads, 1024);
-      const int64_t n_dt = ceil_div(D, dt);
+#pragma omp parallel for schedule(static)
+      for (int64_t j = 0; j < n_dtiles; ++j) {
+        const int64_t d0 = j * dtile_w, cols = D - d0 < dtile_w ? D - d0 : dtile_w;
+        K.pack_b_full(c, cols, Hc + d0, D, 1, hpack.data() + hpack_off[size_t(j)]);
+      }
+      const int64_t VR = 4 * ROWS;
+      const int64_t n_vr = ceil_div(V, VR);
 #pragma omp parallel for schedule(dynamic)
-      for (int64_t item = 0; item < n_vr * n_dt; ++item) {
+      for (int64_t item = 0; item < n_vr * n_dtiles; ++item) {
         const int tid = omp_get_thread_num();
-        const int64_t v0 = (item / n_dt) * ROWS, d0 = (item % n_dt) * dt;
-        const int64_t rows = V - v0 < ROWS ? V - v0 : ROWS, cols = D - d0 < dt ? D - d0 : dt;
-        K.gemm(rows, cols, c, G + v0, 1, V, Hc + d0, D, 1, out.d_weight + v0 * D + d0, D, true,
-               ws.data() + size_t(tid) * size_t(ws_elems));
+        const int64_t v0 = (item / n_dtiles) * VR, j = item % n_dtiles;
+        const int64_t d0 = j * dtile_w;
+        const int64_t rows = V - v0 < VR ? V - v0 : VR, cols = D - d0 < dtile_w ? D - d0 : dtile_w;
+        K.gemm_pb(rows, cols, c, G + v0, 1, V, hpack.data() + hpack_off[size_t(j)],
+                  out.d_weight + v0 * D + d0, D, true, ws.data() + size_t(tid) * size_t(ws_elems));
       }
     }
   }

@@ -28,6 +28,23 @@ struct IsaOps {
   void (*gemm)(int64_t M, int64_t N, int64_t K, const T* A, int64_t rsa, int64_t csa, const T* B,
                int64_t rsb, int64_t csb, T* C, int64_t ldc, bool accumulate, T* ws);
   int64_t (*gemm_ws_elems)();
+  // B (K x N, N <= packed_b_max_cols()) packed once into packed_b_elems(K, N) elements, for
+  // callers that multiply many row blocks by the same B. gemm_pb then gives exactly the bits
+  // gemm gives for the same A, B and C.
+  void (*pack_b_full)(int64_t K, int64_t N, const T* B, int64_t rsb, int64_t csb, T* Bp);
+  int64_t (*packed_b_elems)(int64_t K, int64_t N);
+  int64_t (*packed_b_max_cols)();
+  void (*gemm_pb)(int64_t M, int64_t N, int64_t K, const T* A, int64_t rsa, int64_t csa,
+                  const T* Bp, T* C, int64_t ldc, bool accumulate, T* ws);
+  // A (M x K) packed once into packed_a_elems(M, K) elements, by disjoint row ranges [r0, r1)
+  // with r0 a multiple of row_quantum() (so threads may share the work). gemm_papb multiplies
+  // rows [row0, row0 + m) of it (row0 a multiple of row_quantum()) by a pack_b_full B.
+  int64_t (*packed_a_elems)(int64_t M, int64_t K);
+  void (*pack_a_rows)(int64_t M, int64_t K, int64_t r0, int64_t r1, const T* A, int64_t rsa,
+                      int64_t csa, T* Ap);
+  void (*gemm_papb)(int64_t M, int64_t row0, int64_t m, int64_t N, int64_t K, const T* Ap,
+                    const T* Bp, T* C, int64_t ldc, bool accumulate, T* ws);
+  int64_t (*row_quantum)();
   // Statistics of z[0..n).
   BlockStats (*block_stats)(const T* z, int64_t n);
   // z[v] <- (exp(z[v] - lse) - off) * scale for v in [0, n): softmax minus a uniform offset,
