@@ -117,7 +117,7 @@ def load_hf_config(path) -> ModelShape:
         try:
             cfg = json.load(f)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{p} is not valid JSON: {e.msg} (line {e.lineno})") from None
+            raise ValueError(f"not valid JSON: {e.msg} (line {e.lineno})") from None
     return shape_from_hf_config(cfg, name=os.path.basename(os.path.dirname(os.path.abspath(p))) or p)
 
 

@@ -1,0 +1,394 @@
+"""``algenta plan``: what a resident decode session (and a chunked training loss) would cost.
+
+Every number comes from :mod:`algenta.residentk.contract`, :mod:`algenta.residentk.probe` and
+:mod:`algenta.lossk`; this module only resolves the model shape, parses sizes and lays out the
+report (an aligned table, or one JSON object with ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+
+from .cli import CliError
+
+_DIM_NAMES = ("d_model", "h_q", "h_kv", "d_head", "d_ff", "n_layers", "vocab")
+_HF_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "intermediate_size", "num_hidden_layers", "vocab_size")
+
+_EPILOG = """\
+model shape (exactly one):
+  MODEL                 a preset: {presets}
+  --config PATH         a HuggingFace config.json (or the directory holding it)
+  --dims D,HQ,HKV,DH,FF,L,V
+                        d_model, query heads, key/value heads, head_dim, d_ff, layers, vocab
+
+sizes: --gpu-mem takes 80GiB, 81920MiB, 80G (binary), 80GB (10^9 bytes) or a bare number of GiB.
+Resident state is counted in float32 (4 bytes per element); a session allocates its KV cache at
+the bucketed capacity (the next power of two from 512 to 65,536), so that is what --gpu-mem is
+checked against.
+
+exit status: 0 the shape is supported (and fits --gpu-mem), 1 it is refused or does not fit,
+2 bad input.
+
+examples:
+  algenta plan qwen3-0.6b
+  algenta plan qwen3-8b --ctx 8192 --gpu-mem 80GiB --tp 2
+  algenta plan --config ./Qwen3-4B/config.json --train-tokens 2048 --chunk 256 --json
+"""
+
+
+# ---- argument parsing ------------------------------------------------------------------------
+
+def _int(text: str, name: str, *, minimum: int = 1) -> int:
+    """An integer >= minimum; the error names ``name`` unless it is empty (argparse already
+    names the option in its own message)."""
+    who = f"{name} " if name else ""
+    t = str(text).strip().replace("_", "")
+    if not re.fullmatch(r"[+-]?\d+", t):
+        raise argparse.ArgumentTypeError(f"{who}must be an integer, got {text!r}")
+    v = int(t)
+    if v < minimum:
+        raise argparse.ArgumentTypeError(f"{who}must be >= {minimum}, got {v}")
+    if v >= 2**63:
+        raise argparse.ArgumentTypeError(f"{who}must be below 2**63, got {v}")
+    return v
+
+
+def _arg_int(name: str, minimum: int = 1):
+    def parse(text):
+        return _int(text, "", minimum=minimum)
+
+    parse.__name__ = name  # argparse names the type in its messages
+    return parse
+
+
+_UNITS = {"": 2**30, "b": 1, "k": 2**10, "kib": 2**10, "kb": 10**3, "m": 2**20, "mib": 2**20,
+          "mb": 10**6, "g": 2**30, "gib": 2**30, "gb": 10**9, "t": 2**40, "tib": 2**40,
+          "tb": 10**12}
+
+
+def parse_size(text: str) -> int:
+    """Bytes in a size such as ``80GiB``, ``81920MiB``, ``80G`` (binary), ``80GB`` (SI) or
+    ``80`` (GiB)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(
+            f"must be a size such as 80GiB, 81920MiB or 80GB, got {text!r}")
+    value = float(m.group(1)) * _UNITS[unit]
+    if not 1 <= value < 2**62:
+        raise argparse.ArgumentTypeError(f"{text!r} is out of range (1 byte to 4 EiB)")
+    return int(value)
+
+
+def _parse_dims(text: str) -> list:
+    parts = [p.strip() for p in str(text).split(",")]
+    if len(parts) != 7:
+        raise CliError(f"--dims needs 7 comma-separated integers ({','.join(_DIM_NAMES)}), "
+                       f"got {len(parts)}")
+    try:
+        return [_int(p, n) for p, n in zip(parts, _DIM_NAMES)]
+    except argparse.ArgumentTypeError as e:
+        raise CliError(f"--dims: {e}") from None
+
+
+def resolve_shape(args):
+    """The ModelShape and a description of where it came from."""
+    from .residentk import presets
+
+    given = [x for x in (args.model, args.config, args.dims) if x is not None]
+    if len(given) != 1:
+        raise CliError("give exactly one model shape: a preset name, --config PATH or --dims "
+                       f"LIST (presets: {', '.join(presets.PRESETS)})")
+    if args.model is not None:
+        try:
+            shape, source = presets.preset(args.model), f"preset {args.model.lower()}"
+        except KeyError as e:
+            raise CliError(e.args[0]) from None
+    elif args.config is not None:
+        try:
+            shape = presets.load_hf_config(args.config)
+        except ValueError as e:
+            raise CliError(f"{args.config}: {e}") from None
+        source = f"config {args.config}"
+        for n, key in zip(_DIM_NAMES, _HF_KEYS):
+            if shape[n] < 1:
+                raise CliError(f"{args.config}: {key} must be >= 1, got {shape[n]}")
+    else:
+        v = _parse_dims(args.dims)
+        shape = presets.ModelShape(name="custom", **dict(zip(_DIM_NAMES, v)), tied=True,
+                                   rope_theta=1000000.0, rms_eps=1e-6)
+        source = "--dims"
+    if args.untied and shape.tied:
+        shape = presets.ModelShape(**{**dict(shape), "tied": False})
+    return shape, source
+
+
+# ---- the plan --------------------------------------------------------------------------------
+
+def plan(shape, *, ctx: int = 512, tp: int = 1, gpu_mem=None, train_tokens=None, chunk=None) -> dict:
+    """The report as one JSON-ready dict (what ``--json`` prints)."""
+    from .lossk import contract as lc
+    from .lossk import cross_entropy as lce
+    from .residentk import contract as rc
+    from .residentk import probe as rp
+
+    dims = [shape[n] for n in _DIM_NAMES]
+    if not 1 <= ctx <= rc.RESIDENT_MAX_CONTEXT:
+        raise CliError(f"--ctx must be between 1 and {rc.RESIDENT_MAX_CONTEXT:,} "
+                       f"(RESIDENT_MAX_CONTEXT), got {ctx:,}")
+    status, reason = rc.residentk_shape_reason(*dims)
+    # A shape refused only for the shared-memory tier is still sized: the sizes are what a
+    # rebuild with a larger ALGENTA_SMEM_TIER_BYTES would hold.
+    sized = rc.residentk_footprint(*dims, ctx, tied=shape.tied, check_tier=False)
+    tier_only = status != rc.RESIDENT_OK and sized["status"] == rc.RESIDENT_OK
+    if status != rc.RESIDENT_OK and not tier_only:
+        sized = rc.residentk_footprint(*dims, ctx, tied=shape.tied)  # all zero, by contract
+    bucket = rc.resident_bucket_ctx(ctx)
+    at_bucket = rc.residentk_footprint(*dims, bucket, tied=shape.tied, check_tier=not tier_only)
+    probe = rp.resident_session_probe(*dims)
+
+    out = {
+        "model": shape.name,
+        "shape": {**{n: shape[n] for n in _DIM_NAMES}, "tied": shape.tied,
+                  "rope_theta": shape.rope_theta, "rms_eps": shape.rms_eps},
+        "status": status,
+        "status_name": rc.residentk_status_name(status),
+        "reason": reason,
+        "smem_tier_bytes": rc.residentk_smem_tier_bytes(),
+        "sized_beyond_tier": tier_only,
+        "dispatch_budget": rc.residentk_dispatch_budget(shape.n_layers),
+        "dispatch_budget_deep": rc.residentk_dispatch_budget_deep(shape.n_layers),
+        "ctx": ctx,
+        "ctx_bucket": bucket,
+        "weights_f32_elems": sized["weights"],
+        "weight_terms": {k: sized[k] for k in ("attn", "mlp", "norms", "embed", "lm_head")},
+        "kv_cache_elems": sized["kv_cache"],
+        "kv_cache_bucket_elems": at_bucket["kv_cache"],
+        "resident_f32_elems": sized["total"],
+        "resident_bytes": 4 * sized["total"],
+        "resident_bucket_bytes": 4 * at_bucket["total"],
+        "build": {"kernels_compiled": probe.kernels_compiled,
+                  "device_present": probe.device_present,
+                  "probe_status": probe.status,
+                  "probe_status_name": rc.residentk_status_name(probe.status)},
+    }
+    per_gpu = at_bucket
+    if tp != 1:
+        share = rc.residentk_footprint(*dims, ctx, tied=shape.tied, tp=tp, check_tier=not tier_only)
+        if share["status"] == rc.RESIDENT_ERR_HEAD_GEOMETRY and sized["status"] == rc.RESIDENT_OK:
+            raise CliError(f"--tp {tp} must divide h_q {shape.h_q}, h_kv {shape.h_kv} and d_ff "
+                           f"{shape.d_ff} (the heads and the MLP are split {tp} ways)")
+        per_gpu = rc.residentk_footprint(*dims, bucket, tied=shape.tied, tp=tp,
+                                         check_tier=not tier_only)
+        out["tp"] = {"n": tp, "weight_terms": {k: share[k] for k in ("attn", "mlp", "norms",
+                                                                      "embed", "lm_head")},
+                     "weights_f32_elems": share["weights"],
+                     "kv_cache_elems": share["kv_cache"], "resident_f32_elems": share["total"],
+                     "resident_bytes": 4 * share["total"],
+                     "kv_cache_bucket_elems": per_gpu["kv_cache"],
+                     "resident_bucket_bytes": 4 * per_gpu["total"]}
+    if gpu_mem is not None:
+        need = 4 * per_gpu["total"]
+        ok = status == rc.RESIDENT_OK or tier_only
+        out["gpu"] = {
+            "budget_bytes": gpu_mem,
+            "need_bytes": need,
+            "fits": bool(ok and need <= gpu_mem),
+            "headroom_bytes": gpu_mem - need if ok else None,
+            "max_ctx": rc.residentk_max_ctx_fitting(*dims, gpu_mem, tied=shape.tied, tp=tp,
+                                                    check_tier=not tier_only),
+        }
+    if train_tokens is not None:
+        max_chunk = lc.loss_max_chunk(train_tokens, shape.vocab)
+        c = chunk if chunk is not None else max(max_chunk, 1)
+        rec = lce.ce_peak_logit_cells(train_tokens, shape.vocab, c)
+        out["loss"] = {"n_tok": train_tokens, "vocab": shape.vocab, "chunk": c, **dict(rec),
+                       "status_name": lc.loss_status_name(rec["status"]),
+                       "max_chunk": max_chunk}
+    return out
+
+
+def exit_status(report: dict) -> int:
+    if report["status"] != 600:
+        return 1
+    if "gpu" in report and not report["gpu"]["fits"]:
+        return 1
+    return 0
+
+
+# ---- human output ----------------------------------------------------------------------------
+
+def _n(v) -> str:
+    return f"{v:,}"
+
+
+def _gib(nbytes) -> str:
+    return f"{nbytes / 2**30:,.2f} GiB"
+
+
+def _table(rows, align: str, indent: str = "  ") -> list:
+    """Rows of cells -> aligned lines; ``align`` has one letter per column, ``l`` or ``r``. A
+    row that is a plain string is a heading, printed as is."""
+    cells = [r for r in rows if not isinstance(r, str)]
+    ncol = max(map(len, cells))
+    width = [max((len(r[i]) for r in cells if i < len(r)), default=0) for i in range(ncol)]
+    lines = []
+    for r in rows:
+        if isinstance(r, str):
+            lines.append(r)
+            continue
+        parts = [c.ljust(width[i]) if align[i] == "l" else c.rjust(width[i])
+                 for i, c in enumerate(r)]
+        lines.append((indent + "   ".join(parts)).rstrip())
+    return lines
+
+
+def render(report: dict, source: str) -> str:
+    s = report["shape"]
+    ok = report["status"] == 600
+    tier_only = report["sized_beyond_tier"]
+    lines = [
+        f"{report['model']}  ({source})",
+        f"  d_model {_n(s['d_model'])} · heads {s['h_q']} q / {s['h_kv']} kv · head_dim "
+        f"{s['d_head']} · d_ff {_n(s['d_ff'])} · layers {s['n_layers']} · vocab {_n(s['vocab'])} · "
+        f"{'tied' if s['tied'] else 'separate'} lm_head",
+        "",
+    ]
+    verdict = f"{report['status']} {report['status_name']}"
+    verdict += ": a resident session can hold this shape" if ok else f": {report['reason']}"
+    b = report["build"]
+    build = f"{b['probe_status']} {b['probe_status_name']}"
+    if b["probe_status"] == 604:
+        build += " (built without ALGENTA_GPU: sizing only)"
+    elif b["probe_status"] == 605:
+        build += " (CUDA kernels compiled, no usable GPU on this host)"
+    elif b["probe_status"] == 600:
+        build += " (a session can run on this host)"
+    else:
+        build += " (the shape is refused before any device question)"
+    lines += _table([("shape verdict", verdict), ("this build/host", build)], "ll", indent="")
+    if tier_only:
+        lines.append(f"  sizes below assume a build with a shared-memory tier large enough "
+                     f"(this one has {_n(report['smem_tier_bytes'])} bytes)")
+    if not ok and not tier_only:
+        return "\n".join(lines) + "\n"
+
+    L = s["n_layers"]
+    lines += [""] + _table([
+        "dispatches per decode token",
+        ("standard", f"{report['dispatch_budget']:,}", f"{L} layers x 6 + 3"),
+        ("split-K attention", f"{report['dispatch_budget_deep']:,}", f"1 + {L} layers x 7 + 2"),
+    ], "lrl")
+
+    tp = report.get("tp")
+    ctx, bucket = report["ctx"], report["ctx_bucket"]
+    full = {**report["weight_terms"], "weights": report["weights_f32_elems"],
+            "kv": report["kv_cache_elems"], "total": report["resident_f32_elems"],
+            "kv_bucket": report["kv_cache_bucket_elems"],
+            "total_bucket": report["resident_bucket_bytes"] // 4}
+    share = tp and {**tp["weight_terms"], "weights": tp["weights_f32_elems"],
+                    "kv": tp["kv_cache_elems"], "total": tp["resident_f32_elems"],
+                    "kv_bucket": tp["kv_cache_bucket_elems"],
+                    "total_bucket": tp["resident_bucket_bytes"] // 4}
+    rows = [("  attention (q, k, v, o)", "attn"), ("  MLP (gate, up, down)", "mlp"),
+            ("  norms", "norms"),
+            ("  embedding" + (" (tied to lm_head)" if s["tied"] else ""), "embed")]
+    if not s["tied"]:
+        rows.append(("  lm_head", "lm_head"))
+    rows += [("weights", "weights"), (f"KV cache at ctx {ctx:,}", "kv"), ("total", "total")]
+    if bucket != ctx:
+        rows += [(f"KV cache at bucket {bucket:,}", "kv_bucket"),
+                 (f"total at bucket {bucket:,}", "total_bucket")]
+    table = [("resident float32", "elements", "bytes", "size")
+             + ((f"per GPU (tp={tp['n']})",) if tp else ())]
+    for label, key in rows:
+        r = (label, _n(full[key]), _n(4 * full[key]), _gib(4 * full[key]))
+        if tp:
+            r += (_gib(4 * share[key]) if key in share else "",)
+        table.append(r)
+    lines += [""] + _table(table, "lrrrr", indent="")
+
+    g = report.get("gpu")
+    if g:
+        where = f"per GPU, tp={tp['n']}" if tp else "one GPU"
+        verdict = "fits" if g["fits"] else "does NOT fit"
+        head_room = g["headroom_bytes"]
+        rows = [
+            f"GPU memory {_gib(g['budget_bytes'])} ({_n(g['budget_bytes'])} bytes), {where}",
+            (f"session at ctx {ctx:,} (allocates bucket {bucket:,})", _gib(g["need_bytes"]),
+             verdict),
+            ("headroom" if head_room >= 0 else "short by", _gib(abs(head_room)), ""),
+            ("largest context that fits",
+             f"{g['max_ctx']:,}" if g["max_ctx"] else "none", "positions" if g["max_ctx"]
+             else "(not even 512 positions)"),
+        ]
+        lines += [""] + _table(rows, "lrl")
+
+    lo = report.get("loss")
+    if lo:
+        rows = [
+            f"training loss: {lo['n_tok']:,} tokens x vocab {lo['vocab']:,}, chunk {lo['chunk']:,}",
+            ("logit cells held per chunk", _n(int(lo["chunked_cells"]))
+             if lo["chunked_cells"] >= 0 else "-"),
+            ("logit cells if materialized", _n(int(lo["materialized_cells"]))
+             if lo["materialized_cells"] >= 0 else "-"),
+            ("ratio", f"{lo['ratio']:,.2f}x"),
+            ("chunks", _n(lo["n_chunks"])),
+            ("status", f"{lo['status']} {lo['status_name']}"),
+            ("largest chunk the logit budget admits", f"{lo['max_chunk']:,} tokens"),
+        ]
+        lines += [""] + _table(rows, "lr")
+    return "\n".join(lines) + "\n"
+
+
+# ---- the subcommand --------------------------------------------------------------------------
+
+def run(args) -> int:
+    shape, source = resolve_shape(args)
+    if args.chunk is not None and args.train_tokens is None:
+        raise CliError("--chunk needs --train-tokens")
+    report = plan(shape, ctx=args.ctx, tp=args.tp, gpu_mem=args.gpu_mem,
+                  train_tokens=args.train_tokens, chunk=args.chunk)
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render(report, source))
+    sys.stdout.flush()
+    return exit_status(report)
+
+
+def register(subparsers) -> None:
+    from .residentk.presets import PRESETS
+
+    p = subparsers.add_parser(
+        "plan",
+        help="size a resident decode session (and a chunked training loss) for a model",
+        description="What a resident GPU decode session would hold and cost for a model shape: "
+                    "shape verdict, dispatches per token, resident float32 weights and KV cache, "
+                    "fit in GPU memory, tensor-parallel shares, and the chunked-loss logit budget. "
+                    "Pure arithmetic: no GPU needed.",
+        epilog=_EPILOG.format(presets=", ".join(PRESETS)),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", nargs="?", metavar="MODEL", help="a preset name (see below)")
+    p.add_argument("--config", metavar="PATH", help="HuggingFace config.json")
+    p.add_argument("--dims", metavar="D,HQ,HKV,DH,FF,L,V", help="the seven dimensions")
+    p.add_argument("--untied", action="store_true",
+                   help="count a separate lm_head (--dims assumes a tied one)")
+    p.add_argument("--ctx", type=_arg_int("--ctx"), default=512, metavar="N",
+                   help="KV positions the session is opened at (default 512)")
+    p.add_argument("--gpu-mem", type=parse_size, metavar="SIZE",
+                   help="memory per GPU: does it fit, largest context, headroom")
+    p.add_argument("--tp", type=_arg_int("--tp"), default=1, metavar="N",
+                   help="split the heads and the MLP over N GPUs (N must divide them)")
+    p.add_argument("--train-tokens", type=_arg_int("--train-tokens"), metavar="N",
+                   help="tokens in one training step: report the chunked loss's logit budget")
+    p.add_argument("--chunk", type=_arg_int("--chunk"), metavar="C",
+                   help="loss chunk (default: the largest the logit budget admits)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=run)

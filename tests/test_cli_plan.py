@@ -1,0 +1,249 @@
+"""`algenta plan`, run as a user runs it: a subprocess of `python -m algenta`."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from algenta.lossk import cross_entropy as lce
+from algenta.residentk import contract as rc
+from algenta.residentk import probe as rp
+
+Q06 = (1024, 16, 8, 128, 3072, 28, 151936)
+Q8 = (4096, 32, 8, 128, 12288, 36, 151936)
+
+
+def algenta(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "algenta", *args], capture_output=True,
+                          text=True, timeout=120, cwd=cwd)
+
+
+def plan_json(*args):
+    r = algenta("plan", *args, "--json")
+    assert r.stderr == "", r.stderr
+    return r.returncode, json.loads(r.stdout)
+
+
+def test_human_output_qwen3_06b():
+    r = algenta("plan", "qwen3-0.6b")
+    assert r.returncode == 0 and r.stderr == ""
+    out = r.stdout
+    assert "Qwen3-0.6B" in out and "600 resident_ok" in out
+    assert re.search(r"standard\s+171\b", out) and re.search(r"split-K attention\s+199\b", out)
+    assert re.search(r"^total\s+625,410,048\s+2,501,640,192\s+2\.33 GiB$", out, re.M)
+    assert re.search(r"^KV cache at ctx 512\s+29,360,128\s", out, re.M)
+    assert re.search(r"^weights\s+596,049,920\s", out, re.M)
+    # The size table is aligned: every row's right-aligned columns end at the same offsets.
+    rows = [l for l in out.splitlines() if l.rstrip().endswith("GiB")]
+    assert len(rows) >= 7 and len({len(l) for l in rows}) == 1
+    probe_status = rp.resident_session_probe(*Q06).status
+    assert f"this build/host   {probe_status} " in out
+
+
+def test_json_keys_and_seed_numbers():
+    code, rep = plan_json("qwen3-0.6b")
+    assert code == 0
+    assert rep["dispatch_budget"] == 171 and rep["dispatch_budget_deep"] == 199
+    assert rep["resident_f32_elems"] == 625_410_048 == rc.residentk_weight_elems(*Q06)
+    assert rep["resident_bytes"] == 4 * 625_410_048
+    assert rep["kv_cache_elems"] == 29_360_128
+    assert rep["status"] == 600 and rep["status_name"] == "resident_ok"
+    assert rep["ctx"] == 512 and rep["ctx_bucket"] == 512
+    assert rep["build"]["kernels_compiled"] is rp.resident_gpu_kernels_compiled()
+    assert "loss" not in rep and "gpu" not in rep and "tp" not in rep
+
+
+def test_python_m_and_console_script_agree():
+    exe = shutil.which("algenta")
+    if exe is None:
+        pytest.skip("console script not on PATH")
+    a = subprocess.run([exe, "plan", "qwen3-0.6b", "--json"], capture_output=True, text=True,
+                       timeout=120)
+    assert a.returncode == 0 and json.loads(a.stdout) == plan_json("qwen3-0.6b")[1]
+
+
+def test_ctx_and_bucket():
+    code, rep = plan_json("qwen3-0.6b", "--ctx", "3000")
+    assert rep["ctx_bucket"] == 4096
+    assert rep["kv_cache_elems"] == rc.residentk_cache_elements(28, 8, 128, 3000)
+    assert rep["kv_cache_bucket_elems"] == rc.residentk_cache_elements(28, 8, 128, 4096)
+    assert rep["resident_f32_elems"] == rc.residentk_weight_elems(*Q06, 3000)
+    r = algenta("plan", "qwen3-0.6b", "--ctx", "3000")
+    assert "KV cache at bucket 4,096" in r.stdout
+
+
+def test_gpu_mem_fit_headroom_and_largest_ctx():
+    code, rep = plan_json("qwen3-8b", "--ctx", "8192", "--gpu-mem", "80GiB")
+    g = rep["gpu"]
+    assert g["budget_bytes"] == 80 * 2**30
+    assert g["need_bytes"] == 4 * rc.residentk_weight_elems(*Q8, 8192, tied=False)
+    assert g["fits"] is True and code == 0
+    assert g["headroom_bytes"] == g["budget_bytes"] - g["need_bytes"]
+    assert g["max_ctx"] == rc.residentk_max_ctx_fitting(*Q8, 80 * 2**30, tied=False)
+    # The largest context is the largest bucket that fits: the next one up does not.
+    assert 4 * rc.residentk_weight_elems(*Q8, g["max_ctx"], tied=False) <= g["budget_bytes"]
+    if g["max_ctx"] < 65536:
+        assert 4 * rc.residentk_weight_elems(*Q8, 2 * g["max_ctx"], tied=False) > g["budget_bytes"]
+    code, rep = plan_json("qwen3-8b", "--gpu-mem", "16GB")
+    assert rep["gpu"]["fits"] is False and rep["gpu"]["max_ctx"] == 0 and code == 1
+    assert rep["gpu"]["budget_bytes"] == 16 * 10**9
+    r = algenta("plan", "qwen3-8b", "--gpu-mem", "16GB")
+    assert "does NOT fit" in r.stdout and "short by" in r.stdout
+
+
+@pytest.mark.parametrize("text,nbytes", [("80GiB", 80 * 2**30), ("80G", 80 * 2**30),
+                                         ("80GB", 80 * 10**9), ("81920MiB", 80 * 2**30),
+                                         ("24", 24 * 2**30), ("0.5TiB", 2**39)])
+def test_gpu_mem_units(text, nbytes):
+    assert plan_json("qwen3-0.6b", "--gpu-mem", text)[1]["gpu"]["budget_bytes"] == nbytes
+
+
+def test_tensor_parallel_share():
+    code, rep = plan_json("qwen3-8b", "--tp", "4")
+    full = rc.residentk_footprint(*Q8, tied=False)
+    share = rc.residentk_footprint(*Q8, tied=False, tp=4)
+    assert rep["tp"]["n"] == 4
+    assert rep["tp"]["resident_f32_elems"] == share["total"]
+    assert rep["tp"]["weight_terms"]["mlp"] * 4 == full["mlp"]
+    assert rep["tp"]["kv_cache_elems"] * 4 == full["kv_cache"]
+    assert rep["resident_f32_elems"] == full["total"]   # the whole model is still reported
+    r = algenta("plan", "qwen3-8b", "--tp", "4")
+    assert "per GPU (tp=4)" in r.stdout
+
+
+def test_train_tokens_reports_lossk_peak_logits():
+    code, rep = plan_json("qwen3-0.6b", "--train-tokens", "2048", "--chunk", "256")
+    lo = rep["loss"]
+    assert {k: lo[k] for k in ("chunked_cells", "materialized_cells", "ratio", "n_chunks",
+                               "status")} == {"chunked_cells": 38895616.0,
+                                              "materialized_cells": 311164928.0, "ratio": 8.0,
+                                              "n_chunks": 8, "status": 580}
+    assert lo["max_chunk"] == 883 and lo["status_name"] == "ok"
+    # Without --chunk, the largest chunk the logit budget admits.
+    lo = plan_json("qwen3-0.6b", "--train-tokens", "2048")[1]["loss"]
+    assert lo["chunk"] == 883 and dict(lce.ce_peak_logit_cells(2048, 151936, 883)).items() <= lo.items()
+    # A chunk past the logit budget is reported (587), not refused as bad input.
+    lo = plan_json("qwen3-0.6b", "--train-tokens", "4096", "--chunk", "2048")[1]["loss"]
+    assert lo["status"] == 587 and lo["status_name"] == "chunk_exceeds_logit_budget"
+
+
+def test_dims_equal_preset():
+    _, a = plan_json("qwen3-0.6b")
+    _, b = plan_json("--dims", ",".join(map(str, Q06)))
+    for k in ("resident_f32_elems", "dispatch_budget", "kv_cache_elems", "status"):
+        assert a[k] == b[k]
+    _, c = plan_json("--dims", ",".join(map(str, Q8)), "--untied")
+    assert c["resident_f32_elems"] == rc.residentk_weight_elems(*Q8, tied=False)
+
+
+def _config(tmp_path, **over):
+    cfg = {"architectures": ["Qwen3ForCausalLM"], "head_dim": 128, "hidden_size": 4096,
+           "intermediate_size": 12288, "num_attention_heads": 32, "num_hidden_layers": 36,
+           "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_theta": 1000000,
+           "tie_word_embeddings": False, "vocab_size": 151936}
+    cfg.update(over)
+    cfg = {k: v for k, v in cfg.items() if v is not None}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    return p
+
+
+def test_config_file_untied_and_rope_parameters(tmp_path):
+    p = _config(tmp_path)
+    code, rep = plan_json("--config", str(p))
+    assert code == 0 and rep["shape"]["tied"] is False and rep["shape"]["rope_theta"] == 1e6
+    assert rep["resident_f32_elems"] == rc.residentk_weight_elems(*Q8, tied=False)
+    # Newer transformers nest rope_theta in rope_parameters; a directory finds its config.json.
+    _config(tmp_path, rope_theta=None, rope_parameters={"rope_theta": 5e6, "rope_type": "default"},
+            tie_word_embeddings=True)
+    code, rep = plan_json("--config", str(tmp_path))
+    assert rep["shape"]["rope_theta"] == 5e6 and rep["shape"]["tied"] is True
+    assert rep["resident_f32_elems"] == rc.residentk_weight_elems(*Q8)
+
+
+def test_refused_shape_exit_1_with_reason():
+    r = algenta("plan", "--dims", "1024,5,2,128,3072,2,151936")
+    assert r.returncode == 1 and r.stderr == ""
+    assert "603 resident_head_geometry_unsupported" in r.stdout and "multiple" in r.stdout
+    code, rep = plan_json("--dims", "1024,5,2,128,3072,2,151936")
+    assert code == 1 and rep["status"] == 603 and rep["resident_f32_elems"] == 0
+
+
+def test_tier_refusal_still_sized():
+    code, rep = plan_json("qwen3-32b")
+    assert code == 1 and rep["status"] == 602 and rep["sized_beyond_tier"] is True
+    assert "ALGENTA_SMEM_TIER_BYTES=102400" in rep["reason"]
+    q32 = (5120, 64, 8, 128, 25600, 64, 151936)
+    assert rep["resident_f32_elems"] == rc.residentk_footprint(*q32, tied=False,
+                                                               check_tier=False)["total"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["plan", "qwen3-70b"], "unknown model preset"),
+    (["plan"], "exactly one model shape"),
+    (["plan", "qwen3-0.6b", "--dims", "1,2,3,4,5,6,7"], "exactly one model shape"),
+    (["plan", "--dims", "1,2,3"], "7 comma-separated"),
+    (["plan", "--dims", "1024,16,8,128,-5,28,151936"], "d_ff must be >= 1"),
+    (["plan", "--dims", "1024,16,8,abc,3072,28,151936"], "d_head must be an integer"),
+    (["plan", "--dims", "1024,16,8,128,3072,28,99999999999999999999"], "below 2**63"),
+    (["plan", "qwen3-0.6b", "--ctx", "-1"], "--ctx"),
+    (["plan", "qwen3-0.6b", "--ctx", "ten"], "--ctx"),
+    (["plan", "qwen3-0.6b", "--ctx", "70000"], "65,536"),
+    (["plan", "qwen3-0.6b", "--tp", "3"], "--tp 3 must divide"),
+    (["plan", "qwen3-0.6b", "--tp", "0"], "--tp"),
+    (["plan", "qwen3-0.6b", "--gpu-mem", "lots"], "--gpu-mem"),
+    (["plan", "qwen3-0.6b", "--gpu-mem", "-5GB"], "--gpu-mem"),
+    (["plan", "qwen3-0.6b", "--train-tokens", "0"], "--train-tokens"),
+    (["plan", "qwen3-0.6b", "--chunk", "64"], "--chunk needs --train-tokens"),
+    (["plan", "--config", "/nonexistent/config.json"], "No such file"),
+    (["plan", "qwen3-0.6b", "--frobnicate"], "unrecognized arguments"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_input_exit_2_one_line(args, needle):
+    r = algenta(*args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stdout == ""
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert needle in r.stderr
+
+
+@pytest.mark.parametrize("content,needle", [
+    ('{"hidden_size": 1024,', "not valid JSON"),
+    ('{"hidden_size": 1024}', "num_attention_heads"),
+    ("[1, 2]", "JSON object"),
+    ('{"hidden_size": "big", "num_attention_heads": 16, "intermediate_size": 3072, '
+     '"num_hidden_layers": 28, "vocab_size": 151936}', "hidden_size"),
+    ('{"hidden_size": -1024, "num_attention_heads": 16, "head_dim": 128, '
+     '"intermediate_size": 3072, "num_hidden_layers": 28, "vocab_size": 151936}', "hidden_size"),
+    ("\udcff not utf8", ""),
+])
+def test_malformed_config_exit_2(tmp_path, content, needle):
+    p = tmp_path / "config.json"
+    p.write_bytes(content.encode("utf-8", "surrogateescape"))
+    r = algenta("plan", "--config", str(p))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr
+
+
+def test_help_and_version():
+    r = algenta("plan", "--help")
+    assert r.returncode == 0 and "qwen3-0.6b" in r.stdout and "--gpu-mem" in r.stdout
+    r = algenta("--version")
+    assert r.returncode == 0 and r.stdout.startswith("algenta ")
+    r = algenta()
+    assert r.returncode == 2 and "plan" in r.stderr
+
+
+def test_main_in_process(capsys):
+    from algenta.cli import main
+
+    assert main(["plan", "qwen3-1.7b", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["resident_f32_elems"] == rc.residentk_weight_elems(2048, 16, 8, 128, 6144, 28, 151936)
+    assert main(["plan", "nope"]) == 2
+    assert "unknown model preset" in capsys.readouterr().err
