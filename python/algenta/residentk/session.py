@@ -195,15 +195,20 @@ class ResidentSession:
     """
 
     def __init__(self, config, weights, *, max_ctx: int = 512, device: str = "cpu"):
-        self._config = make_config(config)
-        self._engine = _open_engine(self._config, max_ctx, device)
-        self._device = self._engine.device
+        self._open(config, max_ctx, device)
         pairs = weights.items() if isinstance(weights, Mapping) else weights
         for name, arr in pairs:
             self._set(name, arr)
         self._check_complete()
 
     # -- construction helpers -------------------------------------------------------------
+    def _open(self, config, max_ctx, device):
+        # Allocates the resident buffers (weights zeroed, the KV cache at capacity) up front,
+        # so streaming a checkpoint in costs one tensor on top of them, never a second model.
+        self._config = make_config(config)
+        self._engine = _open_engine(self._config, max_ctx, device)
+        self._device = self._engine.device
+
     def _set(self, name, arr):
         if not isinstance(name, str):
             raise TypeError(f"weight names must be str, got {type(name).__name__}")

@@ -1,0 +1,210 @@
+"""ResidentSession.from_pretrained on checkpoint directories written here byte by byte (no
+torch, no safetensors package needed to write them): config styles, dtypes, shards, tied heads,
+and every refusal a malformed or hostile checkpoint must get."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+import qwen3_reference as ref
+from algenta import ResidentError
+from algenta.residentk.session import ResidentSession
+
+CFG = dict(d_model=40, h_q=4, h_kv=2, d_head=16, d_ff=56, n_layers=2, vocab=61, rms_eps=1e-6,
+           rope_theta=5000.0, tie_word_embeddings=False)
+TOL = 2e-5
+
+
+def hf_config(cfg, style="parameters", **extra):
+    c = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+         "hidden_size": cfg["d_model"], "num_attention_heads": cfg["h_q"],
+         "num_key_value_heads": cfg["h_kv"], "head_dim": cfg["d_head"],
+         "intermediate_size": cfg["d_ff"], "num_hidden_layers": cfg["n_layers"],
+         "vocab_size": cfg["vocab"], "rms_norm_eps": cfg["rms_eps"], "hidden_act": "silu",
+         "tie_word_embeddings": cfg["tie_word_embeddings"], "use_sliding_window": False,
+         "attention_bias": False}
+    if style == "parameters":  # newer transformers
+        c["rope_parameters"] = {"rope_theta": cfg["rope_theta"], "rope_type": "default"}
+    else:  # the published Qwen3 config.json files
+        c["rope_theta"] = cfg["rope_theta"]
+        c["rope_scaling"] = None
+    c.update(extra)
+    return c
+
+
+def bf16_bits(a):
+    """Round-to-nearest-even float32 -> bf16 bit patterns (uint16)."""
+    u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return u.astype(np.uint16)
+
+
+def encode(arr, dtype):
+    if dtype == "BF16":
+        return bf16_bits(arr).tobytes()
+    return np.ascontiguousarray(arr, {"F16": np.float16, "F32": np.float32}[dtype]).tobytes()
+
+
+def decoded(arr, dtype):
+    """What the stored bytes mean as float32 (the values a loader must reproduce exactly)."""
+    if dtype == "BF16":
+        return (bf16_bits(arr).astype(np.uint32) << 16).view(np.float32)
+    return np.asarray(arr).astype({"F16": np.float16, "F32": np.float32}[dtype]).astype(np.float32)
+
+
+def write_safetensors(path, tensors, dtype="F32", header_override=None):
+    meta, blobs, off = {}, [], 0
+    for name, arr in tensors.items():
+        b = encode(arr, dtype)
+        meta[name] = {"dtype": dtype, "shape": list(np.shape(arr)), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    if header_override:
+        header_override(meta)
+    h = json.dumps(meta).encode()
+    path.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def make_ckpt(tmp_path, cfg=CFG, dtype="F32", style="parameters", shards=1, seed=0, extra=None,
+              drop=(), override=None, **cfg_extra):
+    w = ref.random_weights(cfg, seed)
+    w.update(extra or {})
+    for k in drop:
+        del w[k]
+    (tmp_path / "config.json").write_text(json.dumps(hf_config(cfg, style, **cfg_extra)))
+    names = list(w)
+    if shards == 1:
+        write_safetensors(tmp_path / "model.safetensors", w, dtype, override)
+    else:
+        wm = {}
+        for s in range(shards):
+            fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+            part = {n: w[n] for n in names[s::shards]}
+            write_safetensors(tmp_path / fname, part, dtype)
+            wm.update({n: fname for n in part})
+        (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
+    return {k: decoded(v, dtype) for k, v in w.items()}
+
+
+@pytest.mark.parametrize("dtype,style,shards", [
+    ("F32", "parameters", 1), ("BF16", "top_level", 3), ("F16", "top_level", 1),
+    ("BF16", "parameters", 2)])
+def test_loads_and_matches_reference(tmp_path, dtype, style, shards):
+    w = make_ckpt(tmp_path, dtype=dtype, style=style, shards=shards)
+    s = ResidentSession.from_pretrained(tmp_path, max_ctx=100, progress=False)
+    assert s.config["rope_theta"] == 5000.0 and s.capacity == 512 and s.max_ctx == 100
+    ids = [5, 9, 1, 60, 33]
+    want = ref.forward(CFG, w, ids)
+    np.testing.assert_allclose(s.prefill(ids[:4]), want[3], rtol=0, atol=TOL)
+    np.testing.assert_allclose(s.step(ids[4]), want[4], rtol=0, atol=TOL)
+
+
+def test_tied_checkpoint_with_shipped_lm_head_and_progress(tmp_path):
+    cfg = dict(CFG, tie_word_embeddings=True)
+    w = make_ckpt(tmp_path, cfg=cfg, extra={"lm_head.weight": np.ones((61, 40), np.float32)},
+                  style="top_level")
+    seen = []
+    s = ResidentSession.from_pretrained(tmp_path, progress=lambda d, t: seen.append((d, t)))
+    assert seen and seen[-1][0] == seen[-1][1] > 0
+    assert all(a[0] < b[0] for a, b in zip(seen, seen[1:]))
+    np.testing.assert_allclose(s.prefill([1, 2, 3]), ref.forward(cfg, w, [1, 2, 3])[-1],
+                               rtol=0, atol=TOL)
+
+
+def _refused(tmp_path, *words, status=607):
+    with pytest.raises(ResidentError) as e:
+        ResidentSession.from_pretrained(tmp_path, progress=False)
+    assert e.value.status == status
+    for word in words:
+        assert word in str(e.value)
+    return e.value
+
+
+def test_shape_mismatch_names_the_tensor(tmp_path):
+    name = "model.layers.1.mlp.down_proj.weight"
+    make_ckpt(tmp_path, extra={name: np.zeros((40, 55), np.float32)})
+    _refused(tmp_path, name, "[40, 55]", "[40, 56]")
+
+
+def test_missing_and_unknown_tensors(tmp_path):
+    make_ckpt(tmp_path, drop=["model.layers.0.self_attn.k_norm.weight"])
+    _refused(tmp_path, "model.layers.0.self_attn.k_norm.weight")
+    make_ckpt(tmp_path, extra={"model.layers.0.self_attn.q_proj.bias": np.zeros(64, np.float32)})
+    _refused(tmp_path, "model.layers.0.self_attn.q_proj.bias")
+
+
+def test_architecture_and_variant_refusals(tmp_path):
+    make_ckpt(tmp_path, architectures=["LlamaForCausalLM"], model_type="llama")
+    _refused(tmp_path, "LlamaForCausalLM", "not Qwen3")
+    make_ckpt(tmp_path, style="top_level", rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    _refused(tmp_path, "yarn")
+    make_ckpt(tmp_path, use_sliding_window=True)
+    _refused(tmp_path, "sliding")
+    make_ckpt(tmp_path, head_dim=12)  # not a power of two: the contract's shape refusal
+    _refused(tmp_path, status=603)
+
+
+def test_bad_paths(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        ResidentSession.from_pretrained(tmp_path / "nope")
+    _refused(tmp_path, "config.json")
+    (tmp_path / "config.json").write_text("{not json")
+    _refused(tmp_path, "JSON")
+    (tmp_path / "config.json").write_text(json.dumps(hf_config(CFG)))
+    _refused(tmp_path, "model.safetensors")
+
+
+@pytest.mark.parametrize("case", ["huge_len", "short_len", "truncated_file", "bad_json",
+                                  "offsets_past_end", "size_mismatch", "negative_offset",
+                                  "bad_dtype", "bad_shape"])
+def test_hostile_headers_are_refused_cleanly(tmp_path, case):
+    make_ckpt(tmp_path)
+    f = tmp_path / "model.safetensors"
+    raw = f.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    meta = json.loads(raw[8:8 + n])
+    name = "model.layers.0.mlp.up_proj.weight"
+
+    def rewrite(m):
+        h = json.dumps(m).encode()
+        f.write_bytes(struct.pack("<Q", len(h)) + h + raw[8 + n:])
+
+    if case == "huge_len":
+        f.write_bytes(struct.pack("<Q", 2**63 + 5) + raw[8:])
+    elif case == "short_len":
+        f.write_bytes(raw[:5])
+    elif case == "truncated_file":
+        f.write_bytes(raw[: len(raw) - 100])
+    elif case == "bad_json":
+        f.write_bytes(struct.pack("<Q", n) + b"{" * n + raw[8 + n:])
+    elif case == "offsets_past_end":
+        meta[name]["data_offsets"] = [0, 10**15]
+        meta[name]["shape"] = [10**15 // 4]
+        rewrite(meta)
+    elif case == "size_mismatch":
+        meta[name]["data_offsets"][1] -= 4
+        rewrite(meta)
+    elif case == "negative_offset":
+        meta[name]["data_offsets"] = [-4, meta[name]["data_offsets"][1] - 4]
+        rewrite(meta)
+    elif case == "bad_dtype":
+        meta[name]["dtype"] = "I64"
+        rewrite(meta)
+    elif case == "bad_shape":
+        meta[name]["shape"] = [56, "40"]
+        rewrite(meta)
+    _refused(tmp_path, "model.safetensors")
+
+
+def test_shard_index_cannot_point_outside_the_directory(tmp_path):
+    make_ckpt(tmp_path, shards=2)
+    idx = tmp_path / "model.safetensors.index.json"
+    m = json.loads(idx.read_text())
+    first = next(iter(m["weight_map"]))
+    m["weight_map"][first] = "../model-00001-of-00002.safetensors"
+    idx.write_text(json.dumps(m))
+    _refused(tmp_path, "../model-00001-of-00002.safetensors")
