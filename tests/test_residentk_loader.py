@@ -208,3 +208,54 @@ def test_shard_index_cannot_point_outside_the_directory(tmp_path):
     m["weight_map"][first] = "../model-00001-of-00002.safetensors"
     idx.write_text(json.dumps(m))
     _refused(tmp_path, "../model-00001-of-00002.safetensors")
+
+
+# ---- algenta generate ---------------------------------------------------------------------
+
+def _cli(argv, capsys):
+    from algenta.cli import main
+
+    rc = main(["generate", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cli_generate_ids_streams_the_greedy_tokens(tmp_path, capsys):
+    w = make_ckpt(tmp_path)
+    rc, out, err = _cli(["--model", str(tmp_path), "--ids", "5,9,1", "--max-new", "6"], capsys)
+    assert rc == 0
+    assert [int(x) for x in out.split()] == ref.greedy(CFG, w, [5, 9, 1], 6)
+    assert "tokens/s" in err and "15 stages/token" in err
+
+
+def test_cli_generate_bad_input_exits_2_with_one_line(tmp_path, capsys):
+    for argv in (["--model", str(tmp_path / "none"), "--ids", "1"],
+                 ["--model", str(tmp_path), "--ids", "1"],  # no config.json
+                 ["--model", str(tmp_path), "--prompt", "hi"]):
+        rc, out, err = _cli(argv, capsys)
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and "error" in err
+    make_ckpt(tmp_path, architectures=["GPT2LMHeadModel"], model_type="gpt2")
+    rc, out, err = _cli(["--model", str(tmp_path), "--ids", "1"], capsys)
+    assert rc == 2 and "not Qwen3" in err and len(err.strip().splitlines()) == 1
+    make_ckpt(tmp_path)
+    rc, out, err = _cli(["--model", str(tmp_path), "--ids", "1,x"], capsys)
+    assert rc == 2 and "--ids" in err
+    rc, out, err = _cli(["--model", str(tmp_path), "--ids", "1", "--max-ctx", "4",
+                         "--max-new", "8"], capsys)
+    assert rc == 2 and "606" in err
+
+
+def test_cli_generate_text_prompt_with_tokenizer_json(tmp_path, capsys):
+    tokenizers = pytest.importorskip("tokenizers")
+    make_ckpt(tmp_path)
+    words = [f"w{i}" for i in range(CFG["vocab"])]
+    tk = tokenizers.Tokenizer(tokenizers.models.WordLevel(
+        {w: i for i, w in enumerate(words)}, unk_token="w0"))
+    tk.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tk.save(str(tmp_path / "tokenizer.json"))
+    rc, out, err = _cli(["--model", str(tmp_path), "--prompt", "w5 w9 w1", "--max-new", "4",
+                         "--temperature", "0.8", "--seed", "3", "--top-k", "5"], capsys)
+    assert rc == 0 and out.startswith("w5 w9 w1")
+    s = ResidentSession.from_pretrained(tmp_path, progress=False)
+    want = s.generate([5, 9, 1], 4, temperature=0.8, seed=3, top_k=5)
+    assert out[len("w5 w9 w1"):].split() == [words[t] for t in want]

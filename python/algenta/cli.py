@@ -14,7 +14,7 @@ import importlib
 import os
 import sys
 
-_SUBCOMMANDS = ["algenta.cli_plan"]
+_SUBCOMMANDS = ["algenta.cli_plan", "algenta.cli_generate"]
 
 
 class CliError(Exception):

@@ -1,0 +1,161 @@
+"""``algenta generate``: decode from a HuggingFace Qwen3 checkpoint with a resident session.
+
+    algenta generate --model DIR (--prompt TEXT | --ids 1,2,3) [--max-new N] [--temperature T]
+                     [--top-k K] [--top-p P] [--seed S] [--max-ctx N] [--device cpu|cuda|auto]
+
+Text prompts are tokenized with the ``tokenizers`` package (an optional extra) from the
+checkpoint's ``tokenizer.json``; the generated text is streamed to stdout as it is produced (ids
+instead with --ids), and the timing (prefill, decode tokens/s) goes to stderr at the end. Decoding
+stops at the checkpoint's eos ids unless --ignore-eos. A bad path or a malformed checkpoint exits
+2 with one line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from .cli import CliError
+
+
+def _positive(kind):
+    def conv(text):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise ValueError(text) from None
+        if not v > 0:
+            raise ValueError(text)
+        return v
+
+    conv.__name__ = f"positive {kind.__name__}"
+    return conv
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "generate", help="decode from a Qwen3 checkpoint with a resident session",
+        description="Decode from a HuggingFace Qwen3 checkpoint directory with a resident "
+                    "session (weights and a fixed-capacity KV cache held for the whole run).")
+    p.add_argument("--model", required=True, metavar="DIR",
+                   help="checkpoint directory (config.json + model.safetensors or an index)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", metavar="TEXT", help="text prompt (needs tokenizer.json and "
+                                                      "the 'tokenizers' package)")
+    src.add_argument("--ids", metavar="1,2,3", help="comma-separated prompt token ids")
+    p.add_argument("--max-new", type=int, default=64, metavar="N", help="new tokens (default 64)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="0 (the default) decodes greedily")
+    p.add_argument("--top-k", type=_positive(int), default=None, metavar="K")
+    p.add_argument("--top-p", type=float, default=None, metavar="P")
+    p.add_argument("--seed", type=int, default=None, metavar="S", help="sampling seed")
+    p.add_argument("--max-ctx", type=_positive(int), default=None, metavar="N",
+                   help="session capacity request (default: prompt + max-new, at least 512)")
+    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at the eos ids")
+    p.set_defaults(handler=run)
+
+
+def _eos_ids(root: Path) -> set:
+    ids = set()
+    for name in ("generation_config.json", "config.json"):
+        try:
+            v = json.loads((root / name).read_text()).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            continue
+        for x in v if isinstance(v, list) else [v]:
+            if isinstance(x, int) and not isinstance(x, bool):
+                ids.add(x)
+    return ids
+
+
+def _tokenizer(root: Path):
+    path = root / "tokenizer.json"
+    if not path.is_file():
+        raise CliError(f"{root} has no tokenizer.json: pass token ids with --ids instead")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise CliError("--prompt needs the 'tokenizers' package (pip install tokenizers); "
+                       "or pass token ids with --ids") from None
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # the tokenizers package raises its own exception types
+        raise CliError(f"{path}: cannot be read as a tokenizer ({e})") from None
+
+
+def run(args) -> int:
+    from .errors import AlgentaError
+    from .residentk.session import ResidentSession
+
+    root = Path(args.model)
+    if not root.is_dir():
+        raise CliError(f"{root}: not a checkpoint directory")
+    if args.max_new < 0:
+        raise CliError(f"--max-new must be >= 0, got {args.max_new}")
+    tok = None
+    if args.prompt is not None:
+        tok = _tokenizer(root)
+        prompt = tok.encode(args.prompt).ids
+        if not prompt:
+            raise CliError("the prompt encodes to no tokens")
+    else:
+        try:
+            prompt = [int(x) for x in args.ids.split(",") if x.strip()]
+        except ValueError:
+            raise CliError(f"--ids must be comma-separated integers, got {args.ids!r}") from None
+        if not prompt:
+            raise CliError("--ids is empty")
+    max_ctx = args.max_ctx or max(512, len(prompt) + args.max_new)
+
+    try:
+        t0 = time.perf_counter()
+        session = ResidentSession.from_pretrained(root, max_ctx=max_ctx, device=args.device)
+        t_load = time.perf_counter() - t0
+    except (AlgentaError, FileNotFoundError) as e:
+        raise CliError(str(e)) from None
+
+    out = sys.stdout
+    produced = []
+    times = []
+    shown = ""
+
+    def on_token(t):
+        times.append(time.perf_counter())
+        produced.append(t)
+        nonlocal shown
+        if tok is None:
+            out.write(("" if len(produced) == 1 else " ") + str(t))
+        else:
+            # Decode the whole tail and print what is new: one token can end mid-character
+            # (byte-level BPE), which decodes to U+FFFD until the next token completes it.
+            text = tok.decode(produced)
+            if not text.endswith("\ufffd"):
+                out.write(text[len(shown):] if text.startswith(shown) else text)
+                shown = text
+        out.flush()
+
+    if tok is not None:
+        out.write(args.prompt)
+        out.flush()
+    stop = () if args.ignore_eos else tuple(_eos_ids(root))
+    try:
+        t1 = time.perf_counter()
+        session.generate(prompt, args.max_new, temperature=args.temperature, top_k=args.top_k,
+                         top_p=args.top_p, seed=args.seed, stop_ids=stop, on_token=on_token)
+    except AlgentaError as e:
+        raise CliError(str(e)) from None
+    out.write("\n")
+    out.flush()
+    n = len(produced)
+    msg = f"loaded in {t_load:.2f} s; prompt {len(prompt)} tokens"
+    if n:
+        msg += f", prefill {times[0] - t1:.3f} s"
+    if n > 1:
+        dt = times[-1] - times[0]
+        msg += f"; {n} new tokens, decode {(n - 1) / dt:.1f} tokens/s"
+    print(f"{msg} ({session.device}, {session.dispatches_per_token} stages/token)",
+          file=sys.stderr)
+    return 0
