@@ -8,3 +8,4 @@ that ``algenta plan`` sizes.
 
 from . import contract, presets, probe  # noqa: F401
 from .probe import ResidentProbe  # noqa: F401
+from .session import ResidentSession  # noqa: F401,E402
