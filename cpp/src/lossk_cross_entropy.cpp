@@ -135,7 +135,6 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
     valid[t] = !(a.has_ignore && a.targets[t] == a.ignore_index);
     n_valid += valid[t];
   }
-  if (want_dw) std::memset(out.d_weight, 0, sizeof(T) * size_t(V * D));
 
   for (int64_t t0 = 0; t0 < N; t0 += C) {
     const int64_t c = N - t0 < C ? N - t0 : C;
@@ -253,8 +252,10 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
         const int64_t v0 = (item / n_dtiles) * VR, j = item % n_dtiles;
         const int64_t d0 = j * dtile_w;
         const int64_t rows = V - v0 < VR ? V - v0 : VR, cols = D - d0 < dtile_w ? D - d0 : dtile_w;
+        // The first chunk starts each chain at 0 (no memset pass over d_weight); later chunks
+        // continue it. Either way one chain per cell, so the bits do not depend on C.
         K.gemm_pb(rows, cols, c, G + v0, 1, V, hpack.data() + hpack_off[size_t(j)],
-                  out.d_weight + v0 * D + d0, D, true, ws.data() + size_t(tid) * size_t(ws_elems));
+                  out.d_weight + v0 * D + d0, D, t0 > 0, ws.data() + size_t(tid) * size_t(ws_elems));
       }
     }
   }
