@@ -252,6 +252,18 @@ def test_without_grad_matches_with_grad_forward():
     assert a.d_hidden is None and a.d_weight is None
 
 
+def test_one_gradient_only():
+    h, w, t = problem(21, 9, 300, seed=15)
+    both = algenta.linear_cross_entropy(h, w, t, with_grad=True, chunk=4)
+    dh = algenta.linear_cross_entropy(h, w, t, with_grad="hidden", chunk=4)
+    dw = algenta.linear_cross_entropy(h, w, t, with_grad="weight", chunk=9)
+    assert dh.d_weight is None and dw.d_hidden is None
+    assert np.array_equal(dh.d_hidden, both.d_hidden) and np.array_equal(dw.d_weight, both.d_weight)
+    assert dh.loss == dw.loss == both.loss
+    with pytest.raises(TypeError):
+        algenta.linear_cross_entropy(h, w, t, with_grad="both")
+
+
 def test_non_contiguous_inputs():
     h, w, t = problem(12, 10, 40, seed=14)
     hf = np.asfortranarray(h)

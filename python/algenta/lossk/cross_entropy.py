@@ -267,8 +267,10 @@ def linear_cross_entropy(hidden, weight, targets, *, chunk=None, reduction="mean
     target is refused (586), never read as a mask.
 
     ``with_grad=True`` also returns ``d_hidden`` and ``d_weight`` (input dtype) of the reduced
-    loss, computed in the same pass; for "none", ``grad_output`` (n_tok,) weights each token
-    (default all ones). Peak extra memory is the gradients plus one chunk of logits.
+    loss, computed in the same pass; ``with_grad="hidden"`` or ``"weight"`` computes only that one
+    (the other is None), saving a third of the work for a frozen head or trunk. For "none",
+    ``grad_output`` (n_tok,) weights each token (default all ones). Peak extra memory is the
+    gradients plus one chunk of logits.
     """
     if not isinstance(hidden, np.ndarray) or not isinstance(weight, np.ndarray):
         raise TypeError("hidden and weight must be NumPy arrays")
@@ -279,8 +281,12 @@ def linear_cross_entropy(hidden, weight, targets, *, chunk=None, reduction="mean
         raise _err(f"hidden and weight must be 2-D, got shapes {hidden.shape} and {weight.shape}", 582)
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
-    if isinstance(with_grad, (bool, np.bool_)) is False:
-        raise TypeError("with_grad must be a bool")
+    if isinstance(with_grad, (bool, np.bool_)):
+        want_dh = want_dw = bool(with_grad)
+    elif with_grad in ("hidden", "weight"):
+        want_dh, want_dw = with_grad == "hidden", with_grad == "weight"
+    else:
+        raise TypeError(f"with_grad must be a bool, 'hidden' or 'weight', got {with_grad!r}")
     n, d = hidden.shape
     v = weight.shape[0]
     if n < 1 or d < 1 or v < 1:
@@ -309,7 +315,7 @@ def linear_cross_entropy(hidden, weight, targets, *, chunk=None, reduction="mean
     h = np.ascontiguousarray(hidden)
     w = np.ascontiguousarray(weight)
     r = _run(h, w, t, n, d, v, c, reduction=reduction, ignore_index=ii, label_smoothing=ls,
-             want_dh=bool(with_grad), want_dw=bool(with_grad), grad_output=go,
+             want_dh=want_dh, want_dw=want_dw, grad_output=go,
              want_loss_tok=reduction == "none")
     if reduction == "none":
         loss = r["loss_tok"]
