@@ -75,7 +75,12 @@ inline void storeu(void* p, const VT& v) {
 #ifndef ALGENTA_T_KC
 #define ALGENTA_T_KC 256
 #endif
-constexpr int64_t KC = ALGENTA_T_KC;
+#ifndef ALGENTA_T_KC64
+#define ALGENTA_T_KC64 128
+#endif
+// float64 halves the depth so a KC x NR panel of B still fits half of a 32 KiB L1.
+template <class T>
+constexpr int64_t KC = sizeof(T) == 8 ? ALGENTA_T_KC64 : ALGENTA_T_KC;
 constexpr int64_t MC = 96;  // a multiple of every MR above
 static_assert(MC % MR == 0, "MC must hold whole MR panels");
 template <class T>
@@ -90,7 +95,7 @@ constexpr int64_t NC() {
 template <class T>
 int64_t gemm_ws_elems() {
   // packed A (MC x KC), packed B (KC x NC), one edge tile; padded for 64-byte alignment.
-  return MC * KC + KC * NC<T>() + MR * nr<T>() + 3 * 64;
+  return MC * KC<T> + KC<T> * NC<T>() + MR * nr<T>() + 3 * 64;
 }
 
 template <class T>
@@ -215,13 +220,13 @@ void gemm_core(int64_t M, int64_t N, int64_t K, const T* A, int64_t rsa, int64_t
     return;
   }
   T* Ap = align64(ws);
-  T* Bp = align64(Ap + MC * KC);
-  T* tile = align64(Bp + KC * NCB);
+  T* Bp = align64(Ap + MC * KC<T>);
+  T* tile = align64(Bp + KC<T> * NCB);
   const int64_t npad = (N + NR - 1) / NR * NR;
   for (int64_t jc = 0; jc < N; jc += NCB) {
     const int64_t nc = N - jc < NCB ? N - jc : NCB;
-    for (int64_t pc = 0; pc < K; pc += KC) {
-      const int64_t kc = K - pc < KC ? K - pc : KC;
+    for (int64_t pc = 0; pc < K; pc += KC<T>) {
+      const int64_t kc = K - pc < KC<T> ? K - pc : KC<T>;
       const bool load = accumulate || pc > 0;  // later k blocks continue the same chain
       const T* Bk;
       if (Bfull) {
@@ -282,8 +287,8 @@ int64_t packed_b_max_cols() {
 template <class T>
 void pack_b_full(int64_t K, int64_t N, const T* B, int64_t rsb, int64_t csb, T* Bfull) {
   const int64_t npad = (N + nr<T>() - 1) / nr<T>() * nr<T>();
-  for (int64_t pc = 0; pc < K; pc += KC) {
-    const int64_t kc = K - pc < KC ? K - pc : KC;
+  for (int64_t pc = 0; pc < K; pc += KC<T>) {
+    const int64_t kc = K - pc < KC<T> ? K - pc : KC<T>;
     pack_b(kc, N, B + pc * rsb, rsb, csb, Bfull + pc * npad);
   }
 }
@@ -305,8 +310,8 @@ template <class T>
 void pack_a_rows(int64_t M, int64_t K, int64_t r0, int64_t r1, const T* A, int64_t rsa,
                  int64_t csa, T* Afull) {
   const int64_t mp = (M + MR - 1) / MR * MR;
-  for (int64_t pc = 0; pc < K; pc += KC) {
-    const int64_t kc = K - pc < KC ? K - pc : KC;
+  for (int64_t pc = 0; pc < K; pc += KC<T>) {
+    const int64_t kc = K - pc < KC<T> ? K - pc : KC<T>;
     pack_a(r1 - r0, kc, A + r0 * rsa + pc * csa, rsa, csa, Afull + pc * mp + r0 * kc);
   }
 }
