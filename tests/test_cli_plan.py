@@ -230,6 +230,15 @@ def test_malformed_config_exit_2(tmp_path, content, needle):
     assert len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr
 
 
+def test_list_presets():
+    r = algenta("plan", "--list")
+    assert r.returncode == 0 and r.stderr == ""
+    lines = r.stdout.splitlines()
+    assert len(lines) == 7 and len({len(l) for l in lines[1:]}) <= 2
+    assert re.search(r"^qwen3-8b\s+4,096\s+32/8\s+128\s+12,288\s+36\s+151,936\s+separate$",
+                     r.stdout, re.M)
+
+
 def test_help_and_version():
     r = algenta("plan", "--help")
     assert r.returncode == 0 and "qwen3-0.6b" in r.stdout and "--gpu-mem" in r.stdout

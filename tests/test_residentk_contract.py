@@ -98,6 +98,8 @@ def test_dims_check_shared_memory_tier():
     assert rc.residentk_dims_check(1024, cap // 64, 8, 128, 3072) == 602
     st, why = rc.residentk_shape_reason(5120, 40, 8, 128, 17408, 40, 151936)   # Qwen3-14B
     assert st == 602 and "d_ff" in why and "ALGENTA_SMEM_TIER_BYTES=69632" in why
+    st, why = rc.residentk_shape_reason(1024, 16, 8, 128, 60000, 4, 1000)   # 240,000 bytes
+    assert st == 602 and "no tier holds it" in why
 
 
 def test_shape_check_adds_layers_and_vocab():

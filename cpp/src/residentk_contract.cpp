@@ -79,11 +79,15 @@ static int shape_check_impl(const Dim* dims, int n, int64_t d_model, int64_t h_q
   if (d_ff > staged) staged = d_ff, which = "d_ff";
   if (qdim > staged) staged = qdim, which = "h_q*d_head";
   if (check_tier && staged > RESIDENT_MAX_STAGED_FLOATS) {
+    // Name the tier that would hold it, rounded up to a KiB, unless no device has that much.
+    const int64_t need = ((staged * 4 + 1023) / 1024) * 1024;
+    const std::string fix = need <= 227 * 1024
+                                ? "rebuild with -Ccmake.define.ALGENTA_SMEM_TIER_BYTES=" + num(need)
+                                : "no tier holds it: 227 KiB is the most any CUDA device grants a block";
     say(why, std::string("largest staged vector (") + which + " = " + num(staged) +
                  " float32, " + num(staged * 4) + " bytes) exceeds the compiled shared-memory tier of " +
                  num(RESIDENT_SMEM_TIER_BYTES) + " bytes (" + num(RESIDENT_MAX_STAGED_FLOATS) +
-                 " floats; rebuild with -Ccmake.define.ALGENTA_SMEM_TIER_BYTES=" +
-                 num(((staged * 4 + 1023) / 1024) * 1024) + ")");
+                 " floats; " + fix + ")");
     return RESIDENT_ERR_DIMENSION_TOO_LARGE;
   }
   say(why, "");

@@ -20,7 +20,7 @@ _HF_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_d
 
 _EPILOG = """\
 model shape (exactly one):
-  MODEL                 a preset: {presets}
+  MODEL                 a preset (algenta plan --list): {presets}
   --config PATH         a HuggingFace config.json (or the directory holding it)
   --dims D,HQ,HKV,DH,FF,L,V
                         d_model, query heads, key/value heads, head_dim, d_ff, layers, vocab
@@ -347,7 +347,20 @@ def render(report: dict, source: str) -> str:
 
 # ---- the subcommand --------------------------------------------------------------------------
 
+def list_presets() -> str:
+    from .residentk.presets import PRESETS
+
+    rows = [("preset", "d_model", "heads q/kv", "head_dim", "d_ff", "layers", "vocab", "lm_head")]
+    for key, m in PRESETS.items():
+        rows.append((key, _n(m.d_model), f"{m.h_q}/{m.h_kv}", str(m.d_head), _n(m.d_ff),
+                     str(m.n_layers), _n(m.vocab), "tied" if m.tied else "separate"))
+    return "\n".join(_table(rows, "lrrrrrrl", indent="")) + "\n"
+
+
 def run(args) -> int:
+    if args.list:
+        sys.stdout.write(list_presets())
+        return 0
     shape, source = resolve_shape(args)
     if args.chunk is not None and args.train_tokens is None:
         raise CliError("--chunk needs --train-tokens")
@@ -391,4 +404,5 @@ def register(subparsers) -> None:
     p.add_argument("--chunk", type=_arg_int("--chunk"), metavar="C",
                    help="loss chunk (default: the largest the logit budget admits)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--list", action="store_true", help="list the model presets and exit")
     p.set_defaults(handler=run)
