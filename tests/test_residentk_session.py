@@ -255,3 +255,60 @@ def test_cuda_device_refuses_with_604_or_605_where_unavailable():
         ResidentSession(cfg, w, device="cuda")
     assert e.value.status in (604, 605)
     assert ResidentSession(cfg, w, device="auto").device == "cpu"
+
+
+# ---- thread count and instruction set ----------------------------------------------------------
+
+_PROBE = """
+import sys, numpy as np
+sys.path.insert(0, {tests!r})
+import qwen3_reference as ref
+from test_residentk_session import CONFIGS
+from algenta.residentk.session import ResidentSession
+cfg = CONFIGS["gqa2_untied"]
+w = ref.random_weights(cfg, 9)
+s = ResidentSession(cfg, w, max_ctx=64)
+ids = list(range(40))
+out = [s.prefill(ids[:3]), s.step(7)]
+s.reset()
+out.append(s.prefill(ids))
+print(np.concatenate(out).astype(np.float32).tobytes().hex())
+"""
+
+
+def _probe(env_extra):
+    import os
+    import subprocess
+    import sys
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, **env_extra)
+    r = subprocess.run([sys.executable, "-c", _PROBE.format(tests=tests)], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return np.frombuffer(bytes.fromhex(r.stdout.strip()), np.float32)
+
+
+def test_logits_are_bit_identical_for_every_thread_count():
+    a = _probe({"OMP_NUM_THREADS": "1"})
+    b = _probe({"OMP_NUM_THREADS": "3"})
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
+def test_every_instruction_set_matches_the_reference(isa):
+    import os
+    import subprocess
+    import sys
+
+    ok = subprocess.run([sys.executable, "-c", "import algenta; print(algenta._core.isa_name())"],
+                        env=dict(os.environ, ALGENTA_ISA=isa), capture_output=True, text=True)
+    if ok.stdout.strip() != isa:
+        pytest.skip(f"{isa} is not available on this host")
+    got = _probe({"ALGENTA_ISA": isa})
+    cfg, w = CONFIGS["gqa2_untied"], ref.random_weights(CONFIGS["gqa2_untied"], 9)
+    ids = list(range(40))
+    full = ref.forward(cfg, w, ids)
+    full7 = ref.forward(cfg, w, ids[:3] + [7])
+    want = np.concatenate([full[2], full7[3], full[-1]])
+    np.testing.assert_allclose(got, want, rtol=0, atol=TOL)
