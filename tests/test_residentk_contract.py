@@ -302,3 +302,54 @@ def test_runtime_dispatches_contract():
     assert rt.execute("residentk.contract", "residentk_status_name", [604])["result"] == "resident_shader_toolchain_absent"
     with pytest.raises(ValueError):
         rt.execute("residentk.contract", "_shape", [1, 2, 3, 4, 5])
+
+
+# ---- properties over arbitrary integers ------------------------------------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_any_int = st.one_of(st.integers(-(2**70), 2**70), st.integers(-3, 70000),
+                     st.sampled_from([0, 1, 2**31, 2**63 - 1, 2**63, -(2**63)]))
+_dim = st.one_of(st.integers(1, 4096), st.sampled_from([1, 2, 8, 64, 128, 65536, 65537]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(d=_dim, hq=st.integers(1, 64), hkv=st.integers(1, 64),
+       dh=st.sampled_from([1, 2, 4, 16, 64, 96, 128, 256, 1024, 2048]), ff=_dim,
+       n_layers=st.integers(1, 1100), vocab=st.integers(1, 5_000_000), ctx=st.integers(-2, 70000),
+       tied=st.booleans())
+def test_weight_elems_is_reference_or_zero(d, hq, hkv, dh, ff, n_layers, vocab, ctx, tied):
+    got = rc.residentk_weight_elems(d, hq, hkv, dh, ff, n_layers, vocab, ctx, tied=tied)
+    ok = (rc.residentk_shape_check(d, hq, hkv, dh, ff, n_layers, vocab) == 600
+          and 1 <= ctx <= 65536)
+    assert got == (_weights_reference(d, hq, hkv, dh, ff, n_layers, vocab, ctx, tied) if ok else 0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(args=st.lists(_any_int, min_size=7, max_size=7), ctx=_any_int)
+def test_no_integer_crashes_or_wraps(args, ctx):
+    st_ = rc.residentk_shape_check(*args)
+    assert st_ in (600, 601, 602, 603)
+    assert rc.residentk_dims_check(*args[:5]) in (600, 601, 602, 603)
+    w = rc.residentk_weight_elems(*args, ctx)
+    assert w >= 0 and (w == 0 or st_ == 600)
+    assert rc.residentk_context_check(args[0], args[1], ctx) in (600, 601, 602, 606)
+    assert rc.residentk_cache_elements(args[5], args[2], args[3], ctx) >= 0
+    assert rc.residentk_dispatch_budget(args[5]) >= 0
+    assert 1 <= rc.residentk_splitk_policy(args[0], args[1], args[2]) <= 256
+    assert rc.resident_bucket_ctx(ctx) in {2**k for k in range(9, 17)}
+    assert rc.residentk_max_ctx_fitting(*args, ctx) in {0} | {2**k for k in range(9, 17)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(n_prompt=_any_int, n_new=_any_int, max_ctx=_any_int)
+def test_context_check_matches_exact_arithmetic(n_prompt, n_new, max_ctx):
+    clamp = lambda v: min(max(v, -(2**63)), 2**63 - 1)  # noqa: E731  (the wrapper's int64 clamp)
+    p, n, c = clamp(n_prompt), clamp(n_new), clamp(max_ctx)
+    if p < 1 or n < 0 or c < 1:
+        want = 601
+    elif c > 65536:
+        want = 602
+    else:
+        want = 606 if p + n > c else 600
+    assert rc.residentk_context_check(n_prompt, n_new, max_ctx) == want
