@@ -61,7 +61,7 @@ def make_hf(args, path):
         vocab_size=args.vocab, hidden_size=args.d_model, intermediate_size=args.d_ff,
         num_hidden_layers=args.layers, num_attention_heads=args.h_q,
         num_key_value_heads=args.h_kv, head_dim=args.d_head, tie_word_embeddings=True,
-        rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        rms_norm_eps=1e-6, rope_theta=1e6,
         attn_implementation="eager")
     torch.manual_seed(0)
     with torch.device("cpu"):

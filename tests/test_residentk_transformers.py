@@ -41,8 +41,10 @@ CASES = {
 def _model(case, tmp_path):
     c = dict(CASES[case])
     theta, style, dtype, shard = c.pop("theta"), c.pop("style"), c.pop("dtype"), c.pop("shard")
-    cfg = transformers.Qwen3Config(rms_norm_eps=1e-6, rope_parameters={
-        "rope_type": "default", "rope_theta": theta}, attn_implementation="eager", **c)
+    # rope_theta as a keyword works on transformers 4.x (its attribute) and 5.x (folded into
+    # rope_parameters); the written config.json is then put in the style under test.
+    cfg = transformers.Qwen3Config(rms_norm_eps=1e-6, rope_theta=theta,
+                                   attn_implementation="eager", **c)
     torch.manual_seed(sum(map(ord, case)))
     m = transformers.Qwen3ForCausalLM(cfg).eval()
     # transformers' init (std 0.02, unit norms) gives near-zero logits that would hide errors:
@@ -64,12 +66,18 @@ def _model(case, tmp_path):
         copy.deepcopy(m).to(torch.bfloat16).save_pretrained(tmp_path, **kw)
     else:
         m.save_pretrained(tmp_path, **kw)
-    if style == "top_level":
-        path = tmp_path / "config.json"
-        j = json.loads(path.read_text())
-        j.pop("rope_parameters", None)
+    path = tmp_path / "config.json"
+    j = json.loads(path.read_text())
+    for k in ("rope_parameters", "rope_theta", "rope_scaling"):
+        j.pop(k, None)
+    if style == "top_level":  # the published Qwen3 files
         j["rope_theta"] = theta
-        path.write_text(json.dumps(j))
+        j["rope_scaling"] = None
+    else:  # newer transformers
+        j["rope_parameters"] = {"rope_theta": theta, "rope_type": "default"}
+    path.write_text(json.dumps(j))
+    hf_theta = getattr(m.config, "rope_parameters", None) or {}
+    assert hf_theta.get("rope_theta", getattr(m.config, "rope_theta", None)) == theta
     return m
 
 
