@@ -169,6 +169,8 @@ struct Layer {
 };
 
 constexpr int64_t PREFILL_BLOCK = 256;
+// 256 KiB of float32: what one core streams in the few microseconds a fork/join costs.
+constexpr int64_t PARALLEL_MIN_FLOATS = int64_t(1) << 16;
 
 class CpuSession final : public Session {
  public:
@@ -387,14 +389,19 @@ class CpuSession final : public Session {
     for (int64_t j = 0; j < n; ++j) S.axpy(s[j] * inv, V + j * Dh, out, Dh);
   }
 
+  // Threads for a stage touching `work` floats: waking a second thread and meeting it at the
+  // closing barrier costs microseconds (far more on a loaded machine, where the woken thread
+  // may wait a scheduler tick), so a stage too small to repay that runs as a team of one. Bits
+  // do not change: a cell's owner and reduction order never depend on the team size.
+  int team(int64_t work) const { return work >= PARALLEL_MIN_FLOATS ? nt_ : 1; }
+
   void decode(int64_t id, float* logits) {
     const Simd& S = simd();
     const int64_t D = c_.d_model, Dh = c_.d_head, F = c_.d_ff, Hq = c_.h_q, Hkv = c_.h_kv;
     const int64_t G = Hq / Hkv, HD = Hq * Dh, p = pos_;
-    const int nt = nt_;
     int64_t stages = 0;
 
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(team(D))
     {
       int64_t r0, r1;
       split(D, omp_get_thread_num(), omp_get_num_threads(), r0, r1);
@@ -406,7 +413,7 @@ class CpuSession final : public Session {
       const Layer& L = layers_[size_t(li)];
       float* Kc = kcache(li);
       float* Vc = vcache(li);
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(team(q_rows_ * D))
       {
         const int t = omp_get_thread_num();
         float* xn = scratch_.p + int64_t(t) * std::max(D, F);
@@ -416,7 +423,7 @@ class CpuSession final : public Session {
         });
       }
       ++stages;
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(team(q_rows_ * 4)) schedule(static)
       for (int64_t h = 0; h < Hq + 2 * Hkv; ++h) {
         float* v = qkv_.p + h * Dh;
         if (h < Hq) {
@@ -429,21 +436,21 @@ class CpuSession final : public Session {
         }
       }
       ++stages;
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(team(Hq * (p + 1) * Dh * 2)) schedule(static)
       for (int64_t h = 0; h < Hq; ++h) {
         const int64_t g = h / G;
         attend(S, qkv_.p + h * Dh, Kc + g * cap_ * Dh, Vc + g * cap_ * Dh, p + 1,
                scores_.p + h * cap_, attn_.p + h * Dh);
       }
       ++stages;
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(team(D * HD))
       {
         rows_dynamic(D, [&](int64_t r0, int64_t r1) {
           S.matvec_rows(L.wo.p, attn_.p, HD, r0, r1, x_.p, true);
         });
       }
       ++stages;
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(team(2 * F * D))
       {
         const int t = omp_get_thread_num();
         float* xn = scratch_.p + int64_t(t) * std::max(D, F);
@@ -454,7 +461,7 @@ class CpuSession final : public Session {
         });
       }
       ++stages;
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(team(D * F))
       {
         rows_dynamic(D, [&](int64_t r0, int64_t r1) {
           S.matvec_rows(L.wd.p, act_.p, F, r0, r1, x_.p, true);
@@ -463,7 +470,7 @@ class CpuSession final : public Session {
       ++stages;
     }
 
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(team(D))
     {
       const int t = omp_get_thread_num();
       // Each thread forms the norm's scale itself (same bits everywhere) and writes its slice.
@@ -475,7 +482,7 @@ class CpuSession final : public Session {
       for (int64_t i = r0; i < r1; ++i) xf_.p[i] = final_norm_.p[i] * (x_.p[i] * inv);
     }
     ++stages;
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(team(c_.vocab * D))
     {
       rows_dynamic(c_.vocab, [&](int64_t r0, int64_t r1) {
         S.matvec_rows(head(), xf_.p, D, r0, r1, logits, false);
