@@ -6,7 +6,9 @@
 // Fuses: nothing across calls; each call packs its own A and B panels (zero-padded to MR x NR),
 // so callers may hand it any strided view. Never allocates: scratch comes from the caller.
 // Limits: dimensions must fit int64 products (the lossk ceilings guarantee it).
+#include <array>
 #include <cmath>
+#include <utility>
 #include <cstring>
 #include <limits>
 
@@ -180,34 +182,49 @@ void pack_b(int64_t kc, int64_t nc, const T* B, int64_t rsb, int64_t csb, T* Bp)
   }
 }
 
-// MR x NR tile: C = (load ? C : 0) + sum_k a[k][:] b[k][:], one chain per cell in k order.
-template <class T>
-inline void ukernel(int64_t kc, const T* __restrict a, const T* __restrict b, T* c, int64_t ldc,
-                    bool load) {
+// R x NR tile (R <= MR rows of an MR-row panel): C = (load ? C : 0) + sum_k a[k][:] b[k][:],
+// one chain per cell in k order. Every R runs the same per-cell multiply-add sequence, so a row's
+// bits do not depend on how many rows share its tile; edge rows just skip the padded work.
+template <class T, int R>
+void ukernel_rows(int64_t kc, const T* __restrict a, const T* __restrict b, T* c, int64_t ldc,
+                  bool load) {
   typedef typename V<T>::type VT;
   constexpr int L = lanes<T>();
   constexpr int NR = NV<T> * L;
-  VT acc[MR<T>][NV<T>];
+  VT acc[R][NV<T>];
   if (load) {
-    for (int i = 0; i < MR<T>; ++i)
+    for (int i = 0; i < R; ++i)
       for (int j = 0; j < NV<T>; ++j) acc[i][j] = loadu<VT>(c + i * ldc + j * L);
   } else {
-    for (int i = 0; i < MR<T>; ++i)
+    for (int i = 0; i < R; ++i)
       for (int j = 0; j < NV<T>; ++j) acc[i][j] = VT{};
   }
-#ifdef ALGENTA_T_UNROLL
-#pragma GCC unroll 4
-#endif
   for (int64_t k = 0; k < kc; ++k) {
     VT bv[NV<T>];
     for (int j = 0; j < NV<T>; ++j) bv[j] = loadu<VT>(b + k * NR + j * L);
-    for (int i = 0; i < MR<T>; ++i) {
+    for (int i = 0; i < R; ++i) {
       const T ai = a[k * MR<T> + i];
       for (int j = 0; j < NV<T>; ++j) acc[i][j] += bv[j] * ai;
     }
   }
-  for (int i = 0; i < MR<T>; ++i)
+  for (int i = 0; i < R; ++i)
     for (int j = 0; j < NV<T>; ++j) storeu(c + i * ldc + j * L, acc[i][j]);
+}
+
+template <class T>
+using UkernelFn = void (*)(int64_t, const T*, const T*, T*, int64_t, bool);
+
+template <class T, int... Rs>
+constexpr std::array<UkernelFn<T>, sizeof...(Rs)> ukernel_table(std::integer_sequence<int, Rs...>) {
+  return {{&ukernel_rows<T, Rs + 1>...}};
+}
+
+// ukernels<T>()[r - 1] computes r rows.
+template <class T>
+const std::array<UkernelFn<T>, MR<T>>& ukernels() {
+  static constexpr std::array<UkernelFn<T>, MR<T>> table =
+      ukernel_table<T>(std::make_integer_sequence<int, MR<T>>{});
+  return table;
 }
 
 // Shared driver. Bfull, when given, is B already packed by pack_b_full (N <= NC): the k block
@@ -256,15 +273,16 @@ void gemm_core(int64_t M, int64_t N, int64_t K, const T* A, int64_t rsa, int64_t
           for (int64_t ir = 0; ir < mc; ir += MR<T>) {
             const int64_t mr_ = mc - ir < MR<T> ? mc - ir : MR<T>;
             T* c = C + (ic + ir) * ldc + jc + jr;
-            if (mr_ == MR<T> && nr_ == NR) {
-              ukernel<T>(kc, Ak + ir * kc, Bk + jr * kc, c, ldc, load);
+            const UkernelFn<T> uk = ukernels<T>()[size_t(mr_ - 1)];
+            if (nr_ == NR) {
+              uk(kc, Ak + ir * kc, Bk + jr * kc, c, ldc, load);
             } else {
-              // Edge: the same micro-kernel on a full tile copy, so edge cells take the same
-              // instruction sequence as interior ones.
+              // Column edge: the same micro-kernel on a full-width tile copy (zero-padded B
+              // columns), so edge cells take the same instruction sequence as interior ones.
               if (load)
                 for (int64_t i = 0; i < mr_; ++i)
                   for (int64_t j = 0; j < nr_; ++j) tile[i * NR + j] = c[i * ldc + j];
-              ukernel<T>(kc, Ak + ir * kc, Bk + jr * kc, tile, NR, load);
+              uk(kc, Ak + ir * kc, Bk + jr * kc, tile, NR, load);
               for (int64_t i = 0; i < mr_; ++i)
                 for (int64_t j = 0; j < nr_; ++j) c[i * ldc + j] = tile[i * NR + j];
             }
