@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from .. import _core
-from .._records import Record, record_type
+from .._records import record_type
 from ..errors import ResidentError, ResidentUnavailableError
 
 _c = _core.residentk
