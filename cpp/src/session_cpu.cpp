@@ -5,7 +5,8 @@
 // P position, M prefill block rows.
 //
 // Decode fuses, per token, exactly the stages residentk_dispatch_budget counts, each ONE
-// `omp parallel` region (the count is measured, see dispatches_per_token):
+// `omp parallel` region (the count is measured, see dispatches_per_token; a stage under 256 KiB
+// of data runs as a team of one, since a fork/join would cost more than it saves):
 //   fixed:     embed (x = E[id])  ...  final norm (xf = rmsnorm(x))  ...  head (logits = H xf)
 //   per layer: 1 norm + QKV      qkv = Wqkv rmsnorm(x)             (Q rows split over threads)
 //              2 q/k norm + RoPE + KV write, per head              (K, V slots P written in place)
@@ -29,6 +30,9 @@
 // difference far below the 1e-4 logit tolerance the tests hold against it.
 //
 // Limits: shapes residentk_shape_check accepts; capacity resident_bucket_ctx(max_ctx) <= 65536.
+// OpenMP barriers spin by default: on a machine whose cores are busy with other processes, set
+// OMP_WAIT_POLICY=passive (a spinning thread otherwise holds a core its descheduled partner
+// needs, and each stage can cost a scheduler tick).
 #include <omp.h>
 
 #include <algorithm>
