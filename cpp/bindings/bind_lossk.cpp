@@ -36,7 +36,7 @@ Reduction parse_reduction(const std::string& r) {
   if (r == "mean") return Reduction::Mean;
   if (r == "sum") return Reduction::Sum;
   if (r == "none") return Reduction::None;
-  throw py::value_error("reduction must be 'mean', 'sum' or 'none', got '" + r + "'");
+  refuse(LOSS_ERR_UNKNOWN_OBJECTIVE, "reduction must be 'mean', 'sum' or 'none', got '" + r + "'");
 }
 
 template <class T>

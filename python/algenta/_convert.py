@@ -32,23 +32,32 @@ def length_of(x, name: str) -> int:
     if isinstance(x, (list, tuple)):
         return len(x)
     if hasattr(x, "__array__"):
-        return int(np.asarray(x).size)
+        return int(_asarray(x, name).size)
     raise TypeError(f"{name} must be a list, tuple or NumPy array, got {type(x).__name__}")
 
 
+def _asarray(x, name: str) -> np.ndarray:
+    # NumPy refuses a ragged nest of lists with a bare ValueError; that is a wrong argument
+    # type (not a flat sequence of numbers), not a refused value, so it is a TypeError here.
+    try:
+        return np.asarray(x)
+    except ValueError as e:
+        raise TypeError(f"{name} must be a flat sequence of numbers ({e})") from None
+
+
 def float_array(x, name: str, dtype=np.float64) -> np.ndarray:
-    """A flat, C-contiguous float array (a copy only where needed)."""
-    arr = np.asarray(x)
-    if arr.dtype.kind not in "fiu" or arr.dtype == np.bool_:
-        if arr.dtype.kind == "O" or arr.dtype.kind in "USb":
-            raise TypeError(f"{name} must hold real numbers, got dtype {arr.dtype}")
+    """A flat, C-contiguous float array (a copy only where needed). Only real numbers: complex
+    data would lose its imaginary part and bool/object/string/datetime data is no number."""
+    arr = _asarray(x, name)
+    if arr.dtype.kind not in "fiu":
+        raise TypeError(f"{name} must hold real numbers, got dtype {arr.dtype}")
     return np.ascontiguousarray(arr, dtype=dtype).reshape(-1)
 
 
 def int_array(x, name: str, *, error) -> np.ndarray:
     """A flat int64 target array. Non-integer data is a TypeError; a value beyond int64 is
     refused through `error(message)` (a status-carrying exception from the caller's family)."""
-    arr = np.asarray(x)
+    arr = _asarray(x, name)
     if arr.size == 0:
         return np.zeros(0, dtype=np.int64)
     if arr.dtype.kind not in "iu":

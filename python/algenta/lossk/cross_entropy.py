@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from .. import _core
-from .._convert import as_float, as_int, float_array, int_array, length_of
+from .._convert import _asarray, as_float, as_int, float_array, int_array, length_of
 from .._records import record_type
 from ..errors import LossError
 from . import contract as _contract
@@ -279,8 +279,8 @@ def linear_cross_entropy(hidden, weight, targets, *, chunk=None, reduction="mean
                         f"{hidden.dtype} and {weight.dtype}")
     if hidden.ndim != 2 or weight.ndim != 2:
         raise _err(f"hidden and weight must be 2-D, got shapes {hidden.shape} and {weight.shape}", 582)
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    if not isinstance(reduction, str) or reduction not in _REDUCTIONS:
+        raise _err(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}", 588)
     if isinstance(with_grad, (bool, np.bool_)):
         want_dh = want_dw = bool(with_grad)
     elif with_grad in ("hidden", "weight"):
@@ -295,7 +295,7 @@ def linear_cross_entropy(hidden, weight, targets, *, chunk=None, reduction="mean
         raise _err(f"weight has d_model {weight.shape[1]}, hidden has {d}", 582)
     n, d, v = _dims(n, d, v)
     if not isinstance(targets, np.ndarray):
-        targets = np.asarray(targets)
+        targets = _asarray(targets, "targets")
     if targets.ndim != 1 or targets.shape[0] != n:
         raise _err(f"targets must have shape ({n},), got {targets.shape}", 582)
     t = int_array(targets, "targets", error=lambda m: _err(m, 586))
@@ -307,8 +307,10 @@ def linear_cross_entropy(hidden, weight, targets, *, chunk=None, reduction="mean
     go = None
     if grad_output is not None:
         if not with_grad or reduction != "none":
-            raise ValueError("grad_output is only used with with_grad=True and reduction='none'")
-        go = np.asarray(grad_output)
+            raise _err("grad_output is only used with with_grad=True and reduction='none'", 582)
+        go = _asarray(grad_output, "grad_output")
+        if go.dtype.kind not in "fiu":
+            raise TypeError(f"grad_output must hold real numbers, got dtype {go.dtype}")
         if go.shape != (n,):
             raise _err(f"grad_output must have shape ({n},), got {go.shape}", 582)
         go = np.ascontiguousarray(go, dtype=hidden.dtype)
