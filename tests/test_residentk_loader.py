@@ -259,3 +259,11 @@ def test_cli_generate_text_prompt_with_tokenizer_json(tmp_path, capsys):
     s = ResidentSession.from_pretrained(tmp_path, progress=False)
     want = s.generate([5, 9, 1], 4, temperature=0.8, seed=3, top_k=5)
     assert out[len("w5 w9 w1"):].split() == [words[t] for t in want]
+
+
+def test_non_finite_bf16_weight_is_refused_naming_it(tmp_path):
+    name = "model.layers.1.self_attn.o_proj.weight"
+    bad = ref.random_weights(CFG, 0)[name].copy()
+    bad[3, 7] = np.inf
+    make_ckpt(tmp_path, dtype="BF16", extra={name: bad})
+    _refused(tmp_path, name, "non-finite", status=609)

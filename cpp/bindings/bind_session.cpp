@@ -40,6 +40,16 @@ void bind_session(py::module_& m) {
              x.set_weight(name, shape, p);
            },
            py::arg("name"), py::arg("array"))
+      .def("set_weight_bf16",
+           [](Session& x, const std::string& name,
+              const py::array_t<uint16_t, py::array::c_style>& a) {
+             std::vector<int64_t> shape(a.shape(), a.shape() + a.ndim());
+             const uint16_t* p = a.data();
+             py::gil_scoped_release nogil;
+             x.set_weight_bf16(name, shape, p);
+           },
+           py::arg("name"), py::arg("bits"),
+           "Set a tensor from bfloat16 bit patterns (uint16), widened exactly to float32.")
       .def("missing_weights", &Session::missing_weights)
       .def("weight_shape", &Session::weight_shape, py::arg("name"))
       .def("prefill",

@@ -246,21 +246,29 @@ class CpuSession final : public Session {
 
   void set_weight(const std::string& name, const std::vector<int64_t>& shape,
                   const float* data) override {
-    auto it = slots_.find(name);
-    if (it == slots_.end())
-      refuse(RESIDENT_ERR_WEIGHT_LENGTH, "tensor '" + name + "' is not part of this model");
-    Slot& s = it->second;
-    if (shape != s.shape)
-      refuse(RESIDENT_ERR_WEIGHT_LENGTH, "tensor '" + name + "' has shape " + fmt(shape) +
-                                             ", the config declares " + fmt(s.shape));
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
+    Slot& s = slot_for(name, shape);
+    const int64_t n = elems(shape);
     // One NaN or inf weight would turn every later logit into NaN without a word.
     for (int64_t i = 0; i < n; ++i)
-      if (!std::isfinite(data[i]))
-        refuse(RESIDENT_ERR_NON_FINITE, "tensor '" + name + "' holds a non-finite value at flat index " +
-                                            std::to_string(i));
+      if (!std::isfinite(data[i])) non_finite(s, name, i);
     std::memcpy(s.dst, data, size_t(n) * sizeof(float));
+    s.set = true;
+  }
+
+  void set_weight_bf16(const std::string& name, const std::vector<int64_t>& shape,
+                       const uint16_t* bits) override {
+    Slot& s = slot_for(name, shape);
+    const int64_t n = elems(shape);
+    s.set = false;
+    // bf16 is the top half of a float32: widening is exact. Converted straight into the
+    // resident buffer, so loading needs no float32 copy of the tensor on the side.
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t u = uint32_t(bits[i]) << 16;
+      float f;
+      std::memcpy(&f, &u, sizeof f);
+      if (!std::isfinite(f)) non_finite(s, name, i);
+      s.dst[i] = f;
+    }
     s.set = true;
   }
 
@@ -302,6 +310,26 @@ class CpuSession final : public Session {
     float* dst;
     bool set = false;
   };
+
+  Slot& slot_for(const std::string& name, const std::vector<int64_t>& shape) {
+    auto it = slots_.find(name);
+    if (it == slots_.end())
+      refuse(RESIDENT_ERR_WEIGHT_LENGTH, "tensor '" + name + "' is not part of this model");
+    if (shape != it->second.shape)
+      refuse(RESIDENT_ERR_WEIGHT_LENGTH, "tensor '" + name + "' has shape " + fmt(shape) +
+                                             ", the config declares " + fmt(it->second.shape));
+    return it->second;
+  }
+  static int64_t elems(const std::vector<int64_t>& shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;  // equal to a declared shape, so within the ceilings
+    return n;
+  }
+  [[noreturn]] static void non_finite(Slot& s, const std::string& name, int64_t i) {
+    s.set = false;
+    refuse(RESIDENT_ERR_NON_FINITE,
+           "tensor '" + name + "' holds a non-finite value at flat index " + std::to_string(i));
+  }
 
   static std::string fmt(const std::vector<int64_t>& s) {
     std::string o = "[";

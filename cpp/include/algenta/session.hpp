@@ -52,6 +52,10 @@ class Session {
   // a name the model does not have, or a shape that does not match the config, throws 607.
   virtual void set_weight(const std::string& name, const std::vector<int64_t>& shape,
                           const float* data) = 0;
+  // The same from bfloat16 bit patterns (what most published checkpoints store), widened to
+  // float32 directly into the resident buffer.
+  virtual void set_weight_bf16(const std::string& name, const std::vector<int64_t>& shape,
+                               const uint16_t* bits) = 0;
   // The shape the config declares for an HF-named tensor; empty when the model has no such
   // tensor. Lets a loader refuse a checkpoint entry before reading (or converting) its data.
   virtual std::vector<int64_t> weight_shape(const std::string& name) const = 0;

@@ -4,11 +4,14 @@ What is read: ``config.json`` (``rope_theta`` at top level, as the published Qwe
 inside ``rope_parameters``, as newer transformers writes it) and ``model.safetensors`` or the
 shards a ``model.safetensors.index.json`` names. Tensors stored as BF16, F16 or F32 become
 float32: F16/F32 through the ``safetensors`` package when it is installed, BF16 (which NumPy
-cannot represent) by widening its bits (a bf16 is the top half of a float32, so the conversion
-is exact), and everything through a read-only memory map when ``safetensors`` is absent.
+cannot represent) by widening its bits in the engine (a bf16 is the top half of a float32, so
+the conversion is exact), and everything through a read-only memory map when ``safetensors`` is
+absent.
 
-Peak memory is the float32 session plus one tensor: the session allocates its resident buffers
-first, then each tensor is converted and copied in and dropped before the next is read.
+Peak memory is about the float32 session: the session allocates its resident buffers first, then
+each tensor is copied in and dropped before the next is read. BF16 tensors are widened by the
+engine straight from a read-only memory map of the file into the resident buffer; an F16/F32
+tensor costs one float32 copy of itself on the way.
 
 Every safetensors header is validated before any tensor data is touched: the 8-byte header
 length must fit the file and a 100 MB ceiling, every entry needs a supported dtype, a shape of
@@ -169,23 +172,28 @@ def _shard_files(root: Path) -> list:
     raise _refuse(f"{root}: neither model.safetensors nor model.safetensors.index.json")
 
 
-def _to_f32(path: Path, data_start: int, name: str, entry, st_handle) -> np.ndarray:
+def _load_tensor(session, path: Path, data_start: int, name: str, entry, st_handle) -> None:
+    """One tensor into the session. BF16 is handed over as its bit patterns, read through a
+    memory map and widened by the engine into its own buffer (no float32 copy on the side);
+    F16/F32 come through the safetensors package when installed, else the same memory map."""
     dtype, shape, begin, end = entry
-    if dtype != "BF16" and st_handle is not None:
-        return np.asarray(st_handle.get_tensor(name), dtype=np.float32)
     count = math.prod(shape)
+    if dtype != "BF16" and st_handle is not None:
+        session._set(name, np.asarray(st_handle.get_tensor(name), dtype=np.float32))
+        return
     np_dtype = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32}[dtype]
     if count == 0:
-        return np.zeros(shape, np.float32)
-    raw = np.memmap(path, dtype=np_dtype, mode="r", offset=data_start + begin, shape=(count,))
-    if dtype == "BF16":
-        out = raw.astype(np.uint32)
-        out <<= 16
-        out = out.view(np.float32)
+        raw = np.zeros(shape, np_dtype)
     else:
-        out = raw.astype(np.float32)
-    del raw
-    return out.reshape(shape)
+        raw = np.memmap(path, dtype=np_dtype, mode="r", offset=data_start + begin,
+                        shape=tuple(shape))
+    try:
+        if dtype == "BF16":
+            session._set_bf16(name, raw)
+        else:
+            session._set(name, raw.astype(np.float32))
+    finally:
+        del raw
 
 
 class _Progress:
@@ -276,9 +284,7 @@ def load_pretrained(cls, path, *, max_ctx=512, device="cpu", progress=None):
             if safe_open is not None and any(e[0] != "BF16" for e in keep.values()):
                 handle = safe_open(str(f), framework="numpy")
             for name, e in sorted(keep.items(), key=lambda kv: kv[1][2]):  # file order
-                arr = _to_f32(f, start, name, e, handle)
-                session._set(name, arr)
-                del arr
+                _load_tensor(session, f, start, name, e, handle)
                 bar.add(e[3] - e[2], name)
             del handle
     finally:

@@ -216,6 +216,12 @@ class ResidentSession:
             return
         self._engine.set_weight(name, np.asarray(arr))
 
+    def _set_bf16(self, name, bits):
+        # bits: uint16 bfloat16 patterns, widened in the engine straight into its buffer.
+        if name == "lm_head.weight" and self._config.tie_word_embeddings:
+            return
+        self._engine.set_weight_bf16(name, bits)
+
     def _check_complete(self):
         missing = self._engine.missing_weights()
         if missing:
