@@ -17,6 +17,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "algenta/buffer.hpp"
 #include "algenta/kernels.hpp"
 #include "algenta/lossk.hpp"
 
@@ -113,22 +114,23 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
 
   // ---- every allocation, before any work --------------------------------------------------
   const int64_t ws_elems = K.gemm_ws_elems();
-  const int64_t wpack_elems = K.packed_b_elems(D, VB);  // one (D, VB) block of W^T, packed
-  std::vector<T> ws(size_t(nthreads) * size_t(ws_elems));
-  std::vector<T> wpack(size_t(nthreads) * size_t(wpack_elems));
-  std::vector<T> tiles(with_grad ? 0 : size_t(nthreads) * size_t(ROWS * VB));
-  std::vector<T> logits(with_grad ? size_t(C * V) : 0);  // (C, V): the one chunk in flight
+  // one (D, VB) block of W^T, packed (a narrower vocab needs no more than its own width)
+  const int64_t wpack_elems = K.packed_b_elems(D, std::min(VB, V));
+  Buffer<T> ws(size_t(nthreads) * size_t(ws_elems));
+  Buffer<T> wpack(size_t(nthreads) * size_t(wpack_elems));
+  Buffer<T> tiles(with_grad ? 0 : size_t(nthreads) * size_t(ROWS * VB));
+  Buffer<T> logits(with_grad ? size_t(C * V) : 0);  // (C, V): the one chunk in flight
   std::vector<int64_t> hpack_off(size_t(n_dtiles) + 1, 0);
   for (int64_t j = 0; j < n_dtiles; ++j) {
     const int64_t cols = D - j * dtile_w < dtile_w ? D - j * dtile_w : dtile_w;
     hpack_off[size_t(j) + 1] = hpack_off[size_t(j)] + K.packed_b_elems(C, cols);
   }
-  std::vector<T> hpack(want_dw ? size_t(hpack_off[size_t(n_dtiles)]) : 0);  // (C, D) packed
-  std::vector<T> apack(size_t(K.packed_a_elems(C, D)));  // the chunk's hidden rows, packed
-  std::vector<kern::BlockStats> stats(static_cast<size_t>(C * nVB));  // (C, nVB)
-  std::vector<double> ztarget(static_cast<size_t>(C)), lse(static_cast<size_t>(N)),
+  Buffer<T> hpack(want_dw ? size_t(hpack_off[size_t(n_dtiles)]) : 0);  // (C, D) packed
+  Buffer<T> apack(size_t(K.packed_a_elems(C, D)));  // the chunk's hidden rows, packed
+  Buffer<kern::BlockStats> stats(static_cast<size_t>(C * nVB));  // (C, nVB)
+  Buffer<double> ztarget(static_cast<size_t>(C)), lse(static_cast<size_t>(N)),
       loss(static_cast<size_t>(N));
-  std::vector<unsigned char> valid(static_cast<size_t>(N));
+  Buffer<unsigned char> valid(static_cast<size_t>(N));
 
   int64_t n_valid = 0;
   for (int64_t t = 0; t < N; ++t) {

@@ -1,0 +1,48 @@
+// Internal: uninitialized scratch for the hot paths. Large buffers are 2 MiB aligned and
+// advised as transparent huge pages, so first touch costs one fault per 2 MiB instead of one
+// per 4 KiB: on virtual machines that fault cost, not the arithmetic, dominated the fused
+// backward's fresh (C, V) logit chunk. Contents start undefined; every user writes before it
+// reads. Allocation failure throws std::bad_alloc (MemoryError in Python).
+#pragma once
+#include <sys/mman.h>
+
+#include <cstddef>
+#include <cstdlib>
+#include <new>
+
+namespace algenta {
+
+template <class T>
+class Buffer {
+ public:
+  Buffer() = default;
+  explicit Buffer(size_t n) : n_(n) {
+    if (n == 0) return;
+    if (n > size_t(-1) / sizeof(T) - (size_t(1) << 21)) throw std::bad_alloc();
+    const size_t bytes = n * sizeof(T);
+    const size_t huge = size_t(1) << 21;
+    const size_t align = bytes >= huge ? huge : 64;
+    void* p = nullptr;
+    if (posix_memalign(&p, align, (bytes + align - 1) / align * align) != 0) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+    if (align == huge) madvise(p, (bytes + huge - 1) / huge * huge, MADV_HUGEPAGE);  // a hint only
+#endif
+    p_ = static_cast<T*>(p);
+  }
+  ~Buffer() { std::free(p_); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  Buffer(Buffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  size_t size() const { return n_; }
+  T& operator[](size_t i) { return p_[i]; }
+  const T& operator[](size_t i) const { return p_[i]; }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+}  // namespace algenta
