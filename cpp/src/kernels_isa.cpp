@@ -363,7 +363,7 @@ inline vd vexp(vd x) {
   const vd shifter = vd{} + 0x1.8p52;
   const vd t = x * 1.4426950408889634 + shifter;
   const vd n = t - shifter;
-  vd r = x - n * 0.693147180559890330187;  // ln2 hi (exact in 32 bits of mantissa)
+  vd r = x - n * 0.693147180559890330187;  // ln2 hi: 41 significant bits, so n * hi is exact
   r = r - n * 5.4979230187083711552e-14;   // ln2 lo
   vd p = vd{} + 1.0 / 6227020800.0;
   p = p * r + 1.0 / 479001600.0;
@@ -398,7 +398,7 @@ inline vf vexp(vf x) {
   const vf shifter = vf{} + 0x1.8p23f;
   const vf t = x * 1.44269504f + shifter;
   const vf n = t - shifter;
-  vf r = x - n * 0.693145751953125f;  // ln2 hi
+  vf r = x - n * 0.693145751953125f;  // ln2 hi: 14 significant bits, n * hi exact
   r = r - n * 1.428606765330187045e-06f;  // ln2 lo
   vf p = vf{} + 1.0f / 5040.0f;
   p = p * r + 1.0f / 720.0f;
