@@ -299,7 +299,28 @@ class CpuSession final : public Session {
     check_ready();
     check_fits(1);
     check_id(id);
+    // Team-size tuning: decode with the team size that has been faster, and now and then try
+    // the other one. On an idle machine all cores win (more read bandwidth); on one whose cores
+    // are busy with other processes a team of one can be many times faster, because every
+    // stage's barrier waits for a thread the OS may not run for a scheduler tick. Logits are
+    // bit-identical either way (tests/test_residentk_session.py checks thread counts).
+    const bool probing = nt_ > 1 && tokens_ >= next_probe_;
+    const int use = probing ? 1 - choice_ : choice_;
+    cur_nt_ = use ? nt_ : 1;
+    const double t0 = omp_get_wtime();
     decode(id, logits);
+    const double dt = omp_get_wtime() - t0;
+    if (probing) {
+      if (ema_[choice_] <= 0.0 || dt < ema_[choice_]) {
+        choice_ = use;
+        probe_every_ = 16;
+      } else {
+        probe_every_ = std::min<int64_t>(probe_every_ * 2, 1024);  // a losing probe backs off
+      }
+      next_probe_ = tokens_ + probe_every_;
+    }
+    ema_[use] = ema_[use] <= 0.0 ? dt : 0.75 * ema_[use] + 0.25 * dt;
+    ++tokens_;
   }
 
   void reset() override { pos_ = 0; }
@@ -425,7 +446,7 @@ class CpuSession final : public Session {
   // closing barrier costs microseconds (far more on a loaded machine, where the woken thread
   // may wait a scheduler tick), so a stage too small to repay that runs as a team of one. Bits
   // do not change: a cell's owner and reduction order never depend on the team size.
-  int team(int64_t work) const { return work >= PARALLEL_MIN_FLOATS ? nt_ : 1; }
+  int team(int64_t work) const { return work >= PARALLEL_MIN_FLOATS ? cur_nt_ : 1; }
 
   void decode(int64_t id, float* logits) {
     const Simd& S = simd();
@@ -620,7 +641,11 @@ class CpuSession final : public Session {
 
   SessionConfig c_;
   int64_t max_ctx_ = 0, cap_ = 0, pos_ = 0, dispatches_ = 0, q_rows_ = 0;
-  int nt_ = 1;
+  int nt_ = 1;       // threads prefill uses, omp_get_max_threads() at construction
+  int cur_nt_ = 1;   // threads the decode step in flight uses (1 or nt_)
+  int choice_ = 1;   // 1: decode with nt_ threads, 0: with one
+  double ema_[2] = {0.0, 0.0};  // smoothed seconds per decode token, team of one / of nt_
+  int64_t tokens_ = 0, next_probe_ = 2, probe_every_ = 16;
   Buf embed_, head_, final_norm_, kv_, rope_cos_, rope_sin_;
   std::vector<Layer> layers_;
   Buf x_, xf_, qkv_, attn_, act_, scratch_, scores_, gemm_ws_;
