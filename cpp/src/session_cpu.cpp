@@ -30,9 +30,10 @@
 // difference far below the 1e-4 logit tolerance the tests hold against it.
 //
 // Limits: shapes residentk_shape_check accepts; capacity resident_bucket_ctx(max_ctx) <= 65536.
-// OpenMP barriers spin by default: on a machine whose cores are busy with other processes, set
-// OMP_WAIT_POLICY=passive (a spinning thread otherwise holds a core its descheduled partner
-// needs, and each stage can cost a scheduler tick).
+// OpenMP barriers spin by default: on a machine whose cores are busy with other processes a
+// spinning thread holds a core its descheduled partner needs, and each stage can cost a
+// scheduler tick. Decode therefore tunes its team size at run time (see step()), and
+// OMP_WAIT_POLICY=passive helps further on such machines.
 #include <omp.h>
 
 #include <algorithm>
