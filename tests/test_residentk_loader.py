@@ -60,7 +60,8 @@ def write_safetensors(path, tensors, dtype="F32", header_override=None):
     meta, blobs, off = {}, [], 0
     for name, arr in tensors.items():
         b = encode(arr, dtype)
-        meta[name] = {"dtype": dtype, "shape": list(np.shape(arr)), "data_offsets": [off, off + len(b)]}
+        meta[name] = {"dtype": dtype, "shape": list(np.shape(arr)),
+                      "data_offsets": [off, off + len(b)]}
         blobs.append(b)
         off += len(b)
     if header_override:

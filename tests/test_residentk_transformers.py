@@ -115,3 +115,17 @@ def test_prefill_logits_and_greedy_tokens_match_transformers(case, tmp_path):
     s.prefill(prompt)
     for i, t in enumerate(hf_tokens[:8]):
         np.testing.assert_allclose(s.step(t), full[len(prompt) + i], rtol=0, atol=1e-4)
+
+
+def test_state_dict_of_a_transformers_model_opens_a_session(tmp_path):
+    m = _model("mha_tied_toplevel", tmp_path)
+    c = m.config
+    cfg = dict(d_model=c.hidden_size, h_q=c.num_attention_heads, h_kv=c.num_key_value_heads,
+               d_head=c.head_dim, d_ff=c.intermediate_size, n_layers=c.num_hidden_layers,
+               vocab=c.vocab_size, rms_eps=c.rms_norm_eps,
+               rope_theta=CASES["mha_tied_toplevel"]["theta"], tie_word_embeddings=True)
+    s = ResidentSession(cfg, m.state_dict())
+    prompt = [3, 1, 4, 1, 5]
+    with torch.no_grad():
+        want = m(torch.tensor([prompt])).logits[0, -1].numpy()
+    np.testing.assert_allclose(s.prefill(prompt), want, rtol=0, atol=1e-4)

@@ -3,7 +3,10 @@ generation, the cache written in place one slot per token, its cost known before
 
 ``ResidentSession`` is the one Python face of every backend (``cpp/include/algenta/session.hpp``).
 The CPU engine (float32, OpenMP) is the reference for the CUDA backend and a fast engine in its
-own right; ``device="cuda"`` refuses with 604/605 until a build and host can run one.
+own right. ``device="cuda"`` runs the CUDA engine (cuda/session_cuda.cu) where the build has it
+(``-Ccmake.define.ALGENTA_GPU=ON``) and the host a usable device, and refuses with 604/605
+otherwise; ``device="auto"`` picks it when it can run. On CUDA, greedy ``generate`` takes the
+argmax on the device and copies back one id per token.
 
 Two limits, both fixed when the session opens:
 
@@ -43,7 +46,8 @@ def make_config(config) -> ResidentConfig:
     """A ResidentConfig from a mapping with CONFIG_KEYS (rms_eps, rope_theta and
     tie_word_embeddings default to Qwen3's 1e-6, 1e6 and True)."""
     if not isinstance(config, Mapping):
-        raise TypeError(f"config must be a mapping with keys {CONFIG_KEYS}, got {type(config).__name__}")
+        raise TypeError(f"config must be a mapping with keys {CONFIG_KEYS}, "
+                        f"got {type(config).__name__}")
     unknown = set(config) - set(CONFIG_KEYS)
     if unknown:
         raise TypeError(f"unknown config keys {sorted(unknown)}; expected {CONFIG_KEYS}")
@@ -91,6 +95,10 @@ def _open_engine(cfg: ResidentConfig, max_ctx: int, device: str):
     if isinstance(max_ctx, bool) or not isinstance(max_ctx, numbers.Integral):
         raise TypeError(f"max_ctx must be an int, got {type(max_ctx).__name__}")
     device = _resolve_device(device)
+    if device == "cuda":
+        return _core.session.cuda_session(
+            cfg.d_model, cfg.h_q, cfg.h_kv, cfg.d_head, cfg.d_ff, cfg.n_layers, cfg.vocab,
+            cfg.rms_eps, cfg.rope_theta, cfg.tie_word_embeddings, int(max_ctx))
     return _core.session.cpu_session(
         cfg.d_model, cfg.h_q, cfg.h_kv, cfg.d_head, cfg.d_ff, cfg.n_layers, cfg.vocab,
         cfg.rms_eps, cfg.rope_theta, cfg.tie_word_embeddings, int(max_ctx))
@@ -180,7 +188,8 @@ def _sampler(temperature, top_k, top_p, seed, vocab):
             keep = before < float(top_p)
             order, p = order[keep], p[keep]
             p /= p.sum()
-        return int(order[min(np.searchsorted(np.cumsum(p), rng.random(), side="right"), len(p) - 1)])
+        k = np.searchsorted(np.cumsum(p), rng.random(), side="right")
+        return int(order[min(k, len(p) - 1)])
 
     return pick
 
@@ -189,8 +198,9 @@ class ResidentSession:
     """A Qwen3 decode session whose weights and KV cache stay resident for its whole life.
 
     ``ResidentSession(config, weights, *, max_ctx=512, device="cpu")``: config a mapping with
-    CONFIG_KEYS, weights a mapping (or iterable of pairs) of HuggingFace tensor names to arrays,
-    each copied to float32 and shape-checked (607 naming the tensor) as it arrives. With tied
+    CONFIG_KEYS, weights a mapping (or iterable of pairs) of HuggingFace tensor names to arrays
+    or torch tensors (a transformers model's ``state_dict()`` works as is), each copied to float32
+    and shape-checked (607 naming the tensor) as it arrives. With tied
     embeddings a shipped ``lm_head.weight`` is ignored: the embedding table is the head.
     """
 
@@ -214,6 +224,8 @@ class ResidentSession:
             raise TypeError(f"weight names must be str, got {type(name).__name__}")
         if name == "lm_head.weight" and self._config.tie_word_embeddings:
             return
+        if hasattr(arr, "detach") and hasattr(arr, "float"):  # a torch tensor (any dtype/device)
+            arr = arr.detach().float().cpu().numpy()
         self._engine.set_weight(name, np.asarray(arr))
 
     def _set_bf16(self, name, bits):
@@ -310,12 +322,19 @@ class ResidentSession:
         if n_new == 0:
             return out
         logits = self.prefill(ids)
+        # Greedy on CUDA: the head kernel forms the argmax (first maximum, as np.argmax) on the
+        # device and one id comes back per token instead of vocab logits.
+        device_greedy = self._device == "cuda" and float(temperature) == 0.0
+        nxt = None
         for i in range(int(n_new)):
-            t = pick(logits)
+            t = pick(logits) if nxt is None else nxt
             out.append(t)
             if on_token is not None:
                 on_token(t)
             if t in stop or i + 1 == n_new:
                 break
-            logits = self._engine.step(t)
+            if device_greedy:
+                nxt = _core.session.cuda_step_greedy(self._engine, t)
+            else:
+                logits = self._engine.step(t)
         return out
