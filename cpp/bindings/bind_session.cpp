@@ -23,6 +23,8 @@ using I64 = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
 
 }  // namespace
 
+void bind_session_cuda(py::module_& s);
+
 void bind_session(py::module_& m) {
   py::module_ s = m.def_submodule("session", "resident decode session engines");
 
@@ -114,6 +116,7 @@ void bind_session(py::module_& m) {
       py::arg("bytes"), py::arg("reps") = 5,
       "Best all-core streaming read bandwidth (bytes/s) over reps passes of a bytes-sized buffer.");
 
-  // The CUDA session backend is its own issue: until it lands no build has one.
-  s.attr("cuda_backend_compiled") = false;
+  // cuda_backend_compiled, cuda_session, cuda_step_greedy and the cuda_plan submodule
+  // (bind_session_cuda.cpp): the CUDA backend where ALGENTA_GPU built one, its refusal otherwise.
+  bind_session_cuda(s);
 }

@@ -77,6 +77,21 @@ class Session {
 // residentk contract refuses and 606 when max_ctx exceeds RESIDENT_MAX_CONTEXT.
 std::unique_ptr<Session> make_cpu_session(const SessionConfig& cfg, int64_t max_ctx);
 
+// The CUDA engine (cuda/session_cuda.cu, compiled only with ALGENTA_GPU): the same contract as the
+// CPU engine, weights and the KV cache resident in device memory. Refuses as make_cpu_session
+// does (the contract's checks run on the host first), then 604 in a build without ALGENTA_GPU,
+// 605 on a host without a usable CUDA device (before any allocation), and 608 for any CUDA error
+// at any later call.
+std::unique_ptr<Session> make_cuda_session(const SessionConfig& cfg, int64_t max_ctx);
+// Greedy decoding on the device: step(id) whose argmax (the first maximum, as numpy.argmax) is
+// formed by the head kernel, so one id comes back per token instead of V logits. s must be a
+// session make_cuda_session returned (601 otherwise); 604 without ALGENTA_GPU.
+int64_t cuda_step_greedy(Session& s, int64_t id);
+// Device-to-device copy bandwidth of the current CUDA device in bytes/s, counting the read and
+// the write (2 * bytes per copy): the best of `reps` timed cudaMemcpy's of a `bytes` buffer. The
+// roofline perf/bench_decode_gpu.py reports decode against. 604/605/608 as make_cuda_session.
+double cuda_copy_bandwidth(int64_t bytes, int reps);
+
 // All-core streaming read bandwidth of this host in bytes/s: sums a buffer of `bytes` bytes
 // `reps` times with the same SIMD and thread layout the decode matvec uses, and returns the best
 // repetition. The roofline perf/bench_decode_cpu.py reports decode against.

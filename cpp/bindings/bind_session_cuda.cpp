@@ -1,0 +1,188 @@
+// pybind11 bindings of the CUDA resident session (algenta._core.session.cuda_*) and of its
+// host-side launch plan (algenta._core.session.cuda_plan), which every build compiles so the CPU
+// test suite can check grid sizes, split counts, buffer sizes and offsets. Argument conversion
+// and GIL release only.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "algenta/residentk.hpp"
+#include "algenta/session.hpp"
+#include "algenta/session_cuda_plan.hpp"
+
+namespace py = pybind11;
+using algenta::residentk::Session;
+using algenta::residentk::SessionConfig;
+namespace cp = algenta::residentk::cudaplan;
+
+namespace {
+
+SessionConfig make_cfg(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
+                       int64_t n_layers, int64_t vocab, double rms_eps, double rope_theta,
+                       bool tied) {
+  SessionConfig c;
+  c.d_model = d_model;
+  c.h_q = h_q;
+  c.h_kv = h_kv;
+  c.d_head = d_head;
+  c.d_ff = d_ff;
+  c.n_layers = n_layers;
+  c.vocab = vocab;
+  c.rms_eps = rms_eps;
+  c.rope_theta = rope_theta;
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+py::dict matvec_dict(const cp::MatvecLaunch& m) {
+  py::dict d;
+  d["rows"] = m.rows;
+  d["rows_per_block"] = m.rows_per_block;
+  d["grid"] = m.grid;
+  return d;
+}
+
+}  // namespace
+
+void bind_session_cuda(py::module_& s) {
+#ifdef ALGENTA_GPU
+  s.attr("cuda_backend_compiled") = true;
+#else
+  s.attr("cuda_backend_compiled") = false;
+#endif
+
+  s.def(
+      "cuda_session",
+      [](int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
+         int64_t n_layers, int64_t vocab, double rms_eps, double rope_theta, bool tied,
+         int64_t max_ctx) {
+        const SessionConfig c =
+            make_cfg(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, rms_eps, rope_theta, tied);
+        py::gil_scoped_release nogil;
+        return algenta::residentk::make_cuda_session(c, max_ctx);
+      },
+      py::arg("d_model"), py::arg("h_q"), py::arg("h_kv"), py::arg("d_head"), py::arg("d_ff"),
+      py::arg("n_layers"), py::arg("vocab"), py::arg("rms_eps"), py::arg("rope_theta"),
+      py::arg("tie_word_embeddings"), py::arg("max_ctx"),
+      "A float32 CUDA session (604 without ALGENTA_GPU, 605 without a usable device).");
+
+  s.def(
+      "cuda_step_greedy",
+      [](Session& x, int64_t id) {
+        py::gil_scoped_release nogil;
+        return algenta::residentk::cuda_step_greedy(x, id);
+      },
+      py::arg("session"), py::arg("id"),
+      "step(id) on a CUDA session, returning only the argmax id (first maximum) of its logits.");
+
+  s.def(
+      "cuda_copy_bandwidth",
+      [](int64_t bytes, int reps) {
+        py::gil_scoped_release nogil;
+        return algenta::residentk::cuda_copy_bandwidth(bytes, reps);
+      },
+      py::arg("bytes"), py::arg("reps") = 10,
+      "Best device-to-device copy bandwidth (bytes/s, read + write) of the current CUDA device.");
+
+  py::module_ p = s.def_submodule("cuda_plan", "host-side launch plan of the CUDA session");
+  p.attr("MATVEC_THREADS") = cp::MATVEC_THREADS;
+  p.attr("MATVEC_WARPS") = cp::MATVEC_WARPS;
+  p.attr("MATVEC_BLOCKS_PER_SM") = cp::MATVEC_BLOCKS_PER_SM;
+  p.attr("ATTN_THREADS") = cp::ATTN_THREADS;
+  p.attr("ATTN_WARPS") = cp::ATTN_WARPS;
+  p.attr("ALIGN_FLOATS") = cp::ALIGN_FLOATS;
+  p.attr("PREFILL_BLOCK") = cp::PREFILL_BLOCK;
+  p.attr("GEMM_BM") = cp::GEMM_BM;
+  p.attr("GEMM_BN") = cp::GEMM_BN;
+  p.attr("FALLBACK_SMS") = cp::FALLBACK_SMS;
+
+  p.def("matvec_launch", [](int64_t rows, int64_t sms) { return matvec_dict(cp::matvec_launch(rows, sms)); },
+        py::arg("rows"), py::arg("sms"));
+  p.def("splitk_plan",
+        [](int64_t n_keys, int64_t sms, int64_t h_q) {
+          const cp::SplitPlan sp = cp::splitk_plan(n_keys, sms, h_q);
+          py::dict d;
+          d["split"] = sp.split;
+          d["n_splits"] = sp.n_splits;
+          d["launches"] = sp.launches;
+          return d;
+        },
+        py::arg("n_keys"), py::arg("sms"), py::arg("h_q"));
+  p.def("splitk_range",
+        [](int64_t n, int64_t S, int64_t s) {
+          int64_t k0 = 0, k1 = 0;
+          cp::splitk_range(n, S, s, &k0, &k1);
+          return py::make_tuple(k0, k1);
+        },
+        py::arg("n_keys"), py::arg("n_splits"), py::arg("split"));
+  p.def("prefill_gemm_grid",
+        [](int64_t m, int64_t n, int64_t sms) {
+          const cp::GemmGrid g = cp::prefill_gemm_grid(m, n, sms);
+          py::dict d;
+          d["narrow"] = g.narrow;
+          d["gx"] = g.gx;
+          d["gy"] = g.gy;
+          d["rows_per_block"] = g.rows_per_block;
+          return d;
+        },
+        py::arg("m_rows"), py::arg("n_cols"), py::arg("sms"));
+  p.def(
+      "make_plan",
+      [](int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
+         int64_t n_layers, int64_t vocab, double rms_eps, double rope_theta, bool tied,
+         int64_t max_ctx, int64_t sms) {
+        const SessionConfig c =
+            make_cfg(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, rms_eps, rope_theta, tied);
+        const cp::Plan pl = cp::make_plan(c, max_ctx, sms);
+        py::dict d;
+        d["status"] = pl.status;
+        d["why"] = pl.why;
+        if (pl.status != algenta::residentk::RESIDENT_OK) return d;
+        const char* scalars[] = {"sms", "capacity", "q_rows", "attn_width", "embed", "head",
+                                 "final_norm", "weight_floats", "kv_floats", "kv_layer_stride",
+                                 "rope_floats", "x", "xf", "qkv", "attn", "act", "logits",
+                                 "part_acc", "part_ml", "argmax_val", "act_floats", "max_splits",
+                                 "prefill_rows", "p_x", "p_xn", "p_qkv", "p_attn", "p_gate",
+                                 "p_up", "prefill_floats", "staged_floats", "attn_smem_bytes",
+                                 "norm_rope_threads"};
+        const int64_t vals[] = {pl.sms, pl.capacity, pl.q_rows, pl.attn_width, pl.embed, pl.head,
+                                pl.final_norm, pl.weight_floats, pl.kv_floats, pl.kv_layer_stride,
+                                pl.rope_floats, pl.x, pl.xf, pl.qkv, pl.attn, pl.act, pl.logits,
+                                pl.part_acc, pl.part_ml, pl.argmax_val, pl.act_floats,
+                                pl.max_splits, pl.prefill_rows, pl.p_x, pl.p_xn, pl.p_qkv,
+                                pl.p_attn, pl.p_gate, pl.p_up, pl.prefill_floats,
+                                pl.staged_floats, pl.attn_smem_bytes, pl.norm_rope_threads};
+        static_assert(sizeof(scalars) / sizeof(scalars[0]) == sizeof(vals) / sizeof(vals[0]),
+                      "every plan field named once");
+        for (size_t i = 0; i < sizeof(vals) / sizeof(vals[0]); ++i) d[scalars[i]] = vals[i];
+        py::list layers;
+        for (const cp::LayerOffsets& l : pl.layers) {
+          py::dict ld;
+          ld["in_norm"] = l.in_norm;
+          ld["wqkv"] = l.wqkv;
+          ld["q_norm"] = l.q_norm;
+          ld["k_norm"] = l.k_norm;
+          ld["wo"] = l.wo;
+          ld["post_norm"] = l.post_norm;
+          ld["wg"] = l.wg;
+          ld["wu"] = l.wu;
+          ld["wd"] = l.wd;
+          layers.append(ld);
+        }
+        d["layers"] = layers;
+        d["qkv_mv"] = matvec_dict(pl.qkv_mv);
+        d["o_mv"] = matvec_dict(pl.o_mv);
+        d["gateup_mv"] = matvec_dict(pl.gateup_mv);
+        d["down_mv"] = matvec_dict(pl.down_mv);
+        d["head_mv"] = matvec_dict(pl.head_mv);
+        py::list launches;  // decode_launches at n_keys = 1..capacity would be long; sample it
+        for (int64_t n : {int64_t(1), int64_t(31), int64_t(32), int64_t(1000), pl.capacity})
+          launches.append(py::make_tuple(n, cp::decode_launches(pl, c, n)));
+        d["decode_launches"] = launches;
+        return d;
+      },
+      py::arg("d_model"), py::arg("h_q"), py::arg("h_kv"), py::arg("d_head"), py::arg("d_ff"),
+      py::arg("n_layers"), py::arg("vocab"), py::arg("rms_eps"), py::arg("rope_theta"),
+      py::arg("tie_word_embeddings"), py::arg("max_ctx"), py::arg("sms"),
+      "Every buffer size, offset and launch shape the CUDA session would use (a dict), or the "
+      "contract's refusal (status, why).");
+}

@@ -1,0 +1,175 @@
+// The CUDA resident session's host-side launch plan: every grid size, split count, buffer size
+// and offset the backend (cuda/session_cuda.cu) uses, as plain C++ compiled in every build so
+// the CPU test suite (tests/test_residentk_cuda_plan.py) checks it on a host with no GPU.
+//
+// Dimension legend: D d_model, Hq query heads, Hkv key/value heads, G = Hq/Hkv, Dh d_head,
+// Q = (Hq + 2*Hkv)*Dh fused q/k/v rows, A = Hq*Dh attention width, F d_ff, L layers, V vocab,
+// T capacity (KV positions allocated), P position, M prefill block rows, S split-K splits,
+// SM multiprocessors of the device.
+//
+// Nothing here includes CUDA. The few formulas the kernels themselves evaluate on the device
+// (a split's key range, reading the position from device memory) are ALGENTA_HD functions: the
+// same source line runs in the kernel and in the CPU tests.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "algenta/residentk.hpp"
+#include "algenta/session.hpp"
+
+#if defined(__CUDACC__)
+#define ALGENTA_HD __host__ __device__ __forceinline__
+#else
+#define ALGENTA_HD inline
+#endif
+
+namespace algenta {
+namespace residentk {
+namespace cudaplan {
+
+// ---- fixed launch shapes ------------------------------------------------------------------
+constexpr int WARP = 32;
+// Matvec-style kernels: 8 warps per block, one weight row per warp at a time.
+constexpr int MATVEC_THREADS = 256;
+constexpr int MATVEC_WARPS = MATVEC_THREADS / WARP;
+// Blocks per SM a matvec grid aims at: enough independent rows in flight to cover HBM latency
+// on a memory-bound stage, few enough that each block's staged input vector (re-read from L2
+// by every block) stays a small fraction of the weight bytes it streams.
+constexpr int64_t MATVEC_BLOCKS_PER_SM = 4;
+// Attention: 4 warps per (query head, split, row) block; each warp walks every 4th key.
+constexpr int ATTN_THREADS = 128;
+constexpr int ATTN_WARPS = ATTN_THREADS / WARP;
+// Row-parallel small kernels (embed, norms, merge, elementwise).
+constexpr int ROW_THREADS = 256;
+// Wide prefill GEMM tile: BM x BN outputs per 256-thread block (4 x 4 per thread), BK-deep.
+constexpr int GEMM_BM = 64, GEMM_BN = 64, GEMM_BK = 16, GEMM_THREADS = 256;
+// Narrow prefill GEMM: activation rows handled per pass over a weight row (the accumulators
+// are a compile-time-indexed register array of this length).
+constexpr int NARROW_ROWS = 8;
+// Prefill processes at most this many tokens per block (the CPU engine's block too).
+constexpr int64_t PREFILL_BLOCK = 256;
+// Every buffer offset is a multiple of this many floats (256 bytes): float4 loads of a row whose
+// length is a multiple of 4 never straddle, and every tensor starts on its own cache lines.
+constexpr int64_t ALIGN_FLOATS = 64;
+// A core count to plan with when the device cannot be asked (CPU tests, the 605 path).
+constexpr int64_t FALLBACK_SMS = 40;
+
+ALGENTA_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+ALGENTA_HD int64_t align_up(int64_t n) { return ceil_div(n, ALIGN_FLOATS) * ALIGN_FLOATS; }
+
+// Keys [k0, k1) of split s of S over n keys: ceil(n/S) keys each, in key order, so the splits
+// partition [0, n) exactly; trailing splits may be empty (k0 == k1) when ceil rounding runs out
+// of keys first, and the kernels write an empty partial (m = -inf, l = 0) for them.
+ALGENTA_HD void splitk_range(int64_t n, int64_t S, int64_t s, int64_t* k0, int64_t* k1) {
+  const int64_t per = ceil_div(n, S);
+  int64_t a = s * per;
+  if (a > n) a = n;
+  int64_t b = a + per;
+  if (b > n) b = n;
+  *k0 = a;
+  *k1 = b;
+}
+
+// ---- one matvec-style launch ---------------------------------------------------------------
+struct MatvecLaunch {
+  int64_t rows = 0;            // N
+  int64_t rows_per_block = 0;  // a multiple of MATVEC_WARPS
+  int64_t grid = 0;            // ceil(N / rows_per_block)
+};
+// About MATVEC_BLOCKS_PER_SM blocks per SM, never a block without a row.
+MatvecLaunch matvec_launch(int64_t rows, int64_t sms);
+
+// ---- split-K attention for one decode step ---------------------------------------------------
+struct SplitPlan {
+  bool split = false;      // residentk_splitk_should_split(n_keys)
+  int64_t n_splits = 1;    // S: policy clamped to [1, n_keys]; 1 when not split
+  int64_t launches = 1;    // 1 (fused partial+finalize) or 2 (partial, merge)
+};
+SplitPlan splitk_plan(int64_t n_keys, int64_t sms, int64_t h_q);
+
+// ---- buffers -------------------------------------------------------------------------------
+// Offsets (floats) of one layer's tensors inside the weight arena.
+struct LayerOffsets {
+  int64_t in_norm = 0;    // (D)
+  int64_t wqkv = 0;       // (Q, D): q_proj rows, then k_proj, then v_proj
+  int64_t q_norm = 0;     // (Dh)
+  int64_t k_norm = 0;     // (Dh)
+  int64_t wo = 0;         // (D, A)
+  int64_t post_norm = 0;  // (D)
+  int64_t wg = 0;         // (F, D)
+  int64_t wu = 0;         // (F, D)
+  int64_t wd = 0;         // (D, F)
+};
+
+struct Plan {
+  int status = RESIDENT_ERR_EMPTY_DIMENSION;  // 600, or the contract's refusal (plan is empty)
+  std::string why;
+  int64_t sms = 0;
+  int64_t capacity = 0;   // T = resident_bucket_ctx(max_ctx)
+  int64_t q_rows = 0;     // Q
+  int64_t attn_width = 0; // A
+
+  // Weight arena: one allocation, every tensor aligned (ALIGN_FLOATS).
+  int64_t embed = 0;        // (V, D)
+  int64_t head = 0;         // (V, D); == embed when tied
+  int64_t final_norm = 0;   // (D)
+  std::vector<LayerOffsets> layers;
+  int64_t weight_floats = 0;
+
+  // KV cache: residentk_cache_elements(L, Hkv, Dh, T); layer l's K at l*2*Hkv*T*Dh, its V one
+  // Hkv*T*Dh further, each laid out (Hkv, T, Dh) as in the CPU engine.
+  int64_t kv_floats = 0;
+  int64_t kv_layer_stride = 0;  // 2 * Hkv * T * Dh
+  // RoPE table: cos (T, Dh/2) then sin (T, Dh/2).
+  int64_t rope_floats = 0;
+
+  // Decode activations (one arena): offsets in floats.
+  int64_t x = 0;        // (D) residual stream
+  int64_t xf = 0;       // (D) final-normed
+  int64_t qkv = 0;      // (Q)
+  int64_t attn = 0;     // (A)
+  int64_t act = 0;      // (F)
+  int64_t logits = 0;   // (V)
+  int64_t part_acc = 0; // (Hq, S_max, Dh) split-K unnormalized partial outputs
+  int64_t part_ml = 0;  // (Hq, S_max, 2) split-K running max and sum
+  int64_t argmax_val = 0;  // (grid of the head launch) per-block best logit
+  int64_t act_floats = 0;
+  int64_t max_splits = 0;  // S_max = residentk_splitk_max_n_splits(SM, Hq), sized once
+
+  // Prefill activations (one arena, M_max = min(PREFILL_BLOCK, T) rows): offsets in floats.
+  int64_t prefill_rows = 0;  // M_max
+  int64_t p_x = 0;     // (M, D)
+  int64_t p_xn = 0;    // (M, D)
+  int64_t p_qkv = 0;   // (M, Q)
+  int64_t p_attn = 0;  // (M, A)
+  int64_t p_gate = 0;  // (M, F)
+  int64_t p_up = 0;    // (M, F)
+  int64_t prefill_floats = 0;
+
+  // Decode launches.
+  MatvecLaunch qkv_mv, o_mv, gateup_mv, down_mv, head_mv;
+  int64_t staged_floats = 0;  // max(D, F, A): dynamic shared memory of the matvec kernels / 4
+  int64_t attn_smem_bytes = 0;
+  int64_t norm_rope_threads = 0;  // min(Dh, 1024) rounded up to a warp
+};
+
+// Everything the session allocates and launches, or the contract's refusal in status/why.
+// Refusals are the contract's own: shape (601-603), scalars (609), max_ctx (601/602).
+Plan make_plan(const SessionConfig& cfg, int64_t max_ctx, int64_t sms);
+
+// Dispatches one decode step launches at position P (n_keys = P + 1): 3 + 6L, plus one per
+// layer when split-K is in play. Equals residentk_dispatch_budget / _deep.
+int64_t decode_launches(const Plan& p, const SessionConfig& cfg, int64_t n_keys);
+
+// Wide GEMM grid for Y (M, N): (ceil(N / BN), ceil(M / BM)).
+struct GemmGrid {
+  bool narrow = false;
+  int64_t gx = 0, gy = 0;  // wide: tile columns, tile rows; narrow: matvec grid (gy = 1)
+  int64_t rows_per_block = 0;  // narrow only
+};
+GemmGrid prefill_gemm_grid(int64_t m_rows, int64_t n_cols, int64_t sms);
+
+}  // namespace cudaplan
+}  // namespace residentk
+}  // namespace algenta

@@ -1,0 +1,187 @@
+// Host-side launch planning of the CUDA resident session (see session_cuda_plan.hpp): compiled in
+// every build, so grid sizes, split counts, buffer sizes and offsets are tested without a GPU.
+// In a build without ALGENTA_GPU this file also holds make_cuda_session's 604 refusal.
+//
+// Sizes are int64 throughout. The contract's ceilings (residentk.hpp) bound every product formed
+// here below 2^50 floats, and make_plan runs the contract's checks before forming any of them.
+#include "algenta/session_cuda_plan.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "algenta/residentk.hpp"
+#include "algenta/status_error.hpp"
+
+namespace algenta {
+namespace residentk {
+namespace cudaplan {
+
+MatvecLaunch matvec_launch(int64_t rows, int64_t sms) {
+  MatvecLaunch m;
+  if (rows < 1) return m;
+  if (sms < 1) sms = FALLBACK_SMS;
+  const int64_t target_blocks = sms * MATVEC_BLOCKS_PER_SM;
+  // Rows per block: a whole number of rows per warp, at least one row per warp.
+  const int64_t per_warp = std::max<int64_t>(1, ceil_div(rows, target_blocks * MATVEC_WARPS));
+  m.rows = rows;
+  m.rows_per_block = per_warp * MATVEC_WARPS;
+  m.grid = ceil_div(rows, m.rows_per_block);
+  return m;
+}
+
+SplitPlan splitk_plan(int64_t n_keys, int64_t sms, int64_t h_q) {
+  SplitPlan s;
+  if (!residentk_splitk_should_split(n_keys)) return s;
+  s.split = true;
+  // More splits than keys would only add empty blocks and a longer merge.
+  s.n_splits = std::min(residentk_splitk_policy(n_keys, sms, h_q), n_keys);
+  s.n_splits = std::max<int64_t>(1, s.n_splits);
+  s.launches = 2;
+  return s;
+}
+
+Plan make_plan(const SessionConfig& c, int64_t max_ctx, int64_t sms) {
+  Plan p;
+  std::string why;
+  int st = residentk_shape_check(c.d_model, c.h_q, c.h_kv, c.d_head, c.d_ff, c.n_layers, c.vocab,
+                                 &why);
+  if (st != RESIDENT_OK) {
+    p.status = st;
+    p.why = "model shape refused: " + why;
+    return p;
+  }
+  if (!residentk_scalars_ok(c.rms_eps, 1.0 / std::sqrt(double(c.d_head))) ||
+      !std::isfinite(c.rope_theta) || !(c.rope_theta > 0.0)) {
+    p.status = RESIDENT_ERR_NON_FINITE;
+    p.why = "rms_eps and rope_theta must be finite and > 0";
+    return p;
+  }
+  st = residentk_context_check(1, 0, max_ctx);
+  if (st != RESIDENT_OK) {
+    p.status = st;
+    p.why = "max_ctx " + std::to_string(max_ctx) + " outside [1, " +
+            std::to_string(RESIDENT_MAX_CONTEXT) + "]";
+    return p;
+  }
+  if (sms < 1) sms = FALLBACK_SMS;
+  const int64_t D = c.d_model, Hq = c.h_q, Hkv = c.h_kv, Dh = c.d_head, F = c.d_ff;
+  const int64_t L = c.n_layers, V = c.vocab;
+  p.sms = sms;
+  p.capacity = resident_bucket_ctx(max_ctx);
+  const int64_t T = p.capacity;
+  p.q_rows = (Hq + 2 * Hkv) * Dh;
+  p.attn_width = Hq * Dh;
+  const int64_t Q = p.q_rows, A = p.attn_width;
+
+  // ---- weight arena, in the order of the HF names ----
+  int64_t at = 0;
+  auto take = [&at](int64_t n) {
+    const int64_t o = at;
+    at += align_up(n);
+    return o;
+  };
+  p.embed = take(V * D);
+  p.layers.resize(size_t(L));
+  for (LayerOffsets& l : p.layers) {
+    l.in_norm = take(D);
+    l.wqkv = take(Q * D);
+    l.q_norm = take(Dh);
+    l.k_norm = take(Dh);
+    l.wo = take(D * A);
+    l.post_norm = take(D);
+    l.wg = take(F * D);
+    l.wu = take(F * D);
+    l.wd = take(D * F);
+  }
+  p.final_norm = take(D);
+  p.head = c.tie_word_embeddings ? p.embed : take(V * D);
+  p.weight_floats = at;
+
+  p.kv_floats = residentk_cache_elements(L, Hkv, Dh, T);
+  p.kv_layer_stride = 2 * Hkv * T * Dh;
+  p.rope_floats = 2 * T * (Dh / 2 > 0 ? Dh / 2 : 1);
+
+  // ---- decode launches (the head's grid sizes the argmax scratch) ----
+  p.qkv_mv = matvec_launch(Q, sms);
+  p.o_mv = matvec_launch(D, sms);
+  p.gateup_mv = matvec_launch(F, sms);
+  p.down_mv = matvec_launch(D, sms);
+  p.head_mv = matvec_launch(V, sms);
+  p.staged_floats = std::max({D, F, A});
+  // q staged (Dh) + per-warp accumulators (ATTN_WARPS, Dh) + per-warp (m, l).
+  p.attn_smem_bytes = int64_t(sizeof(float)) * (Dh + ATTN_WARPS * Dh + 2 * ATTN_WARPS);
+  p.norm_rope_threads = std::min<int64_t>(1024, ceil_div(std::max<int64_t>(Dh / 2, 1), WARP) * WARP);
+
+  // ---- decode activation arena ----
+  p.max_splits = residentk_splitk_max_n_splits(sms, Hq);
+  at = 0;
+  p.x = take(D);
+  p.xf = take(D);
+  p.qkv = take(Q);
+  p.attn = take(A);
+  p.act = take(F);
+  p.logits = take(V);
+  p.part_acc = take(Hq * p.max_splits * Dh);
+  p.part_ml = take(Hq * p.max_splits * 2);
+  p.argmax_val = take(p.head_mv.grid);
+  p.act_floats = at;
+
+  // ---- prefill activation arena ----
+  p.prefill_rows = std::min(PREFILL_BLOCK, T);
+  const int64_t M = p.prefill_rows;
+  at = 0;
+  p.p_x = take(M * D);
+  p.p_xn = take(M * D);
+  p.p_qkv = take(M * Q);
+  p.p_attn = take(M * A);
+  p.p_gate = take(M * F);
+  p.p_up = take(M * F);
+  p.prefill_floats = at;
+
+  p.status = RESIDENT_OK;
+  return p;
+}
+
+int64_t decode_launches(const Plan& p, const SessionConfig& c, int64_t n_keys) {
+  const SplitPlan s = splitk_plan(n_keys, p.sms, c.h_q);
+  // Fixed: embed, final norm, head (+argmax). Per layer: norm+QKV, q/k norm+RoPE+KV write,
+  // attention (partial, + merge when split), o_proj+residual, norm+gate/up, down+residual.
+  return 3 + c.n_layers * (5 + s.launches);
+}
+
+GemmGrid prefill_gemm_grid(int64_t m_rows, int64_t n_cols, int64_t sms) {
+  GemmGrid g;
+  if (m_rows < 1 || n_cols < 1) return g;
+  g.narrow = residentk_prefill_gemm_use_narrow_tile(m_rows);
+  if (g.narrow) {
+    const MatvecLaunch mv = matvec_launch(n_cols, sms);
+    g.gx = mv.grid;
+    g.gy = 1;
+    g.rows_per_block = mv.rows_per_block;
+  } else {
+    g.gx = ceil_div(n_cols, GEMM_BN);
+    g.gy = ceil_div(m_rows, GEMM_BM);
+  }
+  return g;
+}
+
+}  // namespace cudaplan
+
+#ifndef ALGENTA_GPU
+std::unique_ptr<Session> make_cuda_session(const SessionConfig&, int64_t) {
+  throw StatusError(Family::Resident, RESIDENT_ERR_NO_KERNELS,
+                    "device='cuda': this binary was built without ALGENTA_GPU, so no CUDA kernels "
+                    "are compiled in; rebuild with -Ccmake.define.ALGENTA_GPU=ON or use device='cpu'");
+}
+int64_t cuda_step_greedy(Session&, int64_t) {
+  throw StatusError(Family::Resident, RESIDENT_ERR_NO_KERNELS,
+                    "cuda_step_greedy: this binary was built without ALGENTA_GPU");
+}
+double cuda_copy_bandwidth(int64_t, int) {
+  throw StatusError(Family::Resident, RESIDENT_ERR_NO_KERNELS,
+                    "cuda_copy_bandwidth: this binary was built without ALGENTA_GPU");
+}
+#endif
+
+}  // namespace residentk
+}  // namespace algenta
