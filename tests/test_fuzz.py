@@ -35,7 +35,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "fuzz_corpus"
 SEED_CKPT = CORPUS / "tiny_qwen3"
-CASES = int(os.environ.get("ALGENTA_FUZZ_CASES", "600"))
+CASES = int(os.environ.get("ALGENTA_FUZZ_CASES", "1000"))
 HEADROOM = 1 << 30  # address space the child may grow by after warm-up
 
 
