@@ -23,8 +23,9 @@
 //
 // The position P and the current token id live in device memory (Control): k_qk_norm_rope and
 // the attention kernels read P there, and the head kernel advances it, so a decode step's launch
-// sequence depends on the host only through the split count, which is what a CUDA graph capture
-// (not done yet) would key on.
+// sequence depends on the host only through the split count. Each step is therefore captured
+// once per split count as a CUDA graph and replayed (one cudaGraphLaunch per token instead of
+// 3 + 6L launches); ALGENTA_CUDA_GRAPHS=0 at session open launches kernel by kernel instead.
 //
 // Prefill runs blocks of M <= PREFILL_BLOCK tokens as GEMMs: k_gemm_narrow (one weight row per
 // warp, NARROW_ROWS activation rows per pass, for M < 32) or k_gemm_wide (64 x 64 shared-memory
@@ -47,6 +48,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -282,14 +284,15 @@ __global__ void k_qk_norm_rope(float* __restrict__ qkv /* (M, Q) */, int64_t Q,
 // n_keys = P + row + 1 (causal); the split covers splitk_range(n_keys, S, s). Each warp walks
 // every ATTN_WARPS-th key of the split with an online softmax (running max m, sum l, output
 // accumulator rescaled by exp(m_old - m_new)), then the block merges its warps.
-// S == 1: writes out (M, A) normalized. S > 1: writes the unnormalized partial (acc, m, l) for
-// k_attn_merge; an empty split writes m = -inf, l = 0, acc = 0.
+// finalize (S must be 1): writes out (M, A) normalized. Otherwise writes the unnormalized
+// partial (acc, m, l) for k_attn_merge (S may be 1 there too: the deep path's launch count does
+// not depend on S); an empty split writes m = -inf, l = 0, acc = 0.
 // Shared memory: q (Dh), per-warp accumulators (ATTN_WARPS, Dh), per-warp (m, l).
 __global__ void k_attn_partial(const float* __restrict__ qkv /* (M, Q) */, int64_t Q,
                                const float* __restrict__ Kc /* (Hkv, T, Dh) */,
                                const float* __restrict__ Vc /* (Hkv, T, Dh) */,
                                const Control* __restrict__ ctl, int64_t T, int64_t G, int64_t Dh,
-                               float scale, float* __restrict__ out /* (M, A) */,
+                               float scale, bool finalize, float* __restrict__ out /* (M, A) */,
                                float* __restrict__ part_acc /* (Hq, S, Dh) */,
                                float* __restrict__ part_ml /* (Hq, S, 2) */) {
   extern __shared__ float4 smem4[];
@@ -346,12 +349,12 @@ __global__ void k_attn_partial(const float* __restrict__ qkv /* (M, Q) */, int64
     float a = 0.f;
 #pragma unroll
     for (int w = 0; w < ATTN_WARPS; ++w) a = fmaf(acc[w * Dh + d], wt[w], a);
-    if (S == 1)
-      out[row * A + h * Dh + d] = a / lt;  // S == 1 covers key 0..P: lt >= 1, never empty
+    if (finalize)
+      out[row * A + h * Dh + d] = a / lt;  // one split covers keys 0..P: lt >= 1, never empty
     else
       part_acc[(h * S + s) * Dh + d] = a;
   }
-  if (S > 1 && threadIdx.x == 0) {
+  if (!finalize && threadIdx.x == 0) {
     part_ml[(h * S + s) * 2] = M;
     part_ml[(h * S + s) * 2 + 1] = lt;
   }
@@ -563,6 +566,14 @@ struct DevMem {
   float* f() const { return static_cast<float*>(p); }
 };
 
+void allow_dynamic_smem(const void* fn, int optin, const char* what) {
+  cudaFuncAttributes a{};
+  ck(cudaFuncGetAttributes(&a, fn), what);
+  ck(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          optin - int(a.sharedSizeBytes)),
+     what);
+}
+
 // The session's non-blocking stream, destroyed with the session (also when opening throws).
 struct Stream {
   cudaStream_t s = nullptr;
@@ -637,22 +648,28 @@ class CudaSession final : public Session {
       }
     upload(rope_.f(), rope.data(), int64_t(rope.size()));
 
-    // Dynamic shared memory above 48 KiB needs an explicit opt-in per kernel.
-    const int sb = int(staged_bytes);
-    CK(cudaFuncSetAttribute(k_norm_qkv, cudaFuncAttributeMaxDynamicSharedMemorySize, sb));
-    CK(cudaFuncSetAttribute(k_norm_gateup, cudaFuncAttributeMaxDynamicSharedMemorySize, sb));
-    CK(cudaFuncSetAttribute(k_matvec_residual, cudaFuncAttributeMaxDynamicSharedMemorySize, sb));
-    CK(cudaFuncSetAttribute(k_head_argmax, cudaFuncAttributeMaxDynamicSharedMemorySize, sb));
-    CK(cudaFuncSetAttribute(k_attn_partial, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            int(plan_.attn_smem_bytes)));
+    // Dynamic shared memory above 48 KiB needs an explicit opt-in per kernel. The attribute is
+    // per function and process-wide, so it is set to the same value (all the device allows
+    // beside the kernel's static arrays) by every session: a smaller model opened later must
+    // not lower the limit under a larger session that is still open.
+    const int optin = int(prop.sharedMemPerBlockOptin);
+    allow_dynamic_smem(reinterpret_cast<const void*>(k_norm_qkv), optin, "k_norm_qkv");
+    allow_dynamic_smem(reinterpret_cast<const void*>(k_norm_gateup), optin, "k_norm_gateup");
+    allow_dynamic_smem(reinterpret_cast<const void*>(k_matvec_residual), optin,
+                       "k_matvec_residual");
+    allow_dynamic_smem(reinterpret_cast<const void*>(k_head_argmax), optin, "k_head_argmax");
+    allow_dynamic_smem(reinterpret_cast<const void*>(k_attn_partial), optin, "k_attn_partial");
     // The allocations' cudaMemset ran on the legacy default stream, which a non-blocking
     // stream does not wait for: finish them before any kernel of this session can run.
     CK(cudaDeviceSynchronize());
+    const char* g = std::getenv("ALGENTA_CUDA_GRAPHS");
+    use_graphs_ = !(g && std::string(g) == "0");
     build_names();
   }
 
   ~CudaSession() override {
     if (stream_.s) cudaStreamSynchronize(stream_.s);
+    for (auto& kv : graphs_) cudaGraphExecDestroy(kv.second.exec);
     cudaGetLastError();  // a destructor reports nothing; leave no pending error behind
   }
 
@@ -867,25 +884,71 @@ class CudaSession final : public Session {
         c_.d_head, plan_.capacity, c_.rms_eps, kcache(li), vcache(li));
     launched("k_qk_norm_rope");
   }
-  void attention(int64_t li, const float* qkv, int64_t M, int64_t S, float* out) {
+  void attention(int64_t li, const float* qkv, int64_t M, int64_t S, bool finalize, float* out) {
     const float scale = float(1.0 / std::sqrt(double(c_.d_head)));
     k_attn_partial<<<dim3(unsigned(c_.h_q), unsigned(S), unsigned(M)), ATTN_THREADS,
                      size_t(plan_.attn_smem_bytes), stream_>>>(
         qkv, plan_.q_rows, kcache(li), vcache(li), ctl(), plan_.capacity, c_.h_q / c_.h_kv,
-        c_.d_head, scale, out, A(plan_.part_acc), A(plan_.part_ml));
+        c_.d_head, scale, finalize, out, A(plan_.part_acc), A(plan_.part_ml));
     launched("k_attn_partial");
   }
 
-  // One decode token: the launch sequence of the file comment; dispatches_ counts it.
+  // One decode token at P = pos_: the token id goes to the device, then the step's launches
+  // run, replayed from a CUDA graph captured once per split count (the kernels read P and the
+  // token from Control, so one graph serves every position with that split count) or, with
+  // ALGENTA_CUDA_GRAPHS=0, launched one by one. dispatches_ is the kernel count either way.
   void decode(int64_t id) {
+    CK(cudaMemcpyAsync(&ctl()->tok, &id, sizeof(int64_t), cudaMemcpyHostToDevice, stream_));
+    const SplitPlan sp = splitk_plan(pos_ + 1, plan_.sms, c_.h_q);
+    if (use_graphs_) {
+      const Graph& g = graph_for(sp);
+      CK(cudaGraphLaunch(g.exec, stream_));
+      dispatches_ = g.kernels;
+    } else {
+      dispatches_ = enqueue_decode(sp);
+    }
+    ++pos_;
+  }
+
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    int64_t kernels = 0;
+  };
+
+  const Graph& graph_for(const SplitPlan& sp) {
+    const int64_t key = sp.split ? sp.n_splits : 0;
+    auto it = graphs_.find(key);
+    if (it != graphs_.end()) return it->second;
+    CK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    int64_t kernels = 0;
+    try {
+      kernels = enqueue_decode(sp);
+    } catch (...) {
+      cudaGraph_t g = nullptr;
+      cudaStreamEndCapture(stream_, &g);  // leave the stream out of capture mode, then rethrow
+      if (g) cudaGraphDestroy(g);
+      cudaGetLastError();
+      throw;
+    }
+    cudaGraph_t g = nullptr;
+    CK(cudaStreamEndCapture(stream_, &g));
+    Graph out;
+    out.kernels = kernels;
+    const cudaError_t err = cudaGraphInstantiate(&out.exec, g, 0);
+    cudaGraphDestroy(g);
+    ck(err, "cudaGraphInstantiate(decode step)");
+    return graphs_.emplace(key, out).first->second;
+  }
+
+  // Enqueues one decode step's kernels on stream_ (P and the token read on the device);
+  // returns how many.
+  int64_t enqueue_decode(const SplitPlan& sp) {
     const int64_t D = c_.d_model, F = c_.d_ff, Aw = plan_.attn_width;
     int64_t n = 0;
-    CK(cudaMemcpyAsync(&ctl()->tok, &id, sizeof(int64_t), cudaMemcpyHostToDevice, stream_));
     k_embed<<<dim3(unsigned(ceil_div(D, ROW_THREADS)), 1), ROW_THREADS, 0, stream_>>>(
         W(plan_.embed), &ctl()->tok, A(plan_.x), D);
     launched("k_embed");
     ++n;
-    const SplitPlan sp = splitk_plan(pos_ + 1, plan_.sms, c_.h_q);
     for (int64_t li = 0; li < c_.n_layers; ++li) {
       const LayerOffsets& l = plan_.layers[size_t(li)];
       k_norm_qkv<<<unsigned(plan_.qkv_mv.grid), MATVEC_THREADS, size_t(D) * 4, stream_>>>(
@@ -895,7 +958,7 @@ class CudaSession final : public Session {
       ++n;
       norm_rope(l, li, A(plan_.qkv), 1);
       ++n;
-      attention(li, A(plan_.qkv), 1, sp.n_splits, A(plan_.attn));
+      attention(li, A(plan_.qkv), 1, sp.n_splits, !sp.split, A(plan_.attn));
       ++n;
       if (sp.split) {
         k_attn_merge<<<unsigned(c_.h_q), ROW_THREADS, 0, stream_>>>(
@@ -918,8 +981,7 @@ class CudaSession final : public Session {
       ++n;
     }
     n += head(A(plan_.x), 1);
-    dispatches_ = n;
-    ++pos_;
+    return n;
   }
 
   // Final norm of row x (D) and the head + argmax; advances the device position by `advance`.
@@ -950,7 +1012,7 @@ class CudaSession final : public Session {
       launched("k_rmsnorm_rows(input)");
       gemm(Xn, M, D, W(l.wqkv), Q, QKV, false);
       norm_rope(l, li, QKV, M);
-      attention(li, QKV, M, 1, At);
+      attention(li, QKV, M, 1, true, At);
       gemm(At, M, Aw, W(l.wo), D, X, true);
       k_rmsnorm_rows<<<unsigned(M), ROW_THREADS, 0, stream_>>>(X, W(l.post_norm), D, c_.rms_eps,
                                                                Xn);
@@ -980,6 +1042,8 @@ class CudaSession final : public Session {
   DevMem weights_, kv_, rope_, act_, pre_, blk_idx_, ids_, ctl_;
   std::map<std::string, Slot> slots_;
   std::vector<std::string> order_;
+  std::map<int64_t, Graph> graphs_;  // by split count (0: the standard path)
+  bool use_graphs_ = true;
 };
 
 }  // namespace

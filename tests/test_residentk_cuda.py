@@ -162,3 +162,38 @@ def test_device_greedy_rejects_a_cpu_session():
     with pytest.raises(ResidentError) as e:
         _core.session.cuda_step_greedy(cpu._engine, 0)
     assert e.value.status == 601
+
+
+def test_graph_replay_matches_direct_launches(monkeypatch):
+    # The default replays a captured graph per split count; ALGENTA_CUDA_GRAPHS=0 (read when a
+    # session opens) launches kernel by kernel. Same kernels, same grids, same order: same bits.
+    cfg = SMALL["gqa2_untied"]
+    w = dict(random_weights(cfg, 6))
+    monkeypatch.setenv("ALGENTA_CUDA_GRAPHS", "0")
+    direct = ResidentSession(cfg, w, max_ctx=64, device="cuda")
+    monkeypatch.delenv("ALGENTA_CUDA_GRAPHS")
+    graph = ResidentSession(cfg, w, max_ctx=64, device="cuda")
+    a, b = direct.prefill([3, 1, 4]), graph.prefill([3, 1, 4])
+    np.testing.assert_array_equal(a, b)
+    t = int(np.argmax(a))
+    for _ in range(45):  # crosses 32 keys: several split counts, each its own graph
+        a, b = direct.step(t), graph.step(t)
+        np.testing.assert_array_equal(a, b)
+        assert direct.dispatches_per_token == graph.dispatches_per_token
+        t = int(np.argmax(a))
+    # A graph replayed after reset reads the rewound position from the device.
+    for s in (direct, graph):
+        s.reset()
+    np.testing.assert_array_equal(direct.generate([5, 9], 20), graph.generate([5, 9], 20))
+
+
+def test_sessions_of_different_shapes_coexist():
+    # The per-kernel shared-memory opt-in is process-wide: opening a smaller model must not
+    # lower it under a larger session that is still open.
+    big = ResidentSession.random(**LARGE, max_ctx=64, device="cuda")
+    small = ResidentSession.random(**SMALL["gqa3_tied"], max_ctx=64, device="cuda")
+    ref = ResidentSession.random(**LARGE, max_ctx=64, device="cpu")
+    small.prefill([1, 2])
+    np.testing.assert_allclose(big.prefill([1, 2, 3]), ref.prefill([1, 2, 3]), rtol=0,
+                               atol=TOL_LARGE)
+    np.testing.assert_allclose(big.step(7), ref.step(7), rtol=0, atol=TOL_LARGE)
