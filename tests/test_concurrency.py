@@ -177,11 +177,6 @@ def test_separate_sessions_in_threads_give_serial_bits():
     assert run_threads([lambda k=k: job(k) for k in range(4)]) == serial
 
 
-@pytest.mark.xfail(strict=True, reason="ResidentSession has no lock and does not refuse: two "
-                   "threads inside prefill/step of one session both read the same position, write "
-                   "the same KV slots and share the activation buffers (silently wrong logits "
-                   "afterwards; a step racing a position increment can write one slot past the "
-                   "KV cache)")
 def test_one_session_shared_by_two_threads_is_serialized_or_refused(no_forced_switch):
     prompt = np.arange(96) % 2048
     ref = _session()

@@ -268,3 +268,31 @@ def test_non_finite_bf16_weight_is_refused_naming_it(tmp_path):
     bad[3, 7] = np.inf
     make_ckpt(tmp_path, dtype="BF16", extra={name: bad})
     _refused(tmp_path, name, "non-finite", status=609)
+
+
+def test_config_fields_of_the_wrong_type_or_range_are_refused(tmp_path):
+    make_ckpt(tmp_path, tie_word_embeddings="false")
+    _refused(tmp_path, "tie_word_embeddings")
+    make_ckpt(tmp_path, style="top_level", rope_theta=10**400)
+    _refused(tmp_path, "rope_theta", status=609)
+    make_ckpt(tmp_path, rms_norm_eps=-1e-6)
+    _refused(tmp_path, "rms_norm_eps", status=609)
+
+
+def test_a_config_bigger_than_its_tensors_is_refused_from_the_headers(tmp_path):
+    # The checkpoint holds CFG's tensors; config.json claims 36 layers of an 8B-sized model. The
+    # headers alone refute it, so the refusal comes before the session would allocate ~33 GB.
+    make_ckpt(tmp_path, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
+              head_dim=128, intermediate_size=12288, num_hidden_layers=36, vocab_size=151936)
+    _refused(tmp_path, "model.embed_tokens.weight", "[61, 40]", "[151936, 4096]")
+
+
+def test_expected_shapes_match_the_engine_table():
+    from algenta.residentk.session import expected_shapes
+
+    for tied in (True, False):
+        cfg = dict(CFG, tie_word_embeddings=tied)
+        s = ResidentSession.__new__(ResidentSession)
+        s._open(cfg, 16, "cpu")
+        names = s._engine.missing_weights()
+        assert expected_shapes(cfg) == {n: tuple(s._engine.weight_shape(n)) for n in names}

@@ -37,11 +37,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -247,6 +249,7 @@ class CpuSession final : public Session {
 
   void set_weight(const std::string& name, const std::vector<int64_t>& shape,
                   const float* data) override {
+    std::lock_guard<std::mutex> lock(mu_);
     Slot& s = slot_for(name, shape);
     const int64_t n = elems(shape);
     // One NaN or inf weight would turn every later logit into NaN without a word.
@@ -258,6 +261,7 @@ class CpuSession final : public Session {
 
   void set_weight_bf16(const std::string& name, const std::vector<int64_t>& shape,
                        const uint16_t* bits) override {
+    std::lock_guard<std::mutex> lock(mu_);
     Slot& s = slot_for(name, shape);
     const int64_t n = elems(shape);
     s.set = false;
@@ -286,6 +290,7 @@ class CpuSession final : public Session {
   }
 
   void prefill(const int64_t* ids, int64_t n, float* logits) override {
+    std::lock_guard<std::mutex> lock(mu_);
     if (n < 1) refuse(RESIDENT_ERR_EMPTY_DIMENSION, "prefill needs at least one token");
     check_ready();
     check_fits(n);
@@ -297,6 +302,7 @@ class CpuSession final : public Session {
   }
 
   void step(int64_t id, float* logits) override {
+    std::lock_guard<std::mutex> lock(mu_);
     check_ready();
     check_fits(1);
     check_id(id);
@@ -324,7 +330,10 @@ class CpuSession final : public Session {
     ++tokens_;
   }
 
-  void reset() override { pos_ = 0; }
+  void reset() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    pos_ = 0;
+  }
 
  private:
   struct Slot {
@@ -641,7 +650,12 @@ class CpuSession final : public Session {
   }
 
   SessionConfig c_;
-  int64_t max_ctx_ = 0, cap_ = 0, pos_ = 0, dispatches_ = 0, q_rows_ = 0;
+  int64_t max_ctx_ = 0, cap_ = 0, q_rows_ = 0;
+  // Every call that writes the cache, the weights or the scratch holds mu_: two threads sharing
+  // one session are serialized (the bindings release the GIL), never interleaved inside a step.
+  // The position and the stage count are atomics so the property reads need no lock.
+  std::mutex mu_;
+  std::atomic<int64_t> pos_{0}, dispatches_{0};
   int nt_ = 1;       // threads prefill uses, omp_get_max_threads() at construction
   int cur_nt_ = 1;   // threads the decode step in flight uses (1 or nt_)
   int choice_ = 1;   // 1: decode with nt_ threads, 0: with one

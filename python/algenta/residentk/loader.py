@@ -32,7 +32,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ResidentError
+from .. import _core
+from ..errors import AlgentaError, ResidentError
+from .session import expected_shapes
+
+_c = _core.residentk
 
 _WEIGHT = 607
 # Safetensors' own reader refuses headers past 100 MB; a real one is a few hundred KB.
@@ -87,15 +91,26 @@ def config_from_hf(hf: dict) -> dict:
         raise _refuse("attention_bias is true: the session holds no projection biases")
     if hf.get("hidden_act", "silu") != "silu":
         raise _refuse(f"hidden_act {hf.get('hidden_act')!r} is not silu")
+    scalars = {}
     for key, v in (("rope_theta", theta), ("rms_norm_eps", hf.get("rms_norm_eps", 1e-6))):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise _refuse(f"config.json {key!r} must be a number, got {v!r}")
+        try:
+            f = float(v)  # a JSON integer past 1e308 overflows here
+        except OverflowError:
+            f = math.inf
+        if not (math.isfinite(f) and f > 0):
+            raise ResidentError(f"config.json {key!r} must be finite and > 0, got {v!r}", 609)
+        scalars[key] = f
+    # Qwen3Config's own default is untied (the small published models set true). Only a JSON
+    # bool is accepted: the string "false" would otherwise read as true and drop lm_head.
+    tied = hf.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise _refuse(f"config.json 'tie_word_embeddings' must be true or false, got {tied!r}")
     return dict(d_model=d_model, h_q=h_q, h_kv=h_kv, d_head=d_head,
                 d_ff=need("intermediate_size"), n_layers=need("num_hidden_layers"),
-                vocab=need("vocab_size"), rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(theta),
-                # Qwen3Config's own default is untied (the small published models set true).
-                tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)))
+                vocab=need("vocab_size"), rms_eps=scalars["rms_norm_eps"],
+                rope_theta=scalars["rope_theta"], tie_word_embeddings=tied)
 
 
 def read_header(path) -> tuple[dict, int]:
@@ -196,6 +211,18 @@ def _load_tensor(session, path: Path, data_start: int, name: str, entry, st_hand
         del raw
 
 
+def _wrapped(f: Path, thunk, name=None):
+    """thunk(), with the safetensors package's own refusals (stricter than the header checks
+    above: trailing bytes, gaps or overlaps between tensors) turned into a 607 naming the file."""
+    try:
+        return thunk()
+    except (AlgentaError, MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as e:  # SafetensorError and whatever else the package raises
+        what = f"tensor '{name}' of {f.name}" if name else f.name
+        raise _refuse(f"{what} could not be read ({type(e).__name__}: {e})") from None
+
+
 class _Progress:
     """`loading NAME: 1.2/2.4 GB` on a terminal, at most a few times a second."""
 
@@ -240,13 +267,17 @@ def load_pretrained(cls, path, *, max_ctx=512, device="cpu", progress=None):
     cfg = config_from_hf(hf)
     files = _shard_files(root)
 
-    # Every header, name and shape is checked before the session allocates or reads anything.
+    # The shape itself first (601-603 from the contract), then every header, name and shape
+    # against it: all before the session allocates (a 2 KB checkpoint whose config.json claims
+    # an 8B model is refused, not answered with a 33 GB allocation).
+    st, why = _c.residentk_shape_check(cfg["d_model"], cfg["h_q"], cfg["h_kv"], cfg["d_head"],
+                                       cfg["d_ff"], cfg["n_layers"], cfg["vocab"])
+    if st != _c.RESIDENT_OK:
+        raise ResidentError(f"config.json declares a model shape the session refuses: {why}", st)
+    shapes = expected_shapes(cfg)
     headers = []
     seen = {}
     total = 0
-    session = cls.__new__(cls)
-    session._open(cfg, max_ctx, device)
-    eng = session._engine
     for f in files:
         entries, start = read_header(f)
         keep = {}
@@ -258,8 +289,8 @@ def load_pretrained(cls, path, *, max_ctx=512, device="cpu", progress=None):
                 continue
             if name == "lm_head.weight" and cfg["tie_word_embeddings"]:
                 continue  # tied: the embedding table is the head, loaded once
-            want = tuple(eng.weight_shape(name))
-            if not want:
+            want = shapes.get(name)
+            if want is None:
                 raise _refuse(f"{f.name}: tensor '{name}' is not part of a Qwen3 model with this "
                               "config")
             if e[1] != want:
@@ -268,10 +299,14 @@ def load_pretrained(cls, path, *, max_ctx=512, device="cpu", progress=None):
             keep[name] = e
             total += e[3] - e[2]
         headers.append((f, start, keep))
-    missing = sorted(set(eng.missing_weights()) - {n for _, _, k in headers for n in k})
+    found = {n for _, _, k in headers for n in k}
+    missing = [n for n in shapes if n not in found]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise _refuse(f"checkpoint lacks tensor '{missing[0]}'{more}")
+
+    session = cls.__new__(cls)
+    session._open(cfg, max_ctx, device)
 
     try:
         from safetensors import safe_open
@@ -282,11 +317,11 @@ def load_pretrained(cls, path, *, max_ctx=512, device="cpu", progress=None):
         for f, start, keep in headers:
             handle = None
             if safe_open is not None and any(e[0] != "BF16" for e in keep.values()):
-                handle = safe_open(str(f), framework="numpy")
+                handle = _wrapped(f, lambda: safe_open(str(f), framework="numpy"))
             for name, e in sorted(keep.items(), key=lambda kv: kv[1][2]):  # file order
-                _load_tensor(session, f, start, name, e, handle)
+                _wrapped(f, lambda: _load_tensor(session, f, start, name, e, handle), name)
                 bar.add(e[3] - e[2], name)
-            del handle
+            handle = None  # closes the file before the next shard opens
     finally:
         bar.close()
     session._check_complete()

@@ -104,6 +104,34 @@ def _open_engine(cfg: ResidentConfig, max_ctx: int, device: str):
         cfg.rms_eps, cfg.rope_theta, cfg.tie_word_embeddings, int(max_ctx))
 
 
+def expected_shapes(config) -> dict:
+    """HF tensor name -> shape of every tensor a session with this config holds (the engine's
+    own table, Session::weight_shape, is the final check; tests hold the two equal). Lets a
+    loader compare a checkpoint with its config before the session allocates anything."""
+    cfg = make_config(config)
+    D, Hq, Hkv, Dh, F = cfg.d_model, cfg.h_q, cfg.h_kv, cfg.d_head, cfg.d_ff
+    out = {"model.embed_tokens.weight": (cfg.vocab, D)}
+    for i in range(cfg.n_layers):
+        p = f"model.layers.{i}."
+        out.update({
+            p + "input_layernorm.weight": (D,),
+            p + "self_attn.q_proj.weight": (Hq * Dh, D),
+            p + "self_attn.k_proj.weight": (Hkv * Dh, D),
+            p + "self_attn.v_proj.weight": (Hkv * Dh, D),
+            p + "self_attn.q_norm.weight": (Dh,),
+            p + "self_attn.k_norm.weight": (Dh,),
+            p + "self_attn.o_proj.weight": (D, Hq * Dh),
+            p + "post_attention_layernorm.weight": (D,),
+            p + "mlp.gate_proj.weight": (F, D),
+            p + "mlp.up_proj.weight": (F, D),
+            p + "mlp.down_proj.weight": (D, F),
+        })
+    out["model.norm.weight"] = (D,)
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = (cfg.vocab, D)
+    return out
+
+
 def random_weights(config, seed: int = 0) -> Iterable:
     """(HF name, float32 array) pairs of a reproducible random Qwen3 model, one tensor at a time
     (so a multi-GB benchmark model is never held twice). Projections are N(0, 1/fan_in), the
