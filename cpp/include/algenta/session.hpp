@@ -9,6 +9,9 @@
 // slot each, written in place; nothing is ever reallocated or copied to grow. The model is Qwen3
 // exactly as HuggingFace transformers computes it (see session_cpu.cpp for the stage list).
 //
+// A session may be shared between threads: calls that write (set_weight*, prefill, step,
+// reset) are serialized by the implementation, and the property reads never block.
+//
 // Weights are handed over one tensor at a time by their HuggingFace names
 // (`model.layers.3.self_attn.q_proj.weight`, ...) so a loader can stream a checkpoint with peak
 // memory about one model, and every tensor's shape is checked against the config before a byte
