@@ -122,7 +122,7 @@ def test_refusals_and_reset_on_device():
     with pytest.raises(ResidentError) as e:
         s.step(cfg["vocab"])
     assert e.value.status == 601 and s.position == 0
-    s.prefill(list(range(500)))
+    s.prefill([i % cfg["vocab"] for i in range(500)])
     with pytest.raises(ResidentError) as e:
         s.prefill(list(range(13)))
     assert e.value.status == 606 and s.position == 500
