@@ -130,22 +130,18 @@ def test_chunk_check_and_logit_cells(c, v):
 @given(st.one_of(wide, st.integers(1, L.LOSS_MAX_TOKENS)), wide)
 def test_max_chunk_is_the_largest_fitting(n, v):
     n64, v64 = clamp64(n), clamp64(v)
-    # Past LOSS_MAX_TOKENS see the xfail below; no call can carry that many tokens.
-    n64 = min(n64, L.LOSS_MAX_TOKENS)
-    n = n64
     c = L.loss_max_chunk(n, v)
     if n64 < 1 or v64 < 1 or v64 > L.LOSS_MAX_VOCAB:
         assert c == 0
         return
-    assert 1 <= c <= n64
+    assert 1 <= c <= min(n64, L.LOSS_MAX_TOKENS)
     assert L.loss_chunk_check(c, v64) == 580
-    if c < n64:
-        assert L.loss_chunk_check(c + 1, v64) == 587
+    if c < min(n64, L.LOSS_MAX_TOKENS):
+        assert L.loss_chunk_check(c + 1, v64) == 587  # the logit budget is what stopped it
+    elif c < n64:
+        assert L.loss_chunk_check(c + 1, v64) == 583  # the token ceiling is what stopped it
 
 
-@pytest.mark.xfail(strict=True, reason="loss_max_chunk caps at n_tok and 2^27/vocab but not at "
-                   "LOSS_MAX_TOKENS, so for vocab < 2 and n_tok > 2^26 it suggests a chunk that "
-                   "loss_chunk_check refuses (583)")
 def test_max_chunk_is_a_chunk_the_check_admits_past_the_token_ceiling():
     c = L.loss_max_chunk(2**27, 1)
     assert L.loss_chunk_check(c, 1) == 580

@@ -56,6 +56,7 @@ int64_t loss_max_chunk(int64_t n_tok, int64_t vocab) {
   if (n_tok < 1 || vocab < 1 || vocab > LOSS_MAX_VOCAB) return 0;
   int64_t c = LOSS_MAX_LOGIT_CELLS / vocab;
   if (c > n_tok) c = n_tok;
+  if (c > LOSS_MAX_TOKENS) c = LOSS_MAX_TOKENS;  // a chunk is a token count: same ceiling
   return c < 1 ? 0 : c;
 }
 

@@ -60,8 +60,9 @@ bool loss_work_fits(int64_t n_tok, int64_t d_model, int64_t vocab, int64_t ceili
 bool loss_targets_in_range(const int64_t* targets, int64_t len, int64_t n_tok, int64_t vocab);
 bool loss_scalars_ok(double value);
 double loss_tol_for(double magnitude, double reduction_width);
-// Largest chunk whose C * V logits fit LOSS_MAX_LOGIT_CELLS, never more than n_tok (>= 1 for a
-// valid vocab; 0 for a malformed one).
+// Largest chunk whose C * V logits fit LOSS_MAX_LOGIT_CELLS, never more than n_tok or
+// LOSS_MAX_TOKENS, so loss_chunk_check always admits it (>= 1 for a valid vocab; 0 for a
+// malformed one).
 int64_t loss_max_chunk(int64_t n_tok, int64_t vocab);
 
 // Running token-order sum of per-token losses. The mean is first + sum(l - first) / n: for
