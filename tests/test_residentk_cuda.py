@@ -10,9 +10,13 @@ Tolerance: both engines compute in float32 but reduce dot products in different 
 in SIMD lanes per thread, the GPU in warp lanes then a shuffle tree), and the GPU's online
 softmax rescales partial sums. Each logit therefore differs by float32 rounding times the
 reduction widths compounded over the layers: about 1e-6 x sqrt(width) per stage on these O(1)
-activations. TOL_SMALL (two layers) and TOL_LARGE (eight layers, widths up to 1024) sit ~10x
-above that estimate and far below what any real defect moves a logit by (a wrong RoPE pairing,
-head mapping, cache slot or norm moves logits by O(0.1)).
+activations. TOL_SMALL (two layers; absolute, on logits of at most ~10) and TOL_LARGE (eight
+layers, widths up to 1536; relative to max(1, max |logit|), since a tied head over N(0, 1)
+embeddings gives logits of order sqrt(d_model), as perf/bench_decode_cpu.py scales its check)
+sit ~10x above that estimate and far below what any real defect moves a logit by (a wrong RoPE
+pairing, head mapping, cache slot or norm moves logits by O(0.1) of their scale). Measured on
+the CPU for LARGE's prefill: the CPU engine is within 1.7e-6 x max |logit| (max |logit| ~ 210)
+of the float64 reference; two float32 engines should differ by about twice that.
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ AVAILABLE = bool(_core.session.cuda_backend_compiled) and RC.resident_available(
 pytestmark = pytest.mark.skipif(
     not AVAILABLE, reason="needs the ALGENTA_GPU=ON build and a usable CUDA device")
 
-TOL_SMALL = 1e-4
-TOL_LARGE = 5e-4
+TOL_SMALL = 1e-4  # absolute
+TOL_LARGE = 3e-5  # times max(1, max |logit|)
 
 SMALL = {
     "gqa2_untied": dict(d_model=52, h_q=4, h_kv=2, d_head=16, d_ff=84, n_layers=2, vocab=101,
@@ -51,12 +55,14 @@ def _pair(cfg, seed, max_ctx=512):
             ResidentSession(cfg, w, max_ctx=max_ctx, device="cuda"))
 
 
-def _golden(cfg, seed, prompt, n_steps, tol):
+def _golden(cfg, seed, prompt, n_steps, tol, relative=False):
     cpu, gpu = _pair(cfg, seed)
     assert gpu.device == "cuda" and gpu.capacity == cpu.capacity
     L = cfg["n_layers"]
     a, b = cpu.prefill(prompt), gpu.prefill(prompt)
     assert b.dtype == np.float32 and b.shape == (cfg["vocab"],)
+    if relative:
+        tol = tol * max(1.0, float(np.abs(a).max()))
     np.testing.assert_allclose(b, a, rtol=0, atol=tol)
     t = int(np.argmax(a))
     for i in range(n_steps):
@@ -86,7 +92,7 @@ def test_golden_two_layer(name):
 def test_golden_larger_model():
     rng = np.random.default_rng(1)
     prompt = [int(i) for i in rng.integers(0, LARGE["vocab"], 40)]  # 40 rows: wide GEMM tile
-    _golden(LARGE, seed=3, prompt=prompt, n_steps=64, tol=TOL_LARGE)
+    _golden(LARGE, seed=3, prompt=prompt, n_steps=64, tol=TOL_LARGE, relative=True)
 
 
 def test_long_prefill_blocks_and_continuation():
@@ -194,6 +200,7 @@ def test_sessions_of_different_shapes_coexist():
     small = ResidentSession.random(**SMALL["gqa3_tied"], max_ctx=64, device="cuda")
     ref = ResidentSession.random(**LARGE, max_ctx=64, device="cpu")
     small.prefill([1, 2])
-    np.testing.assert_allclose(big.prefill([1, 2, 3]), ref.prefill([1, 2, 3]), rtol=0,
-                               atol=TOL_LARGE)
-    np.testing.assert_allclose(big.step(7), ref.step(7), rtol=0, atol=TOL_LARGE)
+    want = ref.prefill([1, 2, 3])
+    tol = TOL_LARGE * max(1.0, float(np.abs(want).max()))
+    np.testing.assert_allclose(big.prefill([1, 2, 3]), want, rtol=0, atol=tol)
+    np.testing.assert_allclose(big.step(7), ref.step(7), rtol=0, atol=tol)
