@@ -574,6 +574,19 @@ void allow_dynamic_smem(const void* fn, int optin, const char* what) {
      what);
 }
 
+// Pinned host memory (the token id going in, the argmax coming out): copies from and to it are
+// truly asynchronous, where a pageable source makes the runtime stage it and drain the stream.
+struct PinnedIds {
+  int64_t* p = nullptr;  // [0] token in, [1] argmax out
+  PinnedIds() = default;
+  PinnedIds(const PinnedIds&) = delete;
+  PinnedIds& operator=(const PinnedIds&) = delete;
+  ~PinnedIds() {
+    if (p) cudaFreeHost(p);
+  }
+  void alloc() { ck(cudaMallocHost(reinterpret_cast<void**>(&p), 2 * sizeof(int64_t)), "cudaMallocHost"); }
+};
+
 // The session's non-blocking stream, destroyed with the session (also when opening throws).
 struct Stream {
   cudaStream_t s = nullptr;
@@ -635,6 +648,7 @@ class CudaSession final : public Session {
     ctl_.alloc(sizeof(Control), "cudaMalloc(control)");
 
     stream_.create();
+    pinned_.alloc();
 
     // RoPE table exactly as the CPU engine builds it (double angles, rounded once).
     const int64_t T = plan_.capacity, Dh = c.d_head, half = Dh / 2, hw = half > 0 ? half : 1;
@@ -759,10 +773,10 @@ class CudaSession final : public Session {
     check_fits(1);
     check_id(id);
     decode(id);
-    int64_t next = 0;
-    CK(cudaMemcpyAsync(&next, &ctl()->tok, sizeof(int64_t), cudaMemcpyDeviceToHost, stream_));
+    CK(cudaMemcpyAsync(&pinned_.p[1], &ctl()->tok, sizeof(int64_t), cudaMemcpyDeviceToHost,
+                       stream_));
     CK(cudaStreamSynchronize(stream_));
-    return next;
+    return pinned_.p[1];
   }
 
   void reset() override {
@@ -898,7 +912,11 @@ class CudaSession final : public Session {
   // token from Control, so one graph serves every position with that split count) or, with
   // ALGENTA_CUDA_GRAPHS=0, launched one by one. dispatches_ is the kernel count either way.
   void decode(int64_t id) {
-    CK(cudaMemcpyAsync(&ctl()->tok, &id, sizeof(int64_t), cudaMemcpyHostToDevice, stream_));
+    // Every call that enqueues work synchronizes before returning, so the previous step's copy
+    // out of pinned_.p[0] has completed and the slot is free to rewrite.
+    pinned_.p[0] = id;
+    CK(cudaMemcpyAsync(&ctl()->tok, &pinned_.p[0], sizeof(int64_t), cudaMemcpyHostToDevice,
+                       stream_));
     const SplitPlan sp = splitk_plan(pos_ + 1, plan_.sms, c_.h_q);
     if (use_graphs_) {
       const Graph& g = graph_for(sp);
@@ -1039,6 +1057,7 @@ class CudaSession final : public Session {
   int dev_ = 0;
   Plan plan_;
   Stream stream_;  // declared before the buffers: destroyed after them (cudaFree syncs first)
+  PinnedIds pinned_;
   DevMem weights_, kv_, rope_, act_, pre_, blk_idx_, ids_, ctl_;
   std::map<std::string, Slot> slots_;
   std::vector<std::string> order_;
