@@ -41,8 +41,14 @@
 // Limits: shapes residentk_shape_check accepts (the largest staged vector max(D, F, A) fits the
 // compiled shared-memory tier, and the device's opt-in per-block limit, checked at open). All
 // host-side sizes, grids and offsets come from session_cuda_plan.hpp (tested on the CPU).
+// Prefill attention is the decode kernel run once per (head, row), not a tiled flash kernel:
+// correct at any length, but O(M * P) key reads per layer with no reuse across rows.
 // Errors: every CUDA call is checked; a failure throws StatusError 608 naming the call. A host
 // without a usable device gets 605 before any allocation. Nothing here aborts or exits.
+//
+// Status: compiled for sm_80/86/90 in the ALGENTA_GPU build and its host-side plan tested on the
+// CPU; written on a host without a GPU, so the golden tests (tests/test_residentk_cuda.py) and
+// perf/bench_decode_gpu.py have not yet run on a device, and nothing here is tuned by measurement.
 #include <cuda_runtime.h>
 
 #include <algorithm>
