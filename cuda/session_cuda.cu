@@ -56,7 +56,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <atomic>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <vector>
@@ -702,6 +704,8 @@ class CudaSession final : public Session {
 
   void set_weight(const std::string& name, const std::vector<int64_t>& shape,
                   const float* data) override {
+    const std::lock_guard<std::mutex> lock(mu_);
+    use_device();
     Slot& s = slot_for(name, shape);
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
@@ -716,6 +720,8 @@ class CudaSession final : public Session {
 
   void set_weight_bf16(const std::string& name, const std::vector<int64_t>& shape,
                        const uint16_t* bits) override {
+    const std::lock_guard<std::mutex> lock(mu_);
+    use_device();
     Slot& s = slot_for(name, shape);
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
@@ -754,6 +760,8 @@ class CudaSession final : public Session {
   }
 
   void prefill(const int64_t* ids, int64_t n, float* logits) override {
+    const std::lock_guard<std::mutex> lock(mu_);
+    use_device();
     if (n < 1) refuse(RESIDENT_ERR_EMPTY_DIMENSION, "prefill needs at least one token");
     check_ready();
     check_fits(n);
@@ -765,6 +773,8 @@ class CudaSession final : public Session {
   }
 
   void step(int64_t id, float* logits) override {
+    const std::lock_guard<std::mutex> lock(mu_);
+    use_device();
     check_ready();
     check_fits(1);
     check_id(id);
@@ -775,6 +785,8 @@ class CudaSession final : public Session {
   }
 
   int64_t step_greedy(int64_t id) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    use_device();
     check_ready();
     check_fits(1);
     check_id(id);
@@ -786,6 +798,8 @@ class CudaSession final : public Session {
   }
 
   void reset() override {
+    const std::lock_guard<std::mutex> lock(mu_);
+    use_device();
     set_device_pos(0);
     CK(cudaStreamSynchronize(stream_));
     pos_ = 0;
@@ -850,7 +864,7 @@ class CudaSession final : public Session {
   }
   void check_fits(int64_t n) const {
     if (pos_ + n > plan_.capacity)
-      refuse(RESIDENT_ERR_CONTEXT_FULL, "position " + std::to_string(pos_) + " + " +
+      refuse(RESIDENT_ERR_CONTEXT_FULL, "position " + std::to_string(pos_.load()) + " + " +
                                             std::to_string(n) + " tokens exceeds the capacity " +
                                             std::to_string(plan_.capacity) +
                                             " of this session's KV cache");
@@ -873,6 +887,9 @@ class CudaSession final : public Session {
     CK(cudaMemcpyAsync(&ctl()->pos, &p, sizeof(int64_t), cudaMemcpyHostToDevice, stream_));
   }
   void launched(const char* what) { ck(cudaGetLastError(), what); }
+  // The CUDA current device is per host thread: a call from another thread (or after the caller
+  // switched devices) must run on the device this session's memory lives on.
+  void use_device() { CK(cudaSetDevice(dev_)); }
 
   // Host -> device on the session's stream, finished before returning: a pageable-source copy
   // may return before its DMA lands, and the caller may reuse or free its buffer at once.
@@ -1059,7 +1076,12 @@ class CudaSession final : public Session {
   }
 
   SessionConfig c_;
-  int64_t max_ctx_ = 0, pos_ = 0, dispatches_ = 0;
+  int64_t max_ctx_ = 0;
+  // Every call that writes the cache, the weights, the scratch or Control holds mu_ (the session
+  // contract: calls from threads sharing a session are serialized, never interleaved inside a
+  // step). The position and the launch count are atomics so the property reads need no lock.
+  std::mutex mu_;
+  std::atomic<int64_t> pos_{0}, dispatches_{0};
   int dev_ = 0;
   Plan plan_;
   Stream stream_;  // declared before the buffers: destroyed after them (cudaFree syncs first)

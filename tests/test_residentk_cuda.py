@@ -204,3 +204,33 @@ def test_sessions_of_different_shapes_coexist():
     tol = TOL_LARGE * max(1.0, float(np.abs(want).max()))
     np.testing.assert_allclose(big.prefill([1, 2, 3]), want, rtol=0, atol=tol)
     np.testing.assert_allclose(big.step(7), ref.step(7), rtol=0, atol=tol)
+
+
+def test_threads_sharing_a_session_are_serialized():
+    # The session contract: write calls from threads sharing a session are serialized (the
+    # bindings release the GIL). Two concurrent prefills of one prompt then give exactly the
+    # serial pair of results, in one order or the other, never a mixture.
+    import threading
+
+    cfg = SMALL["gqa3_tied"]
+    w = dict(random_weights(cfg, 8))
+    s = ResidentSession(cfg, w, max_ctx=512, device="cuda")
+    prompt = [1, 2, 3, 4]
+    first, second = s.prefill(prompt), s.prefill(prompt)
+    for _ in range(10):
+        s.reset()
+        out, go = [None, None], threading.Barrier(2)
+
+        def run(k):
+            go.wait()
+            out[k] = s.prefill(prompt)
+
+        ts = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert s.position == 2 * len(prompt)
+        got = sorted(out, key=lambda a: float(np.abs(a - first).max()))
+        np.testing.assert_array_equal(got[0], first)
+        np.testing.assert_array_equal(got[1], second)
