@@ -407,6 +407,23 @@ def test_seed_checkpoint_loads_and_decodes():
     assert s.generate([1, 2, 3], 4) == s.generate([1, 2, 3], 4)
 
 
+def test_tensor_data_at_odd_file_offsets(tmp_path):
+    # The format pads its header to 8 bytes, but nothing forces a writer to: with an odd header
+    # length every tensor starts at an odd address of the memory map. Values must come out the
+    # same, and (checked by tools/sanitize-test's UBSan) without a misaligned 16/32-bit load.
+    from algenta.residentk.session import ResidentSession
+
+    meta, data = st_split((SEED_CKPT / "model.safetensors").read_bytes())
+    raw = json.dumps(meta).encode()
+    raw += b" " * ((1 - len(raw)) % 2)  # odd length
+    assert len(raw) % 2 == 1
+    (tmp_path / "config.json").write_bytes((SEED_CKPT / "config.json").read_bytes())
+    (tmp_path / "model.safetensors").write_bytes(st_join(None, data, raw_header=raw))
+    odd = ResidentSession.from_pretrained(tmp_path, progress=False)
+    ref = ResidentSession.from_pretrained(SEED_CKPT, progress=False)
+    assert odd.prefill([1, 2, 3]).tobytes() == ref.prefill([1, 2, 3]).tobytes()
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in (CORPUS / "hostile").iterdir()))
 def test_corpus_hostile_files_refused_607(tmp_path, name):
     # Each committed hostile file is the seed checkpoint's model.safetensors with one lie in it.
