@@ -252,10 +252,13 @@ class CpuSession final : public Session {
     std::lock_guard<std::mutex> lock(mu_);
     Slot& s = slot_for(name, shape);
     const int64_t n = elems(shape);
-    // One NaN or inf weight would turn every later logit into NaN without a word.
-    for (int64_t i = 0; i < n; ++i)
-      if (!std::isfinite(data[i])) non_finite(s, name, i);
+    s.set = false;
+    // Copied bytewise first: a caller's array (a view into a file, say) need not be 4-byte
+    // aligned, the resident buffer is. Then one NaN or inf weight, which would turn every later
+    // logit into NaN without a word, is refused.
     std::memcpy(s.dst, data, size_t(n) * sizeof(float));
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(s.dst[i])) non_finite(s, name, i);
     s.set = true;
   }
 
@@ -267,8 +270,12 @@ class CpuSession final : public Session {
     s.set = false;
     // bf16 is the top half of a float32: widening is exact. Converted straight into the
     // resident buffer, so loading needs no float32 copy of the tensor on the side.
+    // Read bytewise: a tensor's offset in a safetensors file need not be even.
+    const unsigned char* src = reinterpret_cast<const unsigned char*>(bits);
     for (int64_t i = 0; i < n; ++i) {
-      const uint32_t u = uint32_t(bits[i]) << 16;
+      uint16_t b;
+      std::memcpy(&b, src + 2 * i, sizeof b);
+      const uint32_t u = uint32_t(b) << 16;
       float f;
       std::memcpy(&f, &u, sizeof f);
       if (!std::isfinite(f)) non_finite(s, name, i);

@@ -51,7 +51,8 @@ class Session {
   // fused or skipped stage shows up against residentk_dispatch_budget(n_layers).
   virtual int64_t dispatches_per_token() const = 0;
 
-  // Copy one HF-named tensor into the resident weights. shape is the tensor's shape as stored;
+  // Copy one HF-named tensor into the resident weights. data need not be aligned (a view into
+  // a file often is not; the CPU engine copies bytewise). shape is the tensor's shape as stored;
   // a name the model does not have, or a shape that does not match the config, throws 607.
   virtual void set_weight(const std::string& name, const std::vector<int64_t>& shape,
                           const float* data) = 0;
