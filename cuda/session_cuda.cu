@@ -403,6 +403,12 @@ __global__ void k_attn_merge(const float* __restrict__ part_acc /* (Hq, S, Dh) *
   }
 }
 
+// Does candidate (v, i) beat the best so far (b, bix)? Index -1 is "no candidate"; a larger
+// value wins, and on equal values the smaller index (numpy.argmax's first maximum).
+__device__ __forceinline__ bool beats(float v, int64_t i, float b, int64_t bix) {
+  return i >= 0 && (bix < 0 || v > b || (v == b && i < bix));
+}
+
 // logits (V) = H (V, D) . xf (D), xf staged in shared memory, plus the argmax on the device:
 // each block writes its best (value, first index), and the last block to finish (a ticket from
 // ctl->done after a __threadfence) reduces them, writes ctl->tok, advances ctl->pos by
@@ -434,7 +440,7 @@ __global__ void k_head_argmax(const float* __restrict__ H, const float* __restri
     float b = -INFINITY;
     int64_t bix = -1;
     for (int w = 0; w < MATVEC_WARPS; ++w)
-      if (bi[w] >= 0 && (bix < 0 || bv[w] > b || (bv[w] == b && bi[w] < bix))) b = bv[w], bix = bi[w];
+      if (beats(bv[w], bi[w], b, bix)) b = bv[w], bix = bi[w];
     blk_val[blockIdx.x] = b;
     blk_idx[blockIdx.x] = bix;
     __threadfence();  // the partial is visible device-wide before this block takes its ticket
@@ -448,19 +454,19 @@ __global__ void k_head_argmax(const float* __restrict__ H, const float* __restri
   for (int64_t k = threadIdx.x; k < gridDim.x; k += blockDim.x) {
     const float v = __ldcg(blk_val + k);
     const int64_t i = __ldcg(blk_idx + k);
-    if (i >= 0 && (bix < 0 || v > b || (v == b && i < bix))) b = v, bix = i;
+    if (beats(v, i, b, bix)) b = v, bix = i;
   }
   for (int o = 16; o > 0; o >>= 1) {
     const float ov = __shfl_xor_sync(0xffffffffu, b, o);
     const int64_t oi = __shfl_xor_sync(0xffffffffu, bix, o);
-    if (oi >= 0 && (bix < 0 || ov > b || (ov == b && oi < bix))) b = ov, bix = oi;
+    if (beats(ov, oi, b, bix)) b = ov, bix = oi;
   }
   __syncthreads();
   if (lane == 0) bv[warp] = b, bi[warp] = bix;
   __syncthreads();
   if (threadIdx.x == 0) {
     for (int w = 0; w < MATVEC_WARPS; ++w)
-      if (bi[w] >= 0 && (bix < 0 || bv[w] > b || (bv[w] == b && bi[w] < bix))) b = bv[w], bix = bi[w];
+      if (beats(bv[w], bi[w], b, bix)) b = bv[w], bix = bi[w];
     // Only all-NaN logits leave no candidate; token 0 then keeps the next embed in bounds.
     ctl->tok = bix < 0 ? 0 : bix;
     ctl->pos += advance;
@@ -592,7 +598,9 @@ struct PinnedIds {
   ~PinnedIds() {
     if (p) cudaFreeHost(p);
   }
-  void alloc() { ck(cudaMallocHost(reinterpret_cast<void**>(&p), 2 * sizeof(int64_t)), "cudaMallocHost"); }
+  void alloc() {
+    ck(cudaMallocHost(reinterpret_cast<void**>(&p), 2 * sizeof(int64_t)), "cudaMallocHost");
+  }
 };
 
 // The session's non-blocking stream, destroyed with the session (also when opening throws).

@@ -42,6 +42,16 @@ def weight_bytes_per_token(c) -> int:
     return 4 * (L * per_layer + D + V * D)
 
 
+def gpu_name():
+    try:  # a label for the report only; the measurements never depend on it
+        import subprocess
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 else "unknown"
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return "unknown"
+
+
 def unavailable_reason():
     if not _core.session.cuda_backend_compiled:
         return ("this algenta build has no CUDA backend (rebuild with "
@@ -131,7 +141,7 @@ def main():
     roof = bw / wb
     tps = (args.new - 1) / t_greedy
     res = {
-        "shape": dict(gpu.config), "weight_bytes_per_token": wb,
+        "gpu": gpu_name(), "shape": dict(gpu.config), "weight_bytes_per_token": wb,
         "d2d_copy_bandwidth_GBs": bw / 1e9, "roofline_tok_s": roof,
         "greedy_tok_s": tps, "fraction_of_roofline": tps / roof,
         "step_logits_tok_s": (args.new - 1) / t_logits,
@@ -143,6 +153,7 @@ def main():
         print(json.dumps(res))
         return 0
     c = gpu.config
+    print(f"{res['gpu']}")
     print(f"Qwen3 shape D={c.d_model} Hq={c.h_q} Hkv={c.h_kv} Dh={c.d_head} F={c.d_ff} "
           f"L={c.n_layers} V={c.vocab}: {wb / 1e9:.3f} GB float32 weights per token, "
           f"{res['dispatches_per_token']} launches/token at {n_keys_last} keys")

@@ -159,7 +159,8 @@ def test_cache_activation_and_prefill_arenas(shape, max_ctx, sms):
     assert p["prefill_rows"] == M
     _regions_disjoint_aligned(
         [(p["p_x"], M * D, "p_x"), (p["p_xn"], M * D, "p_xn"), (p["p_qkv"], M * Q, "p_qkv"),
-         (p["p_attn"], M * A, "p_attn"), (p["p_gate"], M * F, "p_gate"), (p["p_up"], M * F, "p_up")],
+         (p["p_attn"], M * A, "p_attn"), (p["p_gate"], M * F, "p_gate"),
+         (p["p_up"], M * F, "p_up")],
         p["prefill_floats"])
     assert p["staged_floats"] == max(D, F, A)
     assert p["attn_smem_bytes"] == 4 * (Dh + CP.ATTN_WARPS * Dh + 2 * CP.ATTN_WARPS)

@@ -95,7 +95,8 @@ void bind_session_cuda(py::module_& s) {
   p.attr("GEMM_BN") = cp::GEMM_BN;
   p.attr("FALLBACK_SMS") = cp::FALLBACK_SMS;
 
-  p.def("matvec_launch", [](int64_t rows, int64_t sms) { return matvec_dict(cp::matvec_launch(rows, sms)); },
+  p.def("matvec_launch",
+        [](int64_t rows, int64_t sms) { return matvec_dict(cp::matvec_launch(rows, sms)); },
         py::arg("rows"), py::arg("sms"));
   p.def("splitk_plan",
         [](int64_t n_keys, int64_t sms, int64_t h_q) {

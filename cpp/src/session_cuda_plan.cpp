@@ -110,7 +110,9 @@ Plan make_plan(const SessionConfig& c, int64_t max_ctx, int64_t sms) {
   p.staged_floats = std::max({D, F, A});
   // q staged (Dh) + per-warp accumulators (ATTN_WARPS, Dh) + per-warp (m, l).
   p.attn_smem_bytes = int64_t(sizeof(float)) * (Dh + ATTN_WARPS * Dh + 2 * ATTN_WARPS);
-  p.norm_rope_threads = std::min<int64_t>(1024, ceil_div(std::max<int64_t>(Dh / 2, 1), WARP) * WARP);
+  // One thread per rotation pair (i, i + Dh/2), whole warps, at most a block's 1024.
+  p.norm_rope_threads =
+      std::min<int64_t>(1024, ceil_div(std::max<int64_t>(Dh / 2, 1), WARP) * WARP);
 
   // ---- decode activation arena ----
   p.max_splits = residentk_splitk_max_n_splits(sms, Hq);
@@ -170,8 +172,9 @@ GemmGrid prefill_gemm_grid(int64_t m_rows, int64_t n_cols, int64_t sms) {
 #ifndef ALGENTA_GPU
 std::unique_ptr<Session> make_cuda_session(const SessionConfig&, int64_t) {
   throw StatusError(Family::Resident, RESIDENT_ERR_NO_KERNELS,
-                    "device='cuda': this binary was built without ALGENTA_GPU, so no CUDA kernels "
-                    "are compiled in; rebuild with -Ccmake.define.ALGENTA_GPU=ON or use device='cpu'");
+                    "device='cuda': this binary was built without ALGENTA_GPU, so no CUDA "
+                    "kernels are compiled in; rebuild with -Ccmake.define.ALGENTA_GPU=ON or use "
+                    "device='cpu'");
 }
 int64_t cuda_step_greedy(Session&, int64_t) {
   throw StatusError(Family::Resident, RESIDENT_ERR_NO_KERNELS,
