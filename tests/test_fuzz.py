@@ -553,10 +553,6 @@ def test_config_huge_integer_rope_theta_is_refused(tmp_path):
         ResidentSession.from_pretrained(tmp_path, progress=False)
 
 
-@pytest.mark.xfail(strict=True, reason="loader hands config.json integers to the raw "
-                   "residentk_shape_check binding, so one past int64 is pybind11's 'incompatible "
-                   "function arguments' TypeError instead of the contract's 602 (the Python "
-                   "contract wrapper clamps); a non-list 'architectures' is a TypeError by accident")
 @pytest.mark.parametrize("key,value", [("num_hidden_layers", 2**64), ("hidden_size", 2**63),
                                        ("architectures", 2)])
 def test_config_fields_past_int64_or_of_the_wrong_shape_get_a_status(tmp_path, key, value):

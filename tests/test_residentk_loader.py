@@ -296,3 +296,15 @@ def test_expected_shapes_match_the_engine_table():
         s._open(cfg, 16, "cpu")
         names = s._engine.missing_weights()
         assert expected_shapes(cfg) == {n: tuple(s._engine.weight_shape(n)) for n in names}
+
+
+def test_config_integers_past_int64_and_a_malformed_architectures_get_a_status(tmp_path):
+    make_ckpt(tmp_path, num_hidden_layers=2**64)
+    _refused(tmp_path, "num_hidden_layers", status=602)
+    make_ckpt(tmp_path, hidden_size=-(2**70))
+    _refused(tmp_path, "hidden_size", status=601)
+    make_ckpt(tmp_path, architectures=2)
+    _refused(tmp_path, "architectures")
+    with pytest.raises(ResidentError) as e:
+        ResidentSession(dict(CFG, vocab=2**63), {})
+    assert e.value.status == 602

@@ -56,6 +56,8 @@ def config_from_hf(hf: dict) -> dict:
     if not isinstance(hf, dict):
         raise _refuse("config.json is not a JSON object")
     arch = hf.get("architectures") or []
+    if not isinstance(arch, list):
+        raise _refuse(f"config.json 'architectures' must be a list, got {arch!r}")
     model_type = hf.get("model_type")
     if model_type != "qwen3" and "Qwen3ForCausalLM" not in arch:
         raise _refuse(f"architecture {arch or model_type!r} is not Qwen3 (model_type 'qwen3', "
@@ -67,6 +69,9 @@ def config_from_hf(hf: dict) -> dict:
         v = hf[key]
         if isinstance(v, bool) or not isinstance(v, int):
             raise _refuse(f"config.json {key!r} must be an integer, got {v!r}")
+        if not -(2**63) <= v < 2**63:  # the contract's own ceilings then name the real limit
+            raise ResidentError(f"config.json {key!r} = {v} is past any dimension ceiling",
+                                601 if v < 0 else 602)
         return v
 
     d_model, h_q = need("hidden_size"), need("num_attention_heads")

@@ -60,6 +60,9 @@ def make_config(config) -> ResidentConfig:
             if isinstance(v, bool) or not isinstance(v, numbers.Integral):
                 raise TypeError(f"config[{k!r}] must be an int, got {type(v).__name__}")
             v = int(v)
+            if not -(2**63) <= v < 2**63:
+                raise ResidentError(f"config[{k!r}] = {v} is past any dimension ceiling",
+                                    601 if v < 0 else 602)
         elif k == "tie_word_embeddings":
             v = bool(v)
         else:
