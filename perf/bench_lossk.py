@@ -4,7 +4,8 @@ Reference: a bare GEMM of the same shape (NumPy's ``h @ w.T``, OpenBLAS), which 
 limit for the forward; forward + both gradients is three such GEMMs. Also PyTorch's own CPU
 ``torch.nn.functional.linear_cross_entropy`` (2.13+) and ``F.cross_entropy(F.linear(...))`` when
 torch is installed. Every result is validated against a float64 reference before timing.
-Reports the minimum of several runs and ratios to the GEMM measured in the same run.
+Reports the minimum of several interleaved runs and ratios to the GEMM measured in the same
+rounds.
 
     python perf/bench_lossk.py [--n 512 --d 1024 --v 32768 --reps 5]
 """
@@ -21,14 +22,19 @@ import numpy as np
 import algenta
 
 
-def best(fn, reps):
-    fn()  # warm-up: page faults, thread pools
-    ts = []
+def best_of(fns: dict, reps: int) -> dict:
+    """Minimum wall time of each function over `reps` rounds. The functions run interleaved,
+    one of each per round, so a burst of load on a shared machine hits the reference and the
+    measured code alike instead of skewing their ratio."""
+    for fn in fns.values():
+        fn()  # warm-up: page faults, thread pools
+    out = {k: float("inf") for k in fns}
     for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return min(ts)
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            out[k] = min(out[k], time.perf_counter() - t0)
+    return out
 
 
 def cpu_name():
@@ -69,7 +75,7 @@ def main():
         w = (rng.standard_normal((v, d)) / np.sqrt(d)).astype(dtype)
         t = rng.integers(0, v, n)
 
-        # validate first: loss and gradients against a float64 reference on a row subset
+        # validate first: the loss and d_hidden against a float64 NumPy reference
         r = algenta.linear_cross_entropy(h, w, t, with_grad=True)
         z = h.astype(np.float64) @ w.astype(np.float64).T
         m = z.max(1, keepdims=True)
@@ -85,10 +91,11 @@ def main():
         assert np.abs(r.d_hidden - dh).max() <= gtol * max(1.0, np.abs(dh).max())
         del z, g, dh
 
-        gemm = best(lambda: h @ w.T, a.reps)
-        fwd = best(lambda: algenta.linear_cross_entropy(h, w, t), a.reps)
-        fb = best(lambda: algenta.linear_cross_entropy(h, w, t, with_grad=True), a.reps)
-        row = {"dtype": np.dtype(dtype).name, "gemm": gemm, "fwd": fwd, "fwd_bwd": fb}
+        fns = {
+            "gemm": lambda: h @ w.T,
+            "fwd": lambda: algenta.linear_cross_entropy(h, w, t),
+            "fwd_bwd": lambda: algenta.linear_cross_entropy(h, w, t, with_grad=True),
+        }
         if torch is not None:
             th = torch.from_numpy(h)
             tw = torch.from_numpy(w)
@@ -100,17 +107,22 @@ def main():
                 ww = tw.clone().requires_grad_(True)
                 fn(hh, ww).backward()
 
+            def no_grad(fn):
+                def run():
+                    with torch.no_grad():
+                        fn()
+                return run
+
             if lce is not None:
                 with torch.no_grad():
                     tl = float(lce(th, tw, tt))
                 assert abs(tl - ref) <= max(tol, 1e-5), (tl, ref)
-                with torch.no_grad():
-                    row["torch_lce_fwd"] = best(lambda: lce(th, tw, tt), a.reps)
-                row["torch_lce_fwd_bwd"] = best(lambda: torch_fb(lambda x, y: lce(x, y, tt)), a.reps)
-            with torch.no_grad():
-                row["torch_mat_fwd"] = best(lambda: F.cross_entropy(F.linear(th, tw), tt), a.reps)
-            row["torch_mat_fwd_bwd"] = best(
-                lambda: torch_fb(lambda x, y: F.cross_entropy(F.linear(x, y), tt)), a.reps)
+                fns["torch_lce_fwd"] = no_grad(lambda: lce(th, tw, tt))
+                fns["torch_lce_fwd_bwd"] = lambda: torch_fb(lambda x, y: lce(x, y, tt))
+            fns["torch_mat_fwd"] = no_grad(lambda: F.cross_entropy(F.linear(th, tw), tt))
+            fns["torch_mat_fwd_bwd"] = lambda: torch_fb(
+                lambda x, y: F.cross_entropy(F.linear(x, y), tt))
+        row = {"dtype": np.dtype(dtype).name, **best_of(fns, a.reps)}
         rows.append(row)
 
     print(f"{'dtype':8} {'what':30} {'seconds':>9} {'x GEMM':>8}")

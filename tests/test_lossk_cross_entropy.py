@@ -264,6 +264,21 @@ def test_one_gradient_only():
         algenta.linear_cross_entropy(h, w, t, with_grad="both")
 
 
+def test_kept_chunk_scratch_is_reused_and_released():
+    h, w, t = problem(40, 16, 700, seed=16)
+    ce.release_scratch()
+    first = algenta.linear_cross_entropy(h, w, t, chunk=8, with_grad=True)
+    kept = algenta._core.lossk.scratch_bytes()
+    assert kept >= 8 * 700 * 8  # one (chunk, vocab) float64 block stays for the next call
+    again = algenta.linear_cross_entropy(h, w, t, chunk=8, with_grad=True)  # reuses it
+    assert np.array_equal(again.d_weight, first.d_weight) and again.loss == first.loss
+    f32 = algenta.linear_cross_entropy(h.astype(np.float32), w.astype(np.float32), t, chunk=3,
+                                       with_grad=True)  # a smaller request in the kept block
+    assert np.isfinite(f32.loss)
+    assert ce.release_scratch() == kept and algenta._core.lossk.scratch_bytes() == 0
+    assert ce.release_scratch() == 0
+
+
 def test_non_contiguous_inputs():
     h, w, t = problem(12, 10, 40, seed=14)
     hf = np.asfortranarray(h)

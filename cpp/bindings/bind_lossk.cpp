@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "algenta/buffer.hpp"
 #include "algenta/kernels.hpp"
 #include "algenta/lossk.hpp"
 #include "algenta/status_error.hpp"
@@ -188,6 +189,9 @@ void bind_lossk(py::module_& m) {
     }
     return out;
   });
+  l.def("release_scratch", [] { return algenta::ChunkScratch::release_cached(); },
+        "Free the kept logit-chunk scratch; returns the bytes it held.");
+  l.def("scratch_bytes", [] { return algenta::ChunkScratch::cached_bytes(); });
   l.def("fused_linear_ce_f32", &fused<float>);
   l.def("fused_linear_ce_f64", &fused<double>);
 }

@@ -119,7 +119,8 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
   Buffer<T> ws(size_t(nthreads) * size_t(ws_elems));
   Buffer<T> wpack(size_t(nthreads) * size_t(wpack_elems));
   Buffer<T> tiles(with_grad ? 0 : size_t(nthreads) * size_t(ROWS * VB));
-  Buffer<T> logits(with_grad ? size_t(C * V) : 0);  // (C, V): the one chunk in flight
+  ChunkScratch logits_mem(with_grad ? sizeof(T) * size_t(C * V) : 0);
+  T* const logits = logits_mem.as<T>();  // (C, V): the one chunk in flight
   std::vector<int64_t> hpack_off(size_t(n_dtiles) + 1, 0);
   for (int64_t j = 0; j < n_dtiles; ++j) {
     const int64_t cols = D - j * dtile_w < dtile_w ? D - j * dtile_w : dtile_w;
@@ -166,7 +167,7 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
         T* dst;
         int64_t ldd;
         if (with_grad) {
-          dst = logits.data() + r0 * V + v0;
+          dst = logits + r0 * V + v0;
           ldd = V;
         } else {
           dst = tiles.data() + size_t(tid) * size_t(ROWS * VB);
@@ -207,7 +208,7 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
       }
       loss[t] = lt;
       if (with_grad) {
-        T* g = logits.data() + r * V;
+        T* g = logits + r * V;
         double scale = 0.0;
         if (valid[t]) {
           if (a.reduction == Reduction::Mean) scale = 1.0 / double(n_valid);
@@ -224,7 +225,7 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
     }
 
     if (!with_grad) continue;
-    const T* G = logits.data();  // (c, V) d_logits of this chunk
+    const T* G = logits;  // (c, V) d_logits of this chunk
     // 3. d_hidden rows of this chunk = G (c, V) @ W (V, D): one chain over v per cell. Items
     //    split D only; each call packs every W block once for all c rows.
     if (want_dh) {
