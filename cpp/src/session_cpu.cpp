@@ -597,6 +597,7 @@ class CpuSession final : public Session {
     for (int64_t r = 0; r < M; ++r)
       std::memcpy(X.p + r * D, embed_.p + ids[r] * D, size_t(D) * sizeof(float));
 
+    std::vector<float> spare(nt_ > Hq ? size_t(nt_) * size_t(cap_) : 0);
     for (int64_t li = 0; li < c_.n_layers; ++li) {
       const Layer& L = layers_[size_t(li)];
       float* Kc = kcache(li);
@@ -621,13 +622,12 @@ class CpuSession final : public Session {
       }
 #pragma omp parallel num_threads(nt_)
       {
-        float* s = scores_.p + (omp_get_thread_num() % Hq) * cap_;
-        // A thread's score row is its own only when nt <= Hq; beyond that, share none.
-        std::vector<float> own;
-        if (nt_ > Hq) {
-          own.resize(size_t(cap_));
-          s = own.data();
-        }
+        // A thread's score row is its own only when nt <= Hq; beyond that, share none (the
+        // spare rows were allocated before the region: an allocation failure inside it would
+        // terminate instead of raising MemoryError).
+        const int tid = omp_get_thread_num();
+        float* s = nt_ > Hq ? spare.data() + size_t(tid) * size_t(cap_)
+                            : scores_.p + (tid % Hq) * cap_;
 #pragma omp for schedule(dynamic, 4)
         for (int64_t rh = 0; rh < M * Hq; ++rh) {
           const int64_t r = rh / Hq, h = rh % Hq, g = h / G;

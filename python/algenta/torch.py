@@ -71,8 +71,8 @@ def _check(input, weight, target, reduction, ignore_index, label_smoothing, chun
     if target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == torch.bool:
         raise TypeError(f"target must hold integer class indices, got {target.dtype} "
                         "(probability targets are not supported)")
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    if not isinstance(reduction, str) or reduction not in _REDUCTIONS:
+        raise LossError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}", 588)
     ii = as_int(ignore_index, "ignore_index")
     if not _I64[0] <= ii <= _I64[1]:
         raise LossError(f"ignore_index={ii} is beyond int64", 586)

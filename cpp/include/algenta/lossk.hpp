@@ -28,7 +28,7 @@ enum : int {
   LOSS_ERR_NON_FINITE = 585,
   LOSS_ERR_TARGET_OUT_OF_RANGE = 586,
   LOSS_ERR_BAD_CHUNK = 587,
-  LOSS_ERR_UNKNOWN_OBJECTIVE = 588,  // reserved: named, never returned today
+  LOSS_ERR_UNKNOWN_OBJECTIVE = 588,  // an objective/reduction this family does not compute
 };
 
 // ---- ceilings ---------------------------------------------------------------------------
