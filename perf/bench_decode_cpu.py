@@ -25,26 +25,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
 
 import numpy as np
 
+from _common import add_model_shape_args, cpu_name
 from algenta import _core
 from algenta.residentk.session import ResidentSession
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def weight_bytes_per_token(c) -> int:
@@ -78,16 +67,7 @@ def make_hf(args, path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--d-model", type=int, default=1024)
-    ap.add_argument("--h-q", type=int, default=16)
-    ap.add_argument("--h-kv", type=int, default=8)
-    ap.add_argument("--d-head", type=int, default=128)
-    ap.add_argument("--d-ff", type=int, default=3072)
-    ap.add_argument("--layers", type=int, default=28)
-    ap.add_argument("--vocab", type=int, default=151936)
-    ap.add_argument("--prompt", type=int, default=8, help="prompt tokens")
-    ap.add_argument("--new", type=int, default=32, help="new tokens per timed run")
-    ap.add_argument("--reps", type=int, default=3)
+    add_model_shape_args(ap, new_default=32, reps_default=3)
     ap.add_argument("--json", action="store_true", help="one JSON line instead of the table")
     args = ap.parse_args()
 

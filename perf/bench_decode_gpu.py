@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 
+from _common import add_model_shape_args
 from algenta import _core
 from algenta.residentk.session import ResidentSession, random_weights
 
@@ -63,16 +64,7 @@ def unavailable_reason():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--d-model", type=int, default=1024)
-    ap.add_argument("--h-q", type=int, default=16)
-    ap.add_argument("--h-kv", type=int, default=8)
-    ap.add_argument("--d-head", type=int, default=128)
-    ap.add_argument("--d-ff", type=int, default=3072)
-    ap.add_argument("--layers", type=int, default=28)
-    ap.add_argument("--vocab", type=int, default=151936)
-    ap.add_argument("--prompt", type=int, default=8, help="prompt tokens")
-    ap.add_argument("--new", type=int, default=128, help="new tokens per timed run")
-    ap.add_argument("--reps", type=int, default=5)
+    add_model_shape_args(ap, new_default=128, reps_default=5)
     ap.add_argument("--check", type=int, default=16, help="greedy tokens checked against the CPU")
     ap.add_argument("--json", action="store_true", help="one JSON line instead of the table")
     args = ap.parse_args()

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import time
 
 import numpy as np
 
 import algenta
+from _common import cpu_name
 
 
 def best_of(fns: dict, reps: int) -> dict:
@@ -35,17 +35,6 @@ def best_of(fns: dict, reps: int) -> dict:
             fn()
             out[k] = min(out[k], time.perf_counter() - t0)
     return out
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main():

@@ -7,6 +7,7 @@
 #include "algenta/residentk.hpp"
 #include "algenta/session.hpp"
 #include "algenta/status_error.hpp"
+#include "session_args.hpp"
 
 namespace py = pybind11;
 using algenta::residentk::Session;
@@ -88,17 +89,8 @@ void bind_session(py::module_& m) {
       [](int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
          int64_t n_layers, int64_t vocab, double rms_eps, double rope_theta, bool tied,
          int64_t max_ctx) {
-        SessionConfig c;
-        c.d_model = d_model;
-        c.h_q = h_q;
-        c.h_kv = h_kv;
-        c.d_head = d_head;
-        c.d_ff = d_ff;
-        c.n_layers = n_layers;
-        c.vocab = vocab;
-        c.rms_eps = rms_eps;
-        c.rope_theta = rope_theta;
-        c.tie_word_embeddings = tied;
+        const SessionConfig c = algenta::residentk::session_config(
+            d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, rms_eps, rope_theta, tied);
         py::gil_scoped_release nogil;
         return algenta::residentk::make_cpu_session(c, max_ctx);
       },

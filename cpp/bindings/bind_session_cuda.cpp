@@ -8,6 +8,7 @@
 #include "algenta/residentk.hpp"
 #include "algenta/session.hpp"
 #include "algenta/session_cuda_plan.hpp"
+#include "session_args.hpp"
 
 namespace py = pybind11;
 using algenta::residentk::Session;
@@ -15,23 +16,6 @@ using algenta::residentk::SessionConfig;
 namespace cp = algenta::residentk::cudaplan;
 
 namespace {
-
-SessionConfig make_cfg(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
-                       int64_t n_layers, int64_t vocab, double rms_eps, double rope_theta,
-                       bool tied) {
-  SessionConfig c;
-  c.d_model = d_model;
-  c.h_q = h_q;
-  c.h_kv = h_kv;
-  c.d_head = d_head;
-  c.d_ff = d_ff;
-  c.n_layers = n_layers;
-  c.vocab = vocab;
-  c.rms_eps = rms_eps;
-  c.rope_theta = rope_theta;
-  c.tie_word_embeddings = tied;
-  return c;
-}
 
 py::dict matvec_dict(const cp::MatvecLaunch& m) {
   py::dict d;
@@ -56,7 +40,8 @@ void bind_session_cuda(py::module_& s) {
          int64_t n_layers, int64_t vocab, double rms_eps, double rope_theta, bool tied,
          int64_t max_ctx) {
         const SessionConfig c =
-            make_cfg(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, rms_eps, rope_theta, tied);
+            algenta::residentk::session_config(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab,
+                                              rms_eps, rope_theta, tied);
         py::gil_scoped_release nogil;
         return algenta::residentk::make_cuda_session(c, max_ctx);
       },
@@ -132,7 +117,8 @@ void bind_session_cuda(py::module_& s) {
          int64_t n_layers, int64_t vocab, double rms_eps, double rope_theta, bool tied,
          int64_t max_ctx, int64_t sms) {
         const SessionConfig c =
-            make_cfg(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, rms_eps, rope_theta, tied);
+            algenta::residentk::session_config(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab,
+                                              rms_eps, rope_theta, tied);
         const cp::Plan pl = cp::make_plan(c, max_ctx, sms);
         py::dict d;
         d["status"] = pl.status;
