@@ -4,9 +4,11 @@
 //
 // Dimension legend: N tokens, D d_model, V vocab, C chunk, VB = LOSS_VOCAB_BLOCK.
 // Fuses: projection + log-sum-exp + target pick (+ softmax-minus-one-hot + both gradient GEMMs).
-// Never materializes: the (N, V) logits. Forward alone holds (C, V/VB) block statistics and one
-// (MC, VB) tile per thread; with gradients, one (C, V) chunk of logits, overwritten in place by
-// d_logits.
+// Never materializes: the (N, V) logits. Forward alone holds (C, V/VB) block statistics, the
+// chunk's hidden rows packed, and per thread one (ROWS, VB) logit tile and one packed (D, VB)
+// block of W; with gradients, also one (C, V) chunk of logits, overwritten in place by d_logits
+// (the block is kept for the next call, see ChunkScratch), and the chunk's hidden rows packed
+// for the d_weight product.
 // Exactness: every output has one owner and a fixed reduction order (see kernels.hpp and
 // lossk.hpp), so results are bit-identical for every C and every thread count.
 #include <omp.h>
