@@ -19,6 +19,16 @@ def as_int(value, name: str) -> int:
     return operator.index(value)
 
 
+I64_MIN, I64_MAX = -(2**63), 2**63 - 1
+
+
+def as_i64_clamped(value, name: str) -> int:
+    """An integer argument for a pure check: a Python int beyond int64 is clamped to the int64
+    end it lies past, which every check treats exactly like the out-of-range value it stands
+    for (refused, never wrapped)."""
+    return min(max(as_int(value, name), I64_MIN), I64_MAX)
+
+
 def as_float(value, name: str) -> float:
     """A real scalar argument (int or float, never bool or str)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
-from ._convert import as_float, as_int
+from ._convert import I64_MAX, I64_MIN, as_float, as_int
 from .errors import LossError
 from .lossk import cross_entropy as _ce
 
@@ -35,7 +35,6 @@ __all__ = ["linear_cross_entropy", "LinearCrossEntropyLoss", "vocab_parallel_lin
 
 _REDUCTIONS = ("mean", "sum", "none")
 _FLOATS = (torch.float32, torch.float64)
-_I64 = (-(2**63), 2**63 - 1)
 # Tokens per step of the small gathers done next to the core (target rows of the head in the
 # vocab-parallel backward): bounds their temporaries at this many rows of d_model.
 _GATHER_ROWS = 4096
@@ -74,7 +73,7 @@ def _check(input, weight, target, reduction, ignore_index, label_smoothing, chun
     if not isinstance(reduction, str) or reduction not in _REDUCTIONS:
         raise LossError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}", 588)
     ii = as_int(ignore_index, "ignore_index")
-    if not _I64[0] <= ii <= _I64[1]:
+    if not I64_MIN <= ii <= I64_MAX:
         raise LossError(f"ignore_index={ii} is beyond int64", 586)
     ls = as_float(label_smoothing, "label_smoothing")
     if chunk is not None:

@@ -17,7 +17,8 @@ Ceilings (documented in ``cpp/include/algenta/lossk.hpp``):
 from __future__ import annotations
 
 from .. import _core
-from .._convert import as_float, as_int, int_array, length_of
+from .._convert import (I64_MAX, I64_MIN, as_float, as_i64_clamped, as_int, int_array,
+                       length_of)
 from ..errors import LossError
 
 _c = _core.lossk
@@ -39,20 +40,13 @@ LOSS_MAX_VOCAB = _c.LOSS_MAX_VOCAB
 LOSS_TRANSCENDENTAL_FLOOR = _c.LOSS_TRANSCENDENTAL_FLOOR
 LOSS_VOCAB_BLOCK = _c.LOSS_VOCAB_BLOCK
 
-_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
-
-
-def _i64(value, name: str) -> int:
-    """int64 argument; a Python int beyond int64 is clamped to the int64 end it lies past, which
-    every check below treats exactly like the out-of-range value it stands for."""
-    v = as_int(value, name)
-    return min(max(v, _I64_MIN), _I64_MAX)
+_i64 = as_i64_clamped
 
 
 def loss_status_name(code) -> str:
     """Name of a lossk status code; ``"unknown_status"`` for anything outside 580-588."""
     c = as_int(code, "code")
-    if not _I64_MIN <= c <= _I64_MAX:
+    if not I64_MIN <= c <= I64_MAX:
         return "unknown_status"
     return _c.loss_status_name(c)
 

@@ -47,7 +47,7 @@ n_keys grows.
 from __future__ import annotations
 
 from .. import _core
-from .._convert import as_float, as_int
+from .._convert import I64_MAX, I64_MIN, as_float, as_i64_clamped, as_int
 
 _c = _core.residentk
 
@@ -77,13 +77,7 @@ RESIDENT_SPLITK_FALLBACK_SPLITS = _c.RESIDENT_SPLITK_FALLBACK_SPLITS
 RESIDENT_SPLITK_MAX_SPLITS = _c.RESIDENT_SPLITK_MAX_SPLITS
 RESIDENT_PREFILL_NARROW_BELOW_ROWS = _c.RESIDENT_PREFILL_NARROW_BELOW_ROWS
 
-_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
-
-
-def _i64(value, name: str) -> int:
-    """int64 argument; a Python int beyond int64 is clamped to the int64 end it lies past."""
-    v = as_int(value, name)
-    return min(max(v, _I64_MIN), _I64_MAX)
+_i64 = as_i64_clamped
 
 
 def _shape(d_model, h_q, h_kv, d_head, d_ff) -> tuple:
@@ -95,7 +89,7 @@ def residentk_status_name(code) -> str:
     """Name of a residentk status code; ``"resident_code_out_of_range"`` for anything that is
     not one of 600-609."""
     c = as_int(code, "code")
-    if not _I64_MIN <= c <= _I64_MAX:
+    if not I64_MIN <= c <= I64_MAX:
         return "resident_code_out_of_range"
     return _c.residentk_status_name(c)
 
