@@ -438,6 +438,22 @@ class CpuSession final : public Session {
     }
   }
 
+  // Head h of one position's fused q|k|v vector v (Dh) at position p: a query head is normed
+  // and rotated in place; a key head is too, then written to its KV slot; a value head is
+  // written as is. Decode and prefill both go through here, so the cache holds the same bits.
+  void head_rope_store(const Layer& L, float* Kc, float* Vc, int64_t h, float* v,
+                       int64_t p) const {
+    const int64_t Hq = c_.h_q, Hkv = c_.h_kv, Dh = c_.d_head;
+    if (h < Hq) {
+      norm_rope(v, L.q_norm.p, p);
+    } else if (h < Hq + Hkv) {
+      norm_rope(v, L.k_norm.p, p);
+      std::memcpy(Kc + ((h - Hq) * cap_ + p) * Dh, v, size_t(Dh) * sizeof(float));
+    } else {
+      std::memcpy(Vc + ((h - Hq - Hkv) * cap_ + p) * Dh, v, size_t(Dh) * sizeof(float));
+    }
+  }
+
   // out (Dh) = softmax(q . K[0..n) * scale) V[0..n); K, V (n, Dh) rows of one KV head;
   // s (n) scratch. Normalized once at the end, as softmax-then-matmul rounds similarly.
   void attend(const Simd& S, const float* q, const float* K, const float* V, int64_t n, float* s,
@@ -495,15 +511,7 @@ class CpuSession final : public Session {
       ++stages;
 #pragma omp parallel for num_threads(team(q_rows_ * 4)) schedule(static)
       for (int64_t h = 0; h < Hq + 2 * Hkv; ++h) {
-        float* v = qkv_.p + h * Dh;
-        if (h < Hq) {
-          norm_rope(v, L.q_norm.p, p);
-        } else if (h < Hq + Hkv) {
-          norm_rope(v, L.k_norm.p, p);
-          std::memcpy(Kc + ((h - Hq) * cap_ + p) * Dh, v, size_t(Dh) * sizeof(float));
-        } else {
-          std::memcpy(Vc + ((h - Hq - Hkv) * cap_ + p) * Dh, v, size_t(Dh) * sizeof(float));
-        }
+        head_rope_store(L, Kc, Vc, h, qkv_.p + h * Dh, p);
       }
       ++stages;
 #pragma omp parallel for num_threads(team(Hq * (p + 1) * Dh * 2)) schedule(static)
@@ -609,16 +617,8 @@ class CpuSession final : public Session {
       const int64_t heads = Hq + 2 * Hkv;
 #pragma omp parallel for num_threads(nt_) schedule(static)
       for (int64_t rh = 0; rh < M * heads; ++rh) {
-        const int64_t r = rh / heads, h = rh % heads, p = p0 + r;
-        float* v = QKV.p + r * q_rows_ + h * Dh;
-        if (h < Hq) {
-          norm_rope(v, L.q_norm.p, p);
-        } else if (h < Hq + Hkv) {
-          norm_rope(v, L.k_norm.p, p);
-          std::memcpy(Kc + ((h - Hq) * cap_ + p) * Dh, v, size_t(Dh) * sizeof(float));
-        } else {
-          std::memcpy(Vc + ((h - Hq - Hkv) * cap_ + p) * Dh, v, size_t(Dh) * sizeof(float));
-        }
+        const int64_t r = rh / heads, h = rh % heads;
+        head_rope_store(L, Kc, Vc, h, QKV.p + r * q_rows_ + h * Dh, p0 + r);
       }
 #pragma omp parallel num_threads(nt_)
       {
