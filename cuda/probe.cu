@@ -1,42 +1,99 @@
-// The device half of residentk.probe: is there a CUDA device this binary's kernels can run on.
+// The CUDA backend's answer to "is there a device this binary's kernels run on" (cuda_backend(),
+// declared in session.hpp), which the residentk probe and the session factory ask.
 //
-// Compiled only with ALGENTA_GPU=ON, into the same _core module, against the static CUDA runtime
-// so the module imports on a host with no driver at all. Every CUDA call's error, a missing or
-// too-old driver included, reads as "no usable device"; nothing here throws or aborts.
+// Compiled with ALGENTA_GPU (nvcc, against the static CUDA runtime, so the module imports on a
+// host with no driver at all) or ALGENTA_CUDA_EMU (the CPU emulator, whose one device is always
+// there unless ALGENTA_EMU_DEVICES=0). Every CUDA call's error, a missing or too-old driver
+// included, reads as "no usable device" with the error and the driver and runtime versions in
+// `why`; nothing here throws or aborts.
 #include <cuda_runtime.h>
 
-#include "algenta/residentk.hpp"
+#include <string>
+
+#include "algenta/session.hpp"
 
 namespace algenta {
 namespace residentk {
 
 namespace {
+
 // Never launched: it exists so cudaFuncGetAttributes can ask whether the current device has a
 // compatible image (SASS for its architecture, or PTX it can JIT) among those compiled in.
 __global__ void probe_kernel(int* out) {
   if (out) *out = 1;
 }
-}  // namespace
 
-bool cuda_device_usable() noexcept {
+std::string version(int v) {
+  return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
+}
+
+std::string failed(const char* call, cudaError_t e, int driver, int runtime) {
+  cudaGetLastError();  // leave no pending error for a later caller to trip over
+  return std::string(call) + " failed: " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) +
+         "); " + (driver > 0 ? "the driver supports CUDA " + version(driver) : "no CUDA driver found") +
+         ", this binary's runtime is CUDA " + version(runtime);
+}
+
+CudaBackend ask() {
+  CudaBackend b;
+#ifdef ALGENTA_CUDA_EMU
+  b.kind = "emulator";
+#else
+  b.kind = "device";
+#endif
+  if (cudaDriverGetVersion(&b.driver_version) != cudaSuccess) b.driver_version = 0;
+  if (cudaRuntimeGetVersion(&b.runtime_version) != cudaSuccess) b.runtime_version = 0;
+  cudaGetLastError();
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count < 1) {
-    cudaGetLastError();  // leave no pending error for a later caller to trip over
-    return false;
+  if (err != cudaSuccess) {
+    b.why = failed("cudaGetDeviceCount", err, b.driver_version, b.runtime_version);
+    return b;
+  }
+  if (count < 1) {
+    b.why = "cudaGetDeviceCount found no device";
+    return b;
   }
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
+  if ((err = cudaGetDevice(&dev)) != cudaSuccess) {
+    b.why = failed("cudaGetDevice", err, b.driver_version, b.runtime_version);
+    return b;
   }
+  cudaDeviceProp p{};
+  if ((err = cudaGetDeviceProperties(&p, dev)) != cudaSuccess) {
+    b.why = failed("cudaGetDeviceProperties", err, b.driver_version, b.runtime_version);
+    return b;
+  }
+  b.device_name = std::string(p.name) + " (sm_" + std::to_string(p.major) +
+                  std::to_string(p.minor) + ", " + std::to_string(p.multiProcessorCount) + " SMs)";
   cudaFuncAttributes attr{};
-  err = cudaFuncGetAttributes(&attr, probe_kernel);
-  if (err != cudaSuccess) {  // e.g. cudaErrorNoKernelImageForDevice on a pre-Ampere GPU
-    cudaGetLastError();
-    return false;
+  if ((err = cudaFuncGetAttributes(&attr, probe_kernel)) != cudaSuccess) {
+    // e.g. cudaErrorNoKernelImageForDevice on a GPU older than the compiled architectures
+    b.why = failed("cudaFuncGetAttributes(a compiled kernel)", err, b.driver_version,
+                   b.runtime_version) + ", on " + b.device_name;
+    return b;
   }
+  b.usable = true;
+  return b;
+}
+
+}  // namespace
+
+bool cuda_emulator_fail_after(int64_t n) {
+#ifdef ALGENTA_CUDA_EMU
+  algenta_emu::fail_after(long(n));
   return true;
+#else
+  (void)n;
+  return false;
+#endif
+}
+
+const CudaBackend& cuda_backend() {
+  // Thread-safe one-time initialization; the CUDA runtime's own initialization result is
+  // sticky for the process, so asking again could not change the answer.
+  static const CudaBackend b = ask();
+  return b;
 }
 
 }  // namespace residentk

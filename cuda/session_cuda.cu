@@ -1,6 +1,7 @@
 // The CUDA resident decode engine: Qwen3 in float32, weights and a fixed-capacity KV cache held
 // in device memory for the session's whole life; the same model, stage for stage, as the CPU
-// engine (cpp/src/session_cpu.cpp), which is its reference.
+// engine (cpp/src/session_cpu.cpp), which is its reference. The registry, the refusals and the
+// position are SessionBase's (cpp/include/algenta/session_base.hpp), shared with the CPU engine.
 //
 // Dimension legend: D d_model, Hq query heads, Hkv key/value heads, G = Hq/Hkv, Dh d_head,
 // Q = (Hq + 2*Hkv)*Dh fused q/k/v rows, A = Hq*Dh, F d_ff, L layers, V vocab, T capacity,
@@ -19,13 +20,13 @@
 // Never materialized: the normed x (each block rebuilds it in shared memory, D floats, instead
 // of a separate launch), gate and up separately, any [T]-sized score row (online softmax keeps a
 // running max and sum per warp), the logits on the host in greedy decoding (the head kernel's
-// last block reduces the per-block maxima and writes the next token id on the device).
+// last block reduces the per-block maxima and leaves the argmax on the device).
 //
-// The position P and the current token id live in device memory (Control): k_qk_norm_rope and
-// the attention kernels read P there, and the head kernel advances it, so a decode step's launch
-// sequence depends on the host only through the split count. Each step is therefore captured
-// once per split count as a CUDA graph and replayed (one cudaGraphLaunch per token instead of
-// 3 + 6L launches); ALGENTA_CUDA_GRAPHS=0 at session open launches kernel by kernel instead.
+// Each step's token, position and split count reach the device in one copy into a control block
+// the kernels read, so a step's launch sequence depends on nothing else: two CUDA graphs (the
+// standard path; the split-K path, its grid sized once to the plan's maximum split count, the
+// blocks past this step's count exiting at once) are captured when the session opens and one is
+// replayed per token. ALGENTA_CUDA_GRAPHS=0 at session open launches kernel by kernel instead.
 //
 // Prefill runs blocks of M <= PREFILL_BLOCK tokens as GEMMs: k_gemm_narrow (one weight row per
 // warp, NARROW_ROWS activation rows per pass, for M < 32) or k_gemm_wide (64 x 64 shared-memory
@@ -33,10 +34,10 @@
 // split per (head, row), causal through n_keys = P + row + 1.
 //
 // Numerics: float32 throughout; RMSNorm sums squares in double and rounds the inverse once, as
-// the CPU engine; RoPE uses the same host-built double-precision table rounded to float. Dot
-// products reduce in a different order than the CPU engine (lanes, then a warp shuffle), so
-// logits agree with it to float32 rounding times the reduction widths, not bit for bit (the
-// tests' tolerance is documented in tests/test_residentk_cuda.py).
+// the CPU engine; RoPE uses the same host-built table. Dot products reduce in a different order
+// than the CPU engine (lanes, then a warp shuffle), so logits agree with it to float32 rounding
+// times the reduction widths, not bit for bit (the tests' tolerance is documented in
+// tests/test_residentk_cuda.py).
 //
 // Limits: shapes residentk_shape_check accepts (the largest staged vector max(D, F, A) fits the
 // compiled shared-memory tier, and the device's opt-in per-block limit, checked at open). All
@@ -46,27 +47,28 @@
 // Errors: every CUDA call is checked; a failure throws StatusError 608 naming the call. A host
 // without a usable device gets 605 before any allocation. Nothing here aborts or exits.
 //
-// Status: compiled for sm_80/86/90 in the ALGENTA_GPU build and its host-side plan tested on the
-// CPU; written on a host without a GPU, so the golden tests (tests/test_residentk_cuda.py) and
-// perf/bench_decode_gpu.py have not yet run on a device, and nothing here is tuned by measurement.
+// Verified: every kernel and host path here runs in CI on the CPU emulator (cuda/emu,
+// ALGENTA_CUDA_EMU) in forward, reverse and random thread order against the CPU engine. Not
+// covered there: device expf rounding, memory ordering between blocks beyond what the
+// emulator's sequentially consistent atomics give, timing. Those need a device run
+// (tests/test_residentk_cuda.py and perf/bench_decode_gpu.py, see README).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <atomic>
-#include <map>
-#include <mutex>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "algenta/residentk.hpp"
-#include "algenta/session.hpp"
-#include "algenta/session_cuda_plan.hpp"
+#include "algenta/session_base.hpp"
+#include "algenta/session_weights.hpp"
 #include "algenta/status_error.hpp"
+#include "session_cuda_plan.hpp"
 
 namespace algenta {
 namespace residentk {
@@ -168,16 +170,23 @@ __device__ __forceinline__ void stage(const float* __restrict__ v, int64_t n, fl
 }
 
 // ---- control block in device memory ----------------------------------------------------------
+// What one decode step depends on from the host, written by one 24-byte copy from pinned memory
+// before it runs, so a step's launch sequence (and so its CUDA graph) is the same at every
+// position; plus what the head kernel leaves for the host.
 struct Control {
-  int64_t tok;        // the token the next decode step embeds (argmax of the last head launch)
-  int64_t pos;        // P: tokens in the KV cache
+  int64_t tok;        // the token this step embeds
+  int64_t pos;        // P: tokens in the KV cache before this step (the slot it writes)
+  int64_t n_splits;   // S of this step's split-K attention (1 on the standard path)
+  int64_t argmax;     // written by k_head_argmax: the first maximum of the logits
   unsigned int done;  // head blocks finished in the current launch (last-block reduction)
 };
+constexpr int64_t CONTROL_IN_BYTES = 3 * sizeof(int64_t);  // tok, pos, n_splits
+static_assert(offsetof(Control, pos) == 8 && offsetof(Control, n_splits) == 16,
+              "the host writes tok, pos, n_splits as one contiguous copy");
 
 // ---- kernels ------------------------------------------------------------------------------
 
-// X (M, D) row r = E[ids[r]]. grid (ceil(D / ROW_THREADS), M). ids validated on the host, or
-// written by k_head_argmax (always in [0, V)).
+// X (M, D) row r = E[ids[r]]. grid (ceil(D / ROW_THREADS), M). ids validated on the host.
 __global__ void k_embed(const float* __restrict__ E /* (V, D) */, const int64_t* __restrict__ ids,
                         float* __restrict__ X /* (M, D) */, int64_t D) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -288,10 +297,13 @@ __global__ void k_qk_norm_rope(float* __restrict__ qkv /* (M, Q) */, int64_t Q,
   }
 }
 
-// Attention of query head h, key split s, query row `row`: grid (Hq, S, M), ATTN_THREADS.
-// n_keys = P + row + 1 (causal); the split covers splitk_range(n_keys, S, s). Each warp walks
-// every ATTN_WARPS-th key of the split with an online softmax (running max m, sum l, output
-// accumulator rescaled by exp(m_old - m_new)), then the block merges its warps.
+// Attention of query head h, key split s, query row `row`: grid (Hq, S_grid, M), ATTN_THREADS.
+// n_keys = P + row + 1 (causal). S, the split count, is gridDim.y in prefill and ctl->n_splits
+// in decode (splits_on_device), where the grid is sized once to the plan's maximum so one graph
+// serves every split count: blocks past S exit at once. The split covers
+// splitk_range(n_keys, S, s). Each warp walks every ATTN_WARPS-th key of the split with an
+// online softmax (running max m, sum l, output accumulator rescaled by exp(m_old - m_new)),
+// then the block merges its warps.
 // finalize (S must be 1): writes out (M, A) normalized. Otherwise writes the unnormalized
 // partial (acc, m, l) for k_attn_merge (S may be 1 there too: the deep path's launch count does
 // not depend on S); an empty split writes m = -inf, l = 0, acc = 0.
@@ -300,7 +312,8 @@ __global__ void k_attn_partial(const float* __restrict__ qkv /* (M, Q) */, int64
                                const float* __restrict__ Kc /* (Hkv, T, Dh) */,
                                const float* __restrict__ Vc /* (Hkv, T, Dh) */,
                                const Control* __restrict__ ctl, int64_t T, int64_t G, int64_t Dh,
-                               float scale, bool finalize, float* __restrict__ out /* (M, A) */,
+                               float scale, bool splits_on_device, bool finalize,
+                               float* __restrict__ out /* (M, A) */,
                                float* __restrict__ part_acc /* (Hq, S, Dh) */,
                                float* __restrict__ part_ml /* (Hq, S, 2) */) {
   extern __shared__ float4 smem4[];
@@ -308,7 +321,9 @@ __global__ void k_attn_partial(const float* __restrict__ qkv /* (M, Q) */, int64
   float* acc = qs + Dh;
   float* ml = acc + ATTN_WARPS * Dh;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t h = blockIdx.x, s = blockIdx.y, S = gridDim.y, row = blockIdx.z;
+  const int64_t h = blockIdx.x, s = blockIdx.y, row = blockIdx.z;
+  const int64_t S = splits_on_device ? ctl->n_splits : int64_t(gridDim.y);
+  if (s >= S) return;  // the whole block: no barrier has been reached yet
   const int64_t A = int64_t(gridDim.x) * Dh;
   const int64_t n = ctl->pos + row + 1;
   int64_t k0, k1;
@@ -369,15 +384,16 @@ __global__ void k_attn_partial(const float* __restrict__ qkv /* (M, Q) */, int64
 }
 
 // out (A) head h = sum_s acc_s * exp(m_s - M) / sum_s l_s * exp(m_s - M), M = max m_s over the
-// non-empty splits. grid Hq, ROW_THREADS; S <= RESIDENT_SPLITK_MAX_SPLITS.
+// non-empty splits. grid Hq, ROW_THREADS; S = ctl->n_splits <= RESIDENT_SPLITK_MAX_SPLITS.
 __global__ void k_attn_merge(const float* __restrict__ part_acc /* (Hq, S, Dh) */,
-                             const float* __restrict__ part_ml /* (Hq, S, 2) */, int64_t S,
-                             int64_t Dh, float* __restrict__ out /* (A) */) {
+                             const float* __restrict__ part_ml /* (Hq, S, 2) */,
+                             const Control* __restrict__ ctl, int64_t Dh,
+                             float* __restrict__ out /* (A) */) {
   __shared__ float wts[RESIDENT_SPLITK_MAX_SPLITS];
   __shared__ float redf[32];
   __shared__ double red[32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  const int64_t h = blockIdx.x;
+  const int64_t h = blockIdx.x, S = ctl->n_splits;
   const float* pm = part_ml + h * S * 2;
   float mx = -INFINITY;
   for (int64_t s = threadIdx.x; s < S; s += blockDim.x)
@@ -403,21 +419,26 @@ __global__ void k_attn_merge(const float* __restrict__ part_acc /* (Hq, S, Dh) *
   }
 }
 
-// Does candidate (v, i) beat the best so far (b, bix)? Index -1 is "no candidate"; a larger
-// value wins, and on equal values the smaller index (numpy.argmax's first maximum).
+// Does candidate (v, i) beat the best so far (b, bix)? numpy.argmax's order: a NaN beats every
+// number, a larger number beats a smaller one, and between equals (two NaNs included) the
+// smaller index wins. Index -1 is "no candidate".
 __device__ __forceinline__ bool beats(float v, int64_t i, float b, int64_t bix) {
-  return i >= 0 && (bix < 0 || v > b || (v == b && i < bix));
+  if (i < 0) return false;
+  if (bix < 0) return true;
+  const bool vn = isnan(v), bn = isnan(b);
+  if (vn != bn) return vn;
+  if (!vn && v != b) return v > b;
+  return i < bix;
 }
 
 // logits (V) = H (V, D) . xf (D), xf staged in shared memory, plus the argmax on the device:
 // each block writes its best (value, first index), and the last block to finish (a ticket from
-// ctl->done after a __threadfence) reduces them, writes ctl->tok, advances ctl->pos by
-// `advance` and rearms ctl->done. Ties go to the smallest index (numpy.argmax's first maximum).
+// ctl->done after a __threadfence) reduces them, writes ctl->argmax and rearms ctl->done. The
+// order is numpy.argmax's (beats above).
 __global__ void k_head_argmax(const float* __restrict__ H, const float* __restrict__ xf, int64_t D,
                               int64_t V, int64_t rows_per_block, float* __restrict__ logits,
                               float* __restrict__ blk_val /* (grid) */,
-                              int64_t* __restrict__ blk_idx /* (grid) */, Control* ctl,
-                              int64_t advance) {
+                              int64_t* __restrict__ blk_idx /* (grid) */, Control* ctl) {
   extern __shared__ float4 smem4[];
   float* xs = reinterpret_cast<float*>(smem4);
   __shared__ float bv[32];
@@ -429,10 +450,10 @@ __global__ void k_head_argmax(const float* __restrict__ H, const float* __restri
   const int64_t r1 = min(V, r0 + rows_per_block);
   float best = -INFINITY;
   int64_t besti = -1;
-  for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {  // r increases: '>' keeps the first
+  for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {
     const float v = warp_dot(H + r * D, xs, D, lane);
     if (lane == 0) logits[r] = v;
-    if (besti < 0 || v > best) best = v, besti = r;
+    if (beats(v, r, best, besti)) best = v, besti = r;
   }
   if (lane == 0) bv[warp] = best, bi[warp] = besti;
   __syncthreads();
@@ -467,9 +488,7 @@ __global__ void k_head_argmax(const float* __restrict__ H, const float* __restri
   if (threadIdx.x == 0) {
     for (int w = 0; w < MATVEC_WARPS; ++w)
       if (beats(bv[w], bi[w], b, bix)) b = bv[w], bix = bi[w];
-    // Only all-NaN logits leave no candidate; token 0 then keeps the next embed in bounds.
-    ctl->tok = bix < 0 ? 0 : bix;
-    ctl->pos += advance;
+    ctl->argmax = bix;  // every row is a candidate (V >= 1), so bix is in [0, V)
     ctl->done = 0;
   }
 }
@@ -564,7 +583,21 @@ __global__ void k_silu_mul(float* __restrict__ g, const float* __restrict__ u, i
 
 // ---- host side ------------------------------------------------------------------------------
 
+static_assert(GEMM_BM == GEMM_BN, "k_gemm_wide loads both tiles with one index: BM == BN");
+static_assert(GEMM_THREADS == 256 && GEMM_BM == 64 && GEMM_BN == 64,
+              "k_gemm_wide: 16 x 16 threads, each 4 x 4 outputs of a 64 x 64 tile");
+static_assert((GEMM_BM * GEMM_BK) % GEMM_THREADS == 0, "k_gemm_wide: whole tile loads per thread");
+static_assert(MATVEC_THREADS % WARP == 0 && MATVEC_WARPS == MATVEC_THREADS / WARP &&
+                  MATVEC_WARPS <= 32,
+              "matvec kernels: whole warps, one partial per warp in a 32-entry shared array");
+static_assert(ATTN_THREADS == ATTN_WARPS * WARP && ATTN_WARPS <= 32,
+              "k_attn_partial: whole warps; per-warp (m, l) pairs in the plan's smem size");
+static_assert(ROW_THREADS % WARP == 0 && ROW_THREADS <= 1024,
+              "block reductions: whole warps, at most 32 of them");
+
 // A device allocation freed on scope exit, so a 608 halfway through opening frees what was taken.
+// Never zeroed here: what must start at zero is cleared on the session's stream (a cudaMemset on
+// the legacy default stream is not ordered before work on a non-blocking stream).
 struct DevMem {
   void* p = nullptr;
   DevMem() = default;
@@ -575,31 +608,25 @@ struct DevMem {
   }
   void alloc(int64_t bytes, const char* what) {
     ck(cudaMalloc(&p, size_t(bytes > 0 ? bytes : 16)), what);
-    ck(cudaMemset(p, 0, size_t(bytes > 0 ? bytes : 16)), what);
   }
   float* f() const { return static_cast<float*>(p); }
 };
 
-void allow_dynamic_smem(const void* fn, int optin, const char* what) {
-  cudaFuncAttributes a{};
-  ck(cudaFuncGetAttributes(&a, fn), what);
-  ck(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                          optin - int(a.sharedSizeBytes)),
-     what);
-}
-
-// Pinned host memory (the token id going in, the argmax coming out): copies from and to it are
-// truly asynchronous, where a pageable source makes the runtime stage it and drain the stream.
-struct PinnedIds {
-  int64_t* p = nullptr;  // [0] token in, [1] argmax out
-  PinnedIds() = default;
-  PinnedIds(const PinnedIds&) = delete;
-  PinnedIds& operator=(const PinnedIds&) = delete;
-  ~PinnedIds() {
+// Pinned host memory: copies from and to it are truly asynchronous (a pageable source makes the
+// runtime stage it and a pageable destination drains the stream), and they read or write it
+// when they run, not when they are enqueued: a slot is rewritten only after the stream that
+// reads it was synchronized.
+template <class T>
+struct Pinned {
+  T* p = nullptr;
+  Pinned() = default;
+  Pinned(const Pinned&) = delete;
+  Pinned& operator=(const Pinned&) = delete;
+  ~Pinned() {
     if (p) cudaFreeHost(p);
   }
-  void alloc() {
-    ck(cudaMallocHost(reinterpret_cast<void**>(&p), 2 * sizeof(int64_t)), "cudaMallocHost");
+  void alloc(int64_t n, const char* what) {
+    ck(cudaMallocHost(reinterpret_cast<void**>(&p), size_t(n) * sizeof(T)), what);
   }
 };
 
@@ -616,17 +643,30 @@ struct Stream {
   operator cudaStream_t() const { return s; }
 };
 
-class CudaSession final : public Session {
+// Loads a kernel's module now (cudaFuncGetAttributes): with lazy loading, CUDA 12's default, a
+// kernel's first launch loads it, which must not happen inside a graph capture. A kernel with
+// dynamic shared memory also gets the opt-in above 48 KiB, set to the same value (all the
+// device allows beside its static arrays) by every session: the attribute is per function and
+// process-wide, and a smaller model opened later must not lower it under a larger open session.
+template <class F>
+void load_kernel(F* fn, const char* what, int optin_smem) {
+  const void* f = reinterpret_cast<const void*>(fn);
+  cudaFuncAttributes a{};
+  ck(cudaFuncGetAttributes(&a, f), what);
+  if (optin_smem > 0)
+    ck(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            optin_smem - int(a.sharedSizeBytes)),
+       what);
+}
+
+class CudaSession final : public SessionBase {
  public:
-  CudaSession(const SessionConfig& c, int64_t max_ctx) : c_(c), max_ctx_(max_ctx) {
-    // The contract's checks first, on the host, with no device call (the SM count does not
-    // change a refusal, so the fallback count serves).
-    Plan pre = make_plan(c, max_ctx, FALLBACK_SMS);
-    if (pre.status != RESIDENT_OK) refuse(pre.status, pre.why);
-    if (!cuda_device_usable())
+  CudaSession(const SessionConfig& c, int64_t max_ctx) : SessionBase(c, max_ctx) {
+    const CudaBackend& be = cuda_backend();
+    if (!be.usable)
       refuse(RESIDENT_ERR_NO_ACCELERATOR,
-             "device='cuda': CUDA kernels are compiled in but this host has no usable CUDA "
-             "device; use device='cpu'");
+             "device='cuda': the CUDA backend is built in but this host has no usable CUDA "
+             "device (" + be.why + "); use device='cpu'");
     CK(cudaGetDevice(&dev_));
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, dev_));
@@ -654,7 +694,11 @@ class CudaSession final : public Session {
              "the session needs " + std::to_string(bytes) + " bytes of device memory, " +
                  std::to_string(free_b) + " are free on " + prop.name);
 
-    weights_.alloc(4 * plan_.weight_floats, "cudaMalloc(weights)");
+    stream_.create();
+    // Nothing below is zeroed but the control block: every weight is written before the first
+    // token can run (the registry refuses a step until all are), KV slots are written before
+    // attention reads them, and every scratch cell is written by the kernel before its reader.
+    weights_dev_.alloc(4 * plan_.weight_floats, "cudaMalloc(weights)");
     kv_.alloc(4 * plan_.kv_floats, "cudaMalloc(kv cache)");
     rope_.alloc(4 * plan_.rope_floats, "cudaMalloc(rope table)");
     act_.alloc(4 * plan_.act_floats, "cudaMalloc(decode activations)");
@@ -662,248 +706,147 @@ class CudaSession final : public Session {
     blk_idx_.alloc(8 * plan_.head_mv.grid, "cudaMalloc(argmax scratch)");
     ids_.alloc(8 * plan_.prefill_rows, "cudaMalloc(prefill ids)");
     ctl_.alloc(sizeof(Control), "cudaMalloc(control)");
+    CK(cudaMemsetAsync(ctl_.p, 0, sizeof(Control), stream_));
+    host_.alloc(4, "cudaMallocHost(control slot)");
+    staging_.alloc(STAGING_FLOATS, "cudaMallocHost(weight staging)");
 
-    stream_.create();
-    pinned_.alloc();
-
-    // RoPE table exactly as the CPU engine builds it (double angles, rounded once).
-    const int64_t T = plan_.capacity, Dh = c.d_head, half = Dh / 2, hw = half > 0 ? half : 1;
-    std::vector<float> rope(size_t(2 * T * hw), 0.f);
-    for (int64_t p = 0; p < T; ++p)
-      for (int64_t i = 0; i < half; ++i) {
-        const double inv_freq = std::pow(c.rope_theta, -double(2 * i) / double(Dh));
-        const double a = double(p) * inv_freq;
-        rope[size_t(p * hw + i)] = float(std::cos(a));
-        rope[size_t(T * hw + p * hw + i)] = float(std::sin(a));
-      }
+    const std::vector<float> rope = rope_table(c, plan_.capacity);
     upload(rope_.f(), rope.data(), int64_t(rope.size()));
 
-    // Dynamic shared memory above 48 KiB needs an explicit opt-in per kernel. The attribute is
-    // per function and process-wide, so it is set to the same value (all the device allows
-    // beside the kernel's static arrays) by every session: a smaller model opened later must
-    // not lower the limit under a larger session that is still open.
     const int optin = int(prop.sharedMemPerBlockOptin);
-    allow_dynamic_smem(reinterpret_cast<const void*>(k_norm_qkv), optin, "k_norm_qkv");
-    allow_dynamic_smem(reinterpret_cast<const void*>(k_norm_gateup), optin, "k_norm_gateup");
-    allow_dynamic_smem(reinterpret_cast<const void*>(k_matvec_residual), optin,
-                       "k_matvec_residual");
-    allow_dynamic_smem(reinterpret_cast<const void*>(k_head_argmax), optin, "k_head_argmax");
-    allow_dynamic_smem(reinterpret_cast<const void*>(k_attn_partial), optin, "k_attn_partial");
-    // The allocations' cudaMemset ran on the legacy default stream, which a non-blocking
-    // stream does not wait for: finish them before any kernel of this session can run.
-    CK(cudaDeviceSynchronize());
+    load_kernel(k_embed, "k_embed", 0);
+    load_kernel(k_rmsnorm_rows, "k_rmsnorm_rows", 0);
+    load_kernel(k_norm_qkv, "k_norm_qkv", optin);
+    load_kernel(k_norm_gateup, "k_norm_gateup", optin);
+    load_kernel(k_matvec_residual, "k_matvec_residual", optin);
+    load_kernel(k_head_argmax, "k_head_argmax", optin);
+    load_kernel(k_qk_norm_rope, "k_qk_norm_rope", 0);
+    load_kernel(k_attn_partial, "k_attn_partial", optin);
+    load_kernel(k_attn_merge, "k_attn_merge", 0);
+    load_kernel(k_gemm_narrow, "k_gemm_narrow", 0);
+    load_kernel(k_gemm_wide, "k_gemm_wide", 0);
+    load_kernel(k_silu_mul, "k_silu_mul", 0);
+
+    // The two decode graphs (standard path, and split-K with the split count read on the
+    // device), captured once: only kernels, reading the control block when they run.
     const char* g = std::getenv("ALGENTA_CUDA_GRAPHS");
     use_graphs_ = !(g && std::string(g) == "0");
-    build_names();
+    if (use_graphs_) {
+      capture(standard_, false);
+      capture(deep_, true);
+    }
+    CK(cudaStreamSynchronize(stream_));
   }
 
   ~CudaSession() override {
     if (stream_.s) cudaStreamSynchronize(stream_.s);
-    for (auto& kv : graphs_) cudaGraphExecDestroy(kv.second.exec);
     cudaGetLastError();  // a destructor reports nothing; leave no pending error behind
   }
 
-  const SessionConfig& config() const override { return c_; }
   const char* device() const override { return "cuda"; }
-  int64_t max_ctx() const override { return max_ctx_; }
-  int64_t capacity() const override { return plan_.capacity; }
-  int64_t position() const override { return pos_; }
-  int64_t dispatches_per_token() const override { return dispatches_; }
 
-  void set_weight(const std::string& name, const std::vector<int64_t>& shape,
-                  const float* data) override {
-    const std::lock_guard<std::mutex> lock(mu_);
+ protected:
+  // A tensor's float32 rows are staged in pinned memory a chunk at a time and uploaded into
+  // their arena offset (loading never holds a float32 copy of a whole tensor on the side).
+  float* stage_weight(const TensorSpec&, int64_t, int64_t) override {
     use_device();
-    Slot& s = slot_for(name, shape);
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    for (int64_t i = 0; i < n; ++i)
-      if (!std::isfinite(data[i]))
-        refuse(RESIDENT_ERR_NON_FINITE, "tensor '" + name +
-                                            "' holds a non-finite value at flat index " +
-                                            std::to_string(i));
-    upload(weights_.f() + s.offset, data, n);
-    s.set = true;
+    return staging_.p;
   }
+  void commit_weight(const TensorSpec& t, int64_t r0, int64_t r1) override {
+    // The staging slot is reused by the next chunk: wait for this copy before returning.
+    upload(weights_dev_.f() + arena_offset(t) + r0 * t.cols(), staging_.p, (r1 - r0) * t.cols());
+  }
+  int64_t weight_chunk_elems() const override { return STAGING_FLOATS; }
 
-  void set_weight_bf16(const std::string& name, const std::vector<int64_t>& shape,
-                       const uint16_t* bits) override {
-    const std::lock_guard<std::mutex> lock(mu_);
+  void run_prefill(const int64_t* ids, int64_t n, float* logits) override {
     use_device();
-    Slot& s = slot_for(name, shape);
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    s.set = false;  // a refusal halfway through leaves the tensor unset, never half old
-    // bf16 is the top half of a float32: widening is exact. Widened on the host a chunk at a
-    // time (4 MiB), so loading never holds a float32 copy of a whole tensor on the side.
-    constexpr int64_t CHUNK = int64_t(1) << 20;
-    std::vector<float> buf(size_t(std::min(n, CHUNK)));
-    for (int64_t c0 = 0; c0 < n; c0 += CHUNK) {
-      const int64_t cn = std::min(CHUNK, n - c0);
-      for (int64_t i = 0; i < cn; ++i) {
-        const uint32_t u = uint32_t(bits[c0 + i]) << 16;
-        float f;
-        std::memcpy(&f, &u, sizeof f);
-        if (!std::isfinite(f))
-          refuse(RESIDENT_ERR_NON_FINITE, "tensor '" + name +
-                                              "' holds a non-finite value at flat index " +
-                                              std::to_string(c0 + i));
-        buf[size_t(i)] = f;
-      }
-      upload(weights_.f() + s.offset + c0, buf.data(), cn);
-    }
-    s.set = true;
-  }
-
-  std::vector<int64_t> weight_shape(const std::string& name) const override {
-    auto it = slots_.find(name);
-    return it == slots_.end() ? std::vector<int64_t>{} : it->second.shape;
-  }
-
-  std::vector<std::string> missing_weights() const override {
-    std::vector<std::string> out;
-    for (const std::string& n : order_)
-      if (!slots_.at(n).set) out.push_back(n);
-    return out;
-  }
-
-  void prefill(const int64_t* ids, int64_t n, float* logits) override {
-    const std::lock_guard<std::mutex> lock(mu_);
-    use_device();
-    if (n < 1) refuse(RESIDENT_ERR_EMPTY_DIMENSION, "prefill needs at least one token");
-    check_ready();
-    check_fits(n);
-    for (int64_t i = 0; i < n; ++i) check_id(ids[i]);
     for (int64_t b = 0; b < n; b += plan_.prefill_rows) {
       const int64_t m = std::min(plan_.prefill_rows, n - b);
-      prefill_block(ids + b, m, b + m == n ? logits : nullptr);
+      prefill_block(ids + b, m, pos_ + b, b + m == n ? logits : nullptr);
     }
   }
 
-  void step(int64_t id, float* logits) override {
-    const std::lock_guard<std::mutex> lock(mu_);
+  void run_step(int64_t id, float* logits) override {
     use_device();
-    check_ready();
-    check_fits(1);
-    check_id(id);
     decode(id);
     CK(cudaMemcpyAsync(logits, act_.f() + plan_.logits, size_t(c_.vocab) * 4,
                        cudaMemcpyDeviceToHost, stream_));
     CK(cudaStreamSynchronize(stream_));
   }
 
-  int64_t step_greedy(int64_t id) {
-    const std::lock_guard<std::mutex> lock(mu_);
+  int64_t run_step_greedy(int64_t id) override {
     use_device();
-    check_ready();
-    check_fits(1);
-    check_id(id);
     decode(id);
-    CK(cudaMemcpyAsync(&pinned_.p[1], &ctl()->tok, sizeof(int64_t), cudaMemcpyDeviceToHost,
+    CK(cudaMemcpyAsync(&host_.p[3], &ctl()->argmax, sizeof(int64_t), cudaMemcpyDeviceToHost,
                        stream_));
     CK(cudaStreamSynchronize(stream_));
-    return pinned_.p[1];
-  }
-
-  void reset() override {
-    const std::lock_guard<std::mutex> lock(mu_);
-    use_device();
-    set_device_pos(0);
-    CK(cudaStreamSynchronize(stream_));
-    pos_ = 0;
+    return host_.p[3];
   }
 
  private:
-  struct Slot {
-    std::vector<int64_t> shape;
-    int64_t offset;  // floats into the weight arena
-    bool set = false;
+  static constexpr int64_t STAGING_FLOATS = int64_t(1) << 20;  // 4 MiB of pinned staging
+
+  // An instantiated decode graph, destroyed with the session (also when opening throws).
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    int64_t kernels = 0;
+    Graph() = default;
+    Graph(const Graph&) = delete;
+    Graph& operator=(const Graph&) = delete;
+    ~Graph() {
+      if (exec) cudaGraphExecDestroy(exec);
+    }
   };
 
-  static std::string fmt(const std::vector<int64_t>& s) {
-    std::string o = "[";
-    for (size_t i = 0; i < s.size(); ++i) o += (i ? ", " : "") + std::to_string(s[i]);
-    return o + "]";
-  }
-
-  // The slot of an HF name whose shape matches the config's, or 607.
-  Slot& slot_for(const std::string& name, const std::vector<int64_t>& shape) {
-    auto it = slots_.find(name);
-    if (it == slots_.end())
-      refuse(RESIDENT_ERR_WEIGHT_LENGTH, "tensor '" + name + "' is not part of this model");
-    Slot& s = it->second;
-    if (shape != s.shape)
-      refuse(RESIDENT_ERR_WEIGHT_LENGTH, "tensor '" + name + "' has shape " + fmt(shape) +
-                                             ", the config declares " + fmt(s.shape));
-    return s;
-  }
-
-  void add(const std::string& name, std::vector<int64_t> shape, int64_t offset) {
-    slots_[name] = Slot{std::move(shape), offset, false};
-    order_.push_back(name);
-  }
-
-  void build_names() {
-    const int64_t D = c_.d_model, Dh = c_.d_head, F = c_.d_ff, Hq = c_.h_q, Hkv = c_.h_kv;
-    add("model.embed_tokens.weight", {c_.vocab, D}, plan_.embed);
-    for (int64_t i = 0; i < c_.n_layers; ++i) {
-      const LayerOffsets& l = plan_.layers[size_t(i)];
-      const std::string p = "model.layers." + std::to_string(i) + ".";
-      add(p + "input_layernorm.weight", {D}, l.in_norm);
-      add(p + "self_attn.q_proj.weight", {Hq * Dh, D}, l.wqkv);
-      add(p + "self_attn.k_proj.weight", {Hkv * Dh, D}, l.wqkv + Hq * Dh * D);
-      add(p + "self_attn.v_proj.weight", {Hkv * Dh, D}, l.wqkv + (Hq + Hkv) * Dh * D);
-      add(p + "self_attn.q_norm.weight", {Dh}, l.q_norm);
-      add(p + "self_attn.k_norm.weight", {Dh}, l.k_norm);
-      add(p + "self_attn.o_proj.weight", {D, Hq * Dh}, l.wo);
-      add(p + "post_attention_layernorm.weight", {D}, l.post_norm);
-      add(p + "mlp.gate_proj.weight", {F, D}, l.wg);
-      add(p + "mlp.up_proj.weight", {F, D}, l.wu);
-      add(p + "mlp.down_proj.weight", {D, F}, l.wd);
+  // Offset (floats) of a table entry in the weight arena (q, k and v share the fused rows).
+  int64_t arena_offset(const TensorSpec& t) const {
+    const int64_t D = c_.d_model, Dh = c_.d_head;
+    const LayerOffsets* l = t.layer >= 0 ? &plan_.layers[size_t(t.layer)] : nullptr;
+    switch (t.field) {
+      case Field::Embed: return plan_.embed;
+      case Field::LmHead: return plan_.head;
+      case Field::FinalNorm: return plan_.final_norm;
+      case Field::InNorm: return l->in_norm;
+      case Field::QProj: return l->wqkv;
+      case Field::KProj: return l->wqkv + c_.h_q * Dh * D;
+      case Field::VProj: return l->wqkv + (c_.h_q + c_.h_kv) * Dh * D;
+      case Field::QNorm: return l->q_norm;
+      case Field::KNorm: return l->k_norm;
+      case Field::OProj: return l->wo;
+      case Field::PostNorm: return l->post_norm;
+      case Field::Gate: return l->wg;
+      case Field::Up: return l->wu;
+      case Field::Down: return l->wd;
     }
-    add("model.norm.weight", {D}, plan_.final_norm);
-    if (!c_.tie_word_embeddings) add("lm_head.weight", {c_.vocab, D}, plan_.head);
-  }
-
-  void check_ready() const {
-    for (const std::string& n : order_)
-      if (!slots_.at(n).set)
-        refuse(RESIDENT_ERR_WEIGHT_LENGTH, "tensor '" + n + "' was never set");
-  }
-  void check_fits(int64_t n) const {
-    if (pos_ + n > plan_.capacity)
-      refuse(RESIDENT_ERR_CONTEXT_FULL, "position " + std::to_string(pos_.load()) + " + " +
-                                            std::to_string(n) + " tokens exceeds the capacity " +
-                                            std::to_string(plan_.capacity) +
-                                            " of this session's KV cache");
-  }
-  void check_id(int64_t id) const {
-    if (id < 0 || id >= c_.vocab)
-      refuse(RESIDENT_ERR_EMPTY_DIMENSION, "token id " + std::to_string(id) + " outside [0, " +
-                                               std::to_string(c_.vocab) + ")");
+    return 0;
   }
 
   Control* ctl() const { return static_cast<Control*>(ctl_.p); }
-  const float* W(int64_t off) const { return weights_.f() + off; }
+  const float* W(int64_t off) const { return weights_dev_.f() + off; }
   float* kcache(int64_t l) const { return kv_.f() + l * plan_.kv_layer_stride; }
   float* vcache(int64_t l) const { return kcache(l) + c_.h_kv * plan_.capacity * c_.d_head; }
   float* A(int64_t off) const { return act_.f() + off; }
   float* P(int64_t off) const { return pre_.f() + off; }
 
-  // Pageable-source async copies are staged before the call returns, so the local may go.
-  void set_device_pos(int64_t p) {
-    CK(cudaMemcpyAsync(&ctl()->pos, &p, sizeof(int64_t), cudaMemcpyHostToDevice, stream_));
-  }
   void launched(const char* what) { ck(cudaGetLastError(), what); }
   // The CUDA current device is per host thread: a call from another thread (or after the caller
   // switched devices) must run on the device this session's memory lives on.
   void use_device() { CK(cudaSetDevice(dev_)); }
 
-  // Host -> device on the session's stream, finished before returning: a pageable-source copy
-  // may return before its DMA lands, and the caller may reuse or free its buffer at once.
+  // Host -> device on the session's stream, finished before returning (src may be reused).
   void upload(float* dst, const float* src, int64_t n) {
     CK(cudaMemcpyAsync(dst, src, size_t(n) * 4, cudaMemcpyHostToDevice, stream_));
     CK(cudaStreamSynchronize(stream_));
+  }
+
+  // tok, pos and n_splits into the control block, from the pinned slot. Every call that enqueues
+  // work synchronizes before returning, so the previous copy out of the slot has completed.
+  void set_control(int64_t tok, int64_t pos, int64_t n_splits) {
+    host_.p[0] = tok;
+    host_.p[1] = pos;
+    host_.p[2] = n_splits;
+    CK(cudaMemcpyAsync(ctl(), host_.p, size_t(CONTROL_IN_BYTES), cudaMemcpyHostToDevice,
+                       stream_));
   }
 
   // Y (M, N) (+)= X (M, K) W^T, tile chosen by residentk_prefill_gemm_use_narrow_tile(M).
@@ -921,7 +864,8 @@ class CudaSession final : public Session {
     }
   }
 
-  // The per-row attention and q/k/RoPE launches shared by decode (M = 1) and prefill.
+  // The per-row q/k norm + RoPE + KV write and attention launches shared by decode (M = 1) and
+  // prefill.
   void norm_rope(const LayerOffsets& l, int64_t li, float* qkv, int64_t M) {
     k_qk_norm_rope<<<dim3(unsigned(c_.h_q + 2 * c_.h_kv), unsigned(M)),
                      unsigned(plan_.norm_rope_threads), 0, stream_>>>(
@@ -929,49 +873,36 @@ class CudaSession final : public Session {
         c_.d_head, plan_.capacity, c_.rms_eps, kcache(li), vcache(li));
     launched("k_qk_norm_rope");
   }
-  void attention(int64_t li, const float* qkv, int64_t M, int64_t S, bool finalize, float* out) {
+  void attention(int64_t li, const float* qkv, int64_t M, int64_t S_grid, bool splits_on_device,
+                 bool finalize, float* out) {
     const float scale = float(1.0 / std::sqrt(double(c_.d_head)));
-    k_attn_partial<<<dim3(unsigned(c_.h_q), unsigned(S), unsigned(M)), ATTN_THREADS,
+    k_attn_partial<<<dim3(unsigned(c_.h_q), unsigned(S_grid), unsigned(M)), ATTN_THREADS,
                      size_t(plan_.attn_smem_bytes), stream_>>>(
         qkv, plan_.q_rows, kcache(li), vcache(li), ctl(), plan_.capacity, c_.h_q / c_.h_kv,
-        c_.d_head, scale, finalize, out, A(plan_.part_acc), A(plan_.part_ml));
+        c_.d_head, scale, splits_on_device, finalize, out, A(plan_.part_acc), A(plan_.part_ml));
     launched("k_attn_partial");
   }
 
-  // One decode token at P = pos_: the token id goes to the device, then the step's launches
-  // run, replayed from a CUDA graph captured once per split count (the kernels read P and the
-  // token from Control, so one graph serves every position with that split count) or, with
-  // ALGENTA_CUDA_GRAPHS=0, launched one by one. dispatches_ is the kernel count either way.
+  // One decode token at P = pos_: token, position and split count go to the control block,
+  // then the step's kernels run, replayed from the graph of its path (standard or split-K;
+  // ALGENTA_CUDA_GRAPHS=0 launches them one by one instead). dispatches_ counts kernels.
   void decode(int64_t id) {
-    // Every call that enqueues work synchronizes before returning, so the previous step's copy
-    // out of pinned_.p[0] has completed and the slot is free to rewrite.
-    pinned_.p[0] = id;
-    CK(cudaMemcpyAsync(&ctl()->tok, &pinned_.p[0], sizeof(int64_t), cudaMemcpyHostToDevice,
-                       stream_));
     const SplitPlan sp = splitk_plan(pos_ + 1, plan_.sms, c_.h_q);
+    set_control(id, pos_, sp.n_splits);
     if (use_graphs_) {
-      const Graph& g = graph_for(sp);
+      const Graph& g = sp.split ? deep_ : standard_;
       CK(cudaGraphLaunch(g.exec, stream_));
       dispatches_ = g.kernels;
     } else {
-      dispatches_ = enqueue_decode(sp);
+      dispatches_ = enqueue_decode(sp.split);
     }
-    ++pos_;
   }
 
-  struct Graph {
-    cudaGraphExec_t exec = nullptr;
-    int64_t kernels = 0;
-  };
-
-  const Graph& graph_for(const SplitPlan& sp) {
-    const int64_t key = sp.split ? sp.n_splits : 0;
-    auto it = graphs_.find(key);
-    if (it != graphs_.end()) return it->second;
+  void capture(Graph& out, bool deep) {
     CK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     int64_t kernels = 0;
     try {
-      kernels = enqueue_decode(sp);
+      kernels = enqueue_decode(deep);
     } catch (...) {
       cudaGraph_t g = nullptr;
       cudaStreamEndCapture(stream_, &g);  // leave the stream out of capture mode, then rethrow
@@ -981,17 +912,15 @@ class CudaSession final : public Session {
     }
     cudaGraph_t g = nullptr;
     CK(cudaStreamEndCapture(stream_, &g));
-    Graph out;
-    out.kernels = kernels;
     const cudaError_t err = cudaGraphInstantiate(&out.exec, g, 0);
     cudaGraphDestroy(g);
     ck(err, "cudaGraphInstantiate(decode step)");
-    return graphs_.emplace(key, out).first->second;
+    out.kernels = kernels;
   }
 
-  // Enqueues one decode step's kernels on stream_ (P and the token read on the device);
-  // returns how many.
-  int64_t enqueue_decode(const SplitPlan& sp) {
+  // Enqueues one decode step's kernels on stream_ (token, P and S read on the device); returns
+  // how many. The split-K path sizes its grid to the plan's maximum split count.
+  int64_t enqueue_decode(bool deep) {
     const int64_t D = c_.d_model, F = c_.d_ff, Aw = plan_.attn_width;
     int64_t n = 0;
     k_embed<<<dim3(unsigned(ceil_div(D, ROW_THREADS)), 1), ROW_THREADS, 0, stream_>>>(
@@ -1007,11 +936,11 @@ class CudaSession final : public Session {
       ++n;
       norm_rope(l, li, A(plan_.qkv), 1);
       ++n;
-      attention(li, A(plan_.qkv), 1, sp.n_splits, !sp.split, A(plan_.attn));
+      attention(li, A(plan_.qkv), 1, deep ? plan_.max_splits : 1, deep, !deep, A(plan_.attn));
       ++n;
-      if (sp.split) {
+      if (deep) {
         k_attn_merge<<<unsigned(c_.h_q), ROW_THREADS, 0, stream_>>>(
-            A(plan_.part_acc), A(plan_.part_ml), sp.n_splits, c_.d_head, A(plan_.attn));
+            A(plan_.part_acc), A(plan_.part_ml), ctl(), c_.d_head, A(plan_.attn));
         launched("k_attn_merge");
         ++n;
       }
@@ -1029,26 +958,27 @@ class CudaSession final : public Session {
       launched("k_matvec_residual(down)");
       ++n;
     }
-    n += head(A(plan_.x), 1);
+    n += head(A(plan_.x));
     return n;
   }
 
-  // Final norm of row x (D) and the head + argmax; advances the device position by `advance`.
-  int64_t head(const float* x, int64_t advance) {
+  // Final norm of row x (D), the head and its argmax (into the control block).
+  int64_t head(const float* x) {
     const int64_t D = c_.d_model;
     k_rmsnorm_rows<<<1, ROW_THREADS, 0, stream_>>>(x, W(plan_.final_norm), D, c_.rms_eps,
                                                    A(plan_.xf));
     launched("k_rmsnorm_rows(final)");
     k_head_argmax<<<unsigned(plan_.head_mv.grid), MATVEC_THREADS, size_t(D) * 4, stream_>>>(
         W(plan_.head), A(plan_.xf), D, c_.vocab, plan_.head_mv.rows_per_block, A(plan_.logits),
-        A(plan_.argmax_val), static_cast<int64_t*>(blk_idx_.p), ctl(), advance);
+        A(plan_.argmax_val), static_cast<int64_t*>(blk_idx_.p), ctl());
     launched("k_head_argmax");
     return 2;
   }
 
-  void prefill_block(const int64_t* ids, int64_t M, float* logits) {
+  // M tokens at positions p0..p0+M-1; the last one's logits when asked.
+  void prefill_block(const int64_t* ids, int64_t M, int64_t p0, float* logits) {
     const int64_t D = c_.d_model, F = c_.d_ff, Q = plan_.q_rows, Aw = plan_.attn_width;
-    set_device_pos(pos_);
+    set_control(0, p0, 1);
     CK(cudaMemcpyAsync(ids_.p, ids, size_t(M) * 8, cudaMemcpyHostToDevice, stream_));
     float *X = P(plan_.p_x), *Xn = P(plan_.p_xn), *QKV = P(plan_.p_qkv), *At = P(plan_.p_attn);
     float *Gt = P(plan_.p_gate), *U = P(plan_.p_up);
@@ -1061,7 +991,7 @@ class CudaSession final : public Session {
       launched("k_rmsnorm_rows(input)");
       gemm(Xn, M, D, W(l.wqkv), Q, QKV, false);
       norm_rope(l, li, QKV, M);
-      attention(li, QKV, M, 1, true, At);
+      attention(li, QKV, M, 1, false, true, At);
       gemm(At, M, Aw, W(l.wo), D, X, true);
       k_rmsnorm_rows<<<unsigned(M), ROW_THREADS, 0, stream_>>>(X, W(l.post_norm), D, c_.rms_eps,
                                                                Xn);
@@ -1073,31 +1003,21 @@ class CudaSession final : public Session {
       gemm(Gt, M, F, W(l.wd), D, X, true);
     }
     if (logits) {
-      head(X + (M - 1) * D, 0);
+      head(X + (M - 1) * D);
       CK(cudaMemcpyAsync(logits, A(plan_.logits), size_t(c_.vocab) * 4, cudaMemcpyDeviceToHost,
                          stream_));
     }
-    set_device_pos(pos_ + M);
-    // The ids copy reads the caller's buffer asynchronously: finish before returning.
+    // The control slot and the ids buffer are reused by the next block: finish this one first.
     CK(cudaStreamSynchronize(stream_));
-    pos_ += M;
   }
 
-  SessionConfig c_;
-  int64_t max_ctx_ = 0;
-  // Every call that writes the cache, the weights, the scratch or Control holds mu_ (the session
-  // contract: calls from threads sharing a session are serialized, never interleaved inside a
-  // step). The position and the launch count are atomics so the property reads need no lock.
-  std::mutex mu_;
-  std::atomic<int64_t> pos_{0}, dispatches_{0};
   int dev_ = 0;
   Plan plan_;
   Stream stream_;  // declared before the buffers: destroyed after them (cudaFree syncs first)
-  PinnedIds pinned_;
-  DevMem weights_, kv_, rope_, act_, pre_, blk_idx_, ids_, ctl_;
-  std::map<std::string, Slot> slots_;
-  std::vector<std::string> order_;
-  std::map<int64_t, Graph> graphs_;  // by split count (0: the standard path)
+  Pinned<int64_t> host_;    // [0..2] tok, pos, n_splits going in; [3] the argmax coming out
+  Pinned<float> staging_;   // weight rows on their way to the arena
+  DevMem weights_dev_, kv_, rope_, act_, pre_, blk_idx_, ids_, ctl_;
+  Graph standard_, deep_;   // destroyed first: they refer to the buffers above
   bool use_graphs_ = true;
 };
 
@@ -1107,18 +1027,10 @@ std::unique_ptr<Session> make_cuda_session(const SessionConfig& cfg, int64_t max
   return std::unique_ptr<Session>(new CudaSession(cfg, max_ctx));
 }
 
-int64_t cuda_step_greedy(Session& s, int64_t id) {
-  CudaSession* c = dynamic_cast<CudaSession*>(&s);
-  if (!c)
-    throw StatusError(Family::Resident, RESIDENT_ERR_EMPTY_DIMENSION,
-                      "cuda_step_greedy needs a session opened with device='cuda'");
-  return c->step_greedy(id);
-}
-
 double cuda_copy_bandwidth(int64_t bytes, int reps) {
   if (bytes < 1 || reps < 1) refuse(RESIDENT_ERR_EMPTY_DIMENSION, "bytes and reps must be >= 1");
-  if (!cuda_device_usable())
-    refuse(RESIDENT_ERR_NO_ACCELERATOR, "no usable CUDA device on this host");
+  const CudaBackend& be = cuda_backend();
+  if (!be.usable) refuse(RESIDENT_ERR_NO_ACCELERATOR, "no usable CUDA device: " + be.why);
   DevMem a, b;
   a.alloc(bytes, "cudaMalloc(bandwidth src)");
   b.alloc(bytes, "cudaMalloc(bandwidth dst)");

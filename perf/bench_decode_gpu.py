@@ -54,11 +54,15 @@ def gpu_name():
 
 
 def unavailable_reason():
-    if not _core.session.cuda_backend_compiled:
+    b = _core.session.cuda_backend()
+    if b["kind"] == "none":
         return ("this algenta build has no CUDA backend (rebuild with "
                 "-Ccmake.define.ALGENTA_GPU=ON)")
-    if not _core.residentk.resident_available():
-        return "no usable CUDA device on this host"
+    if b["kind"] == "emulator":
+        return ("this algenta build runs its CUDA kernels on the CPU emulator (ALGENTA_CUDA_EMU): "
+                "nothing to time against a GPU's memory bandwidth")
+    if not b["usable"]:
+        return f"no usable CUDA device on this host: {b['why']}"
     return None
 
 
@@ -97,15 +101,14 @@ def main():
     assert ids_gpu == ids_cpu, f"greedy tokens differ: cuda {ids_gpu} vs cpu {ids_cpu}"
 
     # ---- time -----------------------------------------------------------------------------------
-    greedy = _core.session.cuda_step_greedy
-    eng = gpu._engine
+    greedy = gpu._engine.step_greedy
 
     def decode_greedy():
         gpu.reset()
         t = int(np.argmax(gpu.prefill(prompt)))
         t0 = time.perf_counter()
         for _ in range(args.new - 1):
-            t = greedy(eng, t)
+            t = greedy(t)
         return time.perf_counter() - t0
 
     def decode_logits():

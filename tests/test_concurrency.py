@@ -127,10 +127,10 @@ def progress_during(call, attempts=5):
     return max(seen)
 
 
-def _session(**kw):
+def _session(device="cpu", **kw):
     cfg = dict(d_model=256, h_q=4, h_kv=2, d_head=64, d_ff=768, n_layers=2, vocab=2048)
     cfg.update(kw)
-    return ResidentSession.random(**cfg, max_ctx=1024, seed=3)
+    return ResidentSession.random(**cfg, max_ctx=1024, seed=3, device=device)
 
 
 def test_gil_control_a_call_that_keeps_the_gil_shows_no_progress(no_forced_switch):
@@ -151,8 +151,8 @@ def test_gil_released_by_lossk(no_forced_switch):
     assert progress_during(lambda: ce.ce_from_logits_flat(z, t, 512, 4099)) > 0
 
 
-def test_gil_released_by_the_session(no_forced_switch):
-    s = _session()
+def test_gil_released_by_the_session(no_forced_switch, device):
+    s = _session(device)
     ids = np.arange(200) % 2048
     assert progress_during(lambda: (s.reset(), s.prefill(ids))) > 0
     # One decode step is short: many in a row give the counting thread many windows, and with
@@ -165,28 +165,28 @@ def test_gil_released_by_the_session(no_forced_switch):
 
 # ---- one ResidentSession, two threads -------------------------------------------------------
 
-def test_separate_sessions_in_threads_give_serial_bits():
+def test_separate_sessions_in_threads_give_serial_bits(device):
     prompt = np.arange(40) % 2048
 
     def job(seed):
         s = ResidentSession.random(d_model=64, h_q=4, h_kv=2, d_head=16, d_ff=128, n_layers=2,
-                                   vocab=2048, seed=seed)
+                                   vocab=2048, seed=seed, device=device)
         return s.generate(prompt, 6), s.prefill([5]).tobytes()
 
     serial = [job(k) for k in range(4)]
     assert run_threads([lambda k=k: job(k) for k in range(4)]) == serial
 
 
-def test_one_session_shared_by_two_threads_is_serialized_or_refused(no_forced_switch):
+def test_one_session_shared_by_two_threads_is_serialized_or_refused(no_forced_switch, device):
     prompt = np.arange(96) % 2048
-    ref = _session()
+    ref = _session(device)
     ref.prefill(prompt)
     ref.prefill(prompt)
     want = ref.step(7).tobytes()
 
     overlapped = 0
     for _ in range(3):
-        s = _session()  # fresh: an unwritten KV slot is zero, never a stale right answer
+        s = _session(device)  # fresh: an unwritten KV slot never holds a stale right answer
         go = threading.Event()
         seen = {}
 

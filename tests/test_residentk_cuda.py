@@ -3,8 +3,12 @@ and to transformers in test_residentk_session.py / test_residentk_transformers.p
 golden vectors for two-layer models and a larger one, prefill on both GEMM tiles, decode on the
 standard and the split-K attention path, device-side greedy argmax, dispatch counts and refusals.
 
-Runs only where the ALGENTA_GPU=ON build finds a usable CUDA device; skipped (not faked)
-elsewhere. The 604/605 refusals of the other builds and hosts are in test_residentk_cuda_plan.py.
+Runs wherever the CUDA engine can: on a device (the ALGENTA_GPU=ON build on a GPU host) and on the
+CPU emulator (the ALGENTA_CUDA_EMU=ON build, in every thread order CI asks for); skipped (not
+faked) elsewhere, and failed instead of skipped under ALGENTA_EXPECT_GPU=1 (see conftest.py, whose
+report header says which backend ran). The 604/605 refusals are in test_residentk_cuda_plan.py;
+the session contract both engines share (registry, refusals, reset, greedy) runs on both in
+test_residentk_session.py.
 
 Tolerance: both engines compute in float32 but reduce dot products in different orders (the CPU
 in SIMD lanes per thread, the GPU in warp lanes then a shuffle tree), and the GPU's online
@@ -21,16 +25,29 @@ of the float64 reference; two float32 engines should differ by about twice that.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
-from algenta import ResidentError, _core
+from algenta import ResidentError, ResidentUnavailableError, _core
 from algenta.residentk.session import ResidentSession, random_weights
+from algenta.residentk.weights import Bf16Bits
+from conftest import EMULATED, need_cuda
 
 RC = _core.residentk
-AVAILABLE = bool(_core.session.cuda_backend_compiled) and RC.resident_available()
-pytestmark = pytest.mark.skipif(
-    not AVAILABLE, reason="needs the ALGENTA_GPU=ON build and a usable CUDA device")
+
+
+@pytest.fixture(autouse=True)
+def _cuda():
+    need_cuda()
+
+
+# The eight-layer model runs on a device; on the emulator it takes minutes (every CUDA thread a
+# fiber), so there it runs only when asked for (ALGENTA_EMU_SLOW=1).
+slow_on_emulator = pytest.mark.skipif(
+    EMULATED and os.environ.get("ALGENTA_EMU_SLOW") != "1",
+    reason="eight-layer model: minutes on the emulator (ALGENTA_EMU_SLOW=1 runs it)")
 
 TOL_SMALL = 1e-4  # absolute
 TOL_LARGE = 3e-5  # times max(1, max |logit|)
@@ -89,6 +106,7 @@ def test_golden_two_layer(name):
     _golden(SMALL[name], seed=7, prompt=[1, 5, 9, 2, 33, 17, 0], n_steps=40, tol=TOL_SMALL)
 
 
+@slow_on_emulator
 def test_golden_larger_model():
     rng = np.random.default_rng(1)
     prompt = [int(i) for i in rng.integers(0, LARGE["vocab"], 40)]  # 40 rows: wide GEMM tile
@@ -149,30 +167,56 @@ def test_refusals_and_reset_on_device():
 def test_bf16_weights_widen_as_on_cpu():
     cfg = SMALL["gqa2_untied"]
     w = dict(random_weights(cfg, 4))
-    bits = {k: (v.view(np.uint32) >> 16).astype(np.uint16) for k, v in w.items()}
-    engines = []
-    for dev in ("cpu", "cuda"):
-        s = ResidentSession.__new__(ResidentSession)
-        s._open(cfg, 64, dev)
-        for k, b in bits.items():
-            s._engine.set_weight_bf16(k, b)
-        s._check_complete()
-        engines.append(s)
-    np.testing.assert_allclose(engines[1].prefill([4, 8, 15]), engines[0].prefill([4, 8, 15]),
-                               rtol=0, atol=TOL_SMALL)
+    bits = {k: Bf16Bits((v.view(np.uint32) >> 16).astype(np.uint16)) for k, v in w.items()}
+    cpu = ResidentSession(cfg, bits, max_ctx=64, device="cpu")
+    gpu = ResidentSession(cfg, bits, max_ctx=64, device="cuda")
+    np.testing.assert_allclose(gpu.prefill([4, 8, 15]), cpu.prefill([4, 8, 15]), rtol=0,
+                               atol=TOL_SMALL)
 
 
-def test_device_greedy_rejects_a_cpu_session():
+@pytest.mark.parametrize("call", ["step", "step_greedy", "prefill"])
+def test_a_failing_cuda_call_is_608_and_leaves_the_position(call):
+    # Every CUDA call a step makes can fail on a device. Each failure, wherever it lands in the
+    # step, must raise 608 naming the CUDA error and leave the position where it was (the old
+    # decode advanced it before its last copy); the next step then computes what it should.
+    if not EMULATED:
+        pytest.skip("failure injection is a hook of the CUDA emulator")
     cfg = SMALL["gqa3_tied"]
-    cpu = ResidentSession.random(**cfg, device="cpu")
-    with pytest.raises(ResidentError) as e:
-        _core.session.cuda_step_greedy(cpu._engine, 0)
-    assert e.value.status == 601
+    cpu, gpu = _pair(cfg, seed=9)
+    prompt = [3, 1, 4, 1, 5]
+    cpu.prefill(prompt)
+    gpu.prefill(prompt)
+    run = {"step": lambda: gpu.step(7), "step_greedy": lambda: gpu._engine.step_greedy(7),
+           "prefill": lambda: gpu.prefill([7, 8])}[call]
+    failed = 0
+    try:
+        for k in range(1, 64):
+            assert _core.session.cuda_emulator_fail_after(k)
+            try:
+                run()
+            except ResidentUnavailableError as e:
+                assert e.status == 608 and "cudaErrorLaunchFailure" in str(e), e
+                assert gpu.position == len(prompt)
+                failed += 1
+                continue
+            break  # k is past the calls one step makes: this one ran clean
+    finally:
+        _core.session.cuda_emulator_fail_after(0)
+    assert failed >= 3, failed  # the control copy, the launches, the copy back, the sync
+    n = 2 if call == "prefill" else 1
+    assert gpu.position == len(prompt) + n
+    for s in (cpu, gpu):
+        s.reset()
+        s.prefill(prompt)
+    want = cpu.prefill([7, 8]) if call == "prefill" else cpu.step(7)
+    got = gpu.prefill([7, 8]) if call == "prefill" else gpu.step(7)
+    np.testing.assert_allclose(got, want, rtol=0, atol=TOL_SMALL)
 
 
 def test_graph_replay_matches_direct_launches(monkeypatch):
-    # The default replays a captured graph per split count; ALGENTA_CUDA_GRAPHS=0 (read when a
-    # session opens) launches kernel by kernel. Same kernels, same grids, same order: same bits.
+    # The default replays one of two graphs captured at open (standard and split-K, the split
+    # count read on the device); ALGENTA_CUDA_GRAPHS=0 (read when a session opens) launches
+    # kernel by kernel. Same kernels, same grids, same order: same bits.
     cfg = SMALL["gqa2_untied"]
     w = dict(random_weights(cfg, 6))
     monkeypatch.setenv("ALGENTA_CUDA_GRAPHS", "0")
@@ -182,7 +226,7 @@ def test_graph_replay_matches_direct_launches(monkeypatch):
     a, b = direct.prefill([3, 1, 4]), graph.prefill([3, 1, 4])
     np.testing.assert_array_equal(a, b)
     t = int(np.argmax(a))
-    for _ in range(45):  # crosses 32 keys: several split counts, each its own graph
+    for _ in range(45):  # crosses 32 keys: several split counts, one graph
         a, b = direct.step(t), graph.step(t)
         np.testing.assert_array_equal(a, b)
         assert direct.dispatches_per_token == graph.dispatches_per_token

@@ -116,6 +116,29 @@ def test_tied_checkpoint_with_shipped_lm_head_and_progress(tmp_path):
                                rtol=0, atol=TOL)
 
 
+def test_config_without_the_tie_key_means_untied_for_plan_and_loader_alike(tmp_path):
+    # transformers' Qwen3Config defaults tie_word_embeddings to False: `algenta plan --config`
+    # and from_pretrained read config.json with the one parser, so both expect an lm_head.
+    import subprocess
+    import sys
+
+    w = make_ckpt(tmp_path)
+    c = json.loads((tmp_path / "config.json").read_text())
+    del c["tie_word_embeddings"]
+    (tmp_path / "config.json").write_text(json.dumps(c))
+    s = ResidentSession.from_pretrained(tmp_path, progress=False)
+    assert s.config.tie_word_embeddings is False
+    np.testing.assert_allclose(s.prefill([1, 2, 3]), ref.forward(CFG, w, [1, 2, 3])[-1],
+                               rtol=0, atol=TOL)
+    r = subprocess.run([sys.executable, "-m", "algenta", "plan", "--config", str(tmp_path),
+                        "--json"], capture_output=True, text=True, timeout=120)
+    rep = json.loads(r.stdout)
+    assert rep["shape"]["tied"] is False
+    from algenta.residentk import contract as rc
+    assert rep["resident_f32_elems"] == rc.residentk_weight_elems(
+        40, 4, 2, 16, 56, 2, 61, tied=False)
+
+
 def _refused(tmp_path, *words, status=607):
     with pytest.raises(ResidentError) as e:
         ResidentSession.from_pretrained(tmp_path, progress=False)
@@ -288,14 +311,17 @@ def test_a_config_bigger_than_its_tensors_is_refused_from_the_headers(tmp_path):
 
 
 def test_expected_shapes_match_the_engine_table():
-    from algenta.residentk.session import expected_shapes
+    from algenta import _core
+    from algenta.residentk.weights import expected_shapes
 
     for tied in (True, False):
         cfg = dict(CFG, tie_word_embeddings=tied)
-        s = ResidentSession.__new__(ResidentSession)
-        s._open(cfg, 16, "cpu")
-        names = s._engine.missing_weights()
-        assert expected_shapes(cfg) == {n: tuple(s._engine.weight_shape(n)) for n in names}
+        eng = _core.session.cpu_session(*(cfg[k] for k in ("d_model", "h_q", "h_kv", "d_head",
+                                                           "d_ff", "n_layers", "vocab",
+                                                           "rms_eps", "rope_theta",
+                                                           "tie_word_embeddings")), 16)
+        names = eng.missing_weights()
+        assert expected_shapes(cfg) == {n: tuple(eng.weight_shape(n)) for n in names}
 
 
 def test_config_integers_past_int64_and_a_malformed_architectures_get_a_status(tmp_path):

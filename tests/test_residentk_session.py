@@ -1,6 +1,11 @@
-"""ResidentSession on the CPU engine against the independent NumPy float64 reference
-(tests/qwen3_reference.py): prefill logits, step-by-step logits and greedy tokens of two-layer
-models, plus the session's contract (capacity, dispatch count, refusals, reset, sampling)."""
+"""ResidentSession against the independent NumPy float64 reference (tests/qwen3_reference.py):
+prefill logits, step-by-step logits and greedy tokens of two-layer models, plus the session's
+contract (capacity, dispatch count, the weight registry, refusals, reset, sampling, greedy).
+
+One test body per engine (the `device` fixture, conftest.py): the CPU engine always, the CUDA
+engine where this build and host have one (a device, or the CPU emulator in the ALGENTA_CUDA_EMU
+build). The contract is written once (SessionBase, session_weights) for both, and tested on both,
+so the copies can never drift again."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import pytest
 import qwen3_reference as ref
 from algenta import ResidentError, ResidentUnavailableError, _core
 from algenta.residentk.session import ResidentSession, random_weights
+from algenta.residentk.weights import Bf16Bits
 
 RC = _core.residentk
 
@@ -36,9 +42,9 @@ def _pair(name, seed=0):
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_golden_two_layer_prefill_steps_greedy(name):
+def test_golden_two_layer_prefill_steps_greedy(name, device):
     cfg, w = _pair(name, seed=7)
-    s = ResidentSession(cfg, w, max_ctx=64)
+    s = ResidentSession(cfg, w, max_ctx=64, device=device)
     prompt = [1, 5, 9, 2, 33, 17, 0]
     want = ref.greedy(cfg, w, prompt, 12)
     full = ref.forward(cfg, w, prompt + want)
@@ -52,13 +58,13 @@ def test_golden_two_layer_prefill_steps_greedy(name):
     assert s.generate(prompt, 12) == want
 
 
-def test_prefill_narrow_wide_and_blocked_paths_agree_with_reference():
+def test_prefill_narrow_wide_and_blocked_paths_agree_with_reference(device):
     # 300 tokens: two prefill blocks (256 + 44), both on the wide GEMM path; 5 and 31 tokens on
     # the narrow tile; and a prompt fed as prefill(5) + prefill(31) continuing at position 5.
     cfg, w = _pair("gqa2_untied", seed=3)
     ids = np.random.default_rng(0).integers(0, cfg["vocab"], 300)
     full = ref.forward(cfg, w, ids)
-    s = ResidentSession(cfg, w, max_ctx=300)
+    s = ResidentSession(cfg, w, max_ctx=300, device=device)
     np.testing.assert_allclose(s.prefill(ids), full[-1], rtol=0, atol=TOL)
     assert s.position == 300
     for n in (5, 31, 32, 33):
@@ -70,21 +76,21 @@ def test_prefill_narrow_wide_and_blocked_paths_agree_with_reference():
     np.testing.assert_allclose(s.step(int(ids[36])), full[36], rtol=0, atol=TOL)
 
 
-def test_capacity_dispatches_and_properties():
+def test_capacity_dispatches_and_properties(device):
     cfg, w = _pair("gqa3_tied")
-    s = ResidentSession(cfg, w, max_ctx=600)
+    s = ResidentSession(cfg, w, max_ctx=600, device=device)
     assert s.max_ctx == 600
     assert s.capacity == RC.resident_bucket_ctx(600) == 1024
-    assert s.device == "cpu" and dict(s.config) == cfg and s.config.d_head == 8
+    assert s.device == device and dict(s.config) == cfg and s.config.d_head == 8
     assert s.dispatches_per_token == 0
     s.prefill([1, 2, 3])
     s.step(4)
     assert s.dispatches_per_token == RC.residentk_dispatch_budget(cfg["n_layers"]) == 15
 
 
-def test_reset_rewinds_bit_exactly():
+def test_reset_rewinds_bit_exactly(device):
     cfg, w = _pair("gqa2_untied", seed=1)
-    s = ResidentSession(cfg, w)
+    s = ResidentSession(cfg, w, device=device)
     a = s.prefill([4, 8, 15, 16])
     b = s.step(23)
     s.reset()
@@ -93,9 +99,9 @@ def test_reset_rewinds_bit_exactly():
     np.testing.assert_array_equal(s.step(23), b)
 
 
-def test_context_refusal_before_first_token_leaves_session_untouched():
+def test_context_refusal_before_first_token_leaves_session_untouched(device):
     cfg, w = _pair("mha_tied", seed=2)
-    s = ResidentSession(cfg, w, max_ctx=10)
+    s = ResidentSession(cfg, w, max_ctx=10, device=device)
     s.prefill([1, 2, 3])
     want = s.step(4)
     s.reset()
@@ -108,9 +114,9 @@ def test_context_refusal_before_first_token_leaves_session_untouched():
     assert len(s.generate([1, 2, 3, 4, 5], 5)) == 5  # exactly max_ctx fits
 
 
-def test_step_and_prefill_past_capacity_refuse_606():
+def test_step_and_prefill_past_capacity_refuse_606(device):
     cfg, w = _pair("gqa3_tied", seed=4)
-    s = ResidentSession(cfg, w, max_ctx=8)  # capacity 512
+    s = ResidentSession(cfg, w, max_ctx=8, device=device)  # capacity 512
     ids = np.arange(510) % cfg["vocab"]
     s.prefill(ids)
     with pytest.raises(ResidentError) as e:
@@ -123,9 +129,9 @@ def test_step_and_prefill_past_capacity_refuse_606():
     assert e.value.status == 606 and s.position == 512
 
 
-def test_sampling_is_reproducible_with_a_seed_and_respects_filters():
+def test_sampling_is_reproducible_with_a_seed_and_respects_filters(device):
     cfg, w = _pair("gqa2_untied", seed=5)
-    s = ResidentSession(cfg, w, max_ctx=64)
+    s = ResidentSession(cfg, w, max_ctx=64, device=device)
     p = [3, 1, 4, 1, 5]
     greedy = s.generate(p, 10)
     a = s.generate(p, 10, temperature=1.3, seed=11)
@@ -144,9 +150,9 @@ def test_sampling_is_reproducible_with_a_seed_and_respects_filters():
         lg = s.step(t)
 
 
-def test_stream_callback_and_stop_ids():
+def test_stream_callback_and_stop_ids(device):
     cfg, w = _pair("gqa3_tied", seed=6)
-    s = ResidentSession(cfg, w, max_ctx=64)
+    s = ResidentSession(cfg, w, max_ctx=64, device=device)
     full = s.generate([7, 7, 2], 12)
     seen = []
     got = s.generate([7, 7, 2], 12, on_token=seen.append, stop_ids=[full[4]])
@@ -154,14 +160,14 @@ def test_stream_callback_and_stop_ids():
     assert got == full[: k + 1] and seen == got
 
 
-def test_random_matches_reference_on_the_same_weights():
+def test_random_matches_reference_on_the_same_weights(device):
     cfg = dict(CONFIGS["gqa2_untied"])
     a = ResidentSession.random(52, 4, 2, 16, 84, 2, 101, seed=3, rope_theta=10_000.0,
-                               tie_word_embeddings=False)
+                               tie_word_embeddings=False, device=device)
     b = ResidentSession.random(52, 4, 2, 16, 84, 2, 101, seed=3, rope_theta=10_000.0,
-                               tie_word_embeddings=False)
+                               tie_word_embeddings=False, device=device)
     c = ResidentSession.random(52, 4, 2, 16, 84, 2, 101, seed=4, rope_theta=10_000.0,
-                               tie_word_embeddings=False)
+                               tie_word_embeddings=False, device=device)
     la, lb, lc = a.prefill([1, 2, 3]), b.prefill([1, 2, 3]), c.prefill([1, 2, 3])
     np.testing.assert_array_equal(la, lb)
     assert not np.array_equal(la, lc)
@@ -171,40 +177,40 @@ def test_random_matches_reference_on_the_same_weights():
 
 # ---- refusals -------------------------------------------------------------------------------
 
-def test_weight_shape_mismatch_names_the_tensor():
+def test_weight_shape_mismatch_names_the_tensor(device):
     cfg, w = _pair("gqa2_untied")
     w = dict(w)
     name = "model.layers.1.self_attn.k_proj.weight"
     w[name] = w[name][:, :-1]
     with pytest.raises(ResidentError) as e:
-        ResidentSession(cfg, w)
+        ResidentSession(cfg, w, device=device)
     assert e.value.status == 607 and name in str(e.value)
 
 
-def test_missing_unknown_and_non_finite_tensors():
+def test_missing_unknown_and_non_finite_tensors(device):
     cfg, w = _pair("gqa2_untied")
     w = dict(w)
     del w["lm_head.weight"]
     with pytest.raises(ResidentError) as e:
-        ResidentSession(cfg, w)
+        ResidentSession(cfg, w, device=device)
     assert e.value.status == 607 and "lm_head.weight" in str(e.value)
     _, w = _pair("gqa2_untied")
     w = dict(w, **{"model.layers.2.mlp.up_proj.weight": np.zeros((84, 52), np.float32)})
     with pytest.raises(ResidentError) as e:
-        ResidentSession(cfg, w)
+        ResidentSession(cfg, w, device=device)
     assert e.value.status == 607 and "model.layers.2.mlp.up_proj.weight" in str(e.value)
     _, w = _pair("gqa2_untied")
     w["model.norm.weight"] = w["model.norm.weight"].copy()
     w["model.norm.weight"][3] = np.nan
     with pytest.raises(ResidentError) as e:
-        ResidentSession(cfg, w)
+        ResidentSession(cfg, w, device=device)
     assert e.value.status == 609 and "model.norm.weight" in str(e.value)
 
 
-def test_tied_checkpoint_shipping_lm_head_loads_the_table_once():
+def test_tied_checkpoint_shipping_lm_head_loads_the_table_once(device):
     cfg, w = _pair("mha_tied")
     w = dict(w, **{"lm_head.weight": np.zeros((89, 40), np.float32)})
-    s = ResidentSession(cfg, w)
+    s = ResidentSession(cfg, w, device=device)
     np.testing.assert_allclose(s.prefill([1, 2]), ref.forward(cfg, w, [1, 2])[-1], atol=TOL)
 
 
@@ -215,22 +221,22 @@ def test_tied_checkpoint_shipping_lm_head_loads_the_table_once():
     (dict(vocab=0), 601),
     (dict(n_layers=1 << 20), 602),
 ])
-def test_shape_refusals(change, status):
+def test_shape_refusals(change, status, device):
     cfg = dict(CONFIGS["gqa2_untied"], **change)
     with pytest.raises(ResidentError) as e:
-        ResidentSession(cfg, {})
+        ResidentSession(cfg, {}, device=device)
     assert e.value.status == status
 
 
-def test_scalar_token_and_context_refusals():
+def test_scalar_token_and_context_refusals(device):
     cfg, w = _pair("gqa2_untied")
     with pytest.raises(ResidentError) as e:
-        ResidentSession(dict(cfg, rms_eps=float("nan")), w)
+        ResidentSession(dict(cfg, rms_eps=float("nan")), w, device=device)
     assert e.value.status == 609
     with pytest.raises(ResidentError) as e:
-        ResidentSession(cfg, w, max_ctx=70_000)
+        ResidentSession(cfg, w, max_ctx=70_000, device=device)
     assert e.value.status == 602
-    s = ResidentSession(cfg, w)
+    s = ResidentSession(cfg, w, device=device)
     for bad in ([1, 101], [-1]):
         with pytest.raises(ResidentError) as e:
             s.generate(bad, 2)
@@ -248,12 +254,154 @@ def test_scalar_token_and_context_refusals():
 
 def test_cuda_device_refuses_with_604_or_605_where_unavailable():
     cfg, w = _pair("gqa2_untied")
-    if _core.session.cuda_backend_compiled and RC.resident_available():
-        pytest.skip("a CUDA session backend is available here")
+    backend = _core.session.cuda_backend()
+    if backend["usable"]:
+        pytest.skip(f"a CUDA backend is usable here ({backend['kind']})")
     with pytest.raises(ResidentUnavailableError) as e:
         ResidentSession(cfg, w, device="cuda")
-    assert e.value.status in (604, 605)
+    assert e.value.status == (604 if backend["kind"] == "none" else 605)
+    assert backend["why"] and backend["why"] in str(e.value)
     assert ResidentSession(cfg, w, device="auto").device == "cpu"
+
+
+def test_no_device_605_names_the_cuda_error_and_versions():
+    # The emulator can play a host without a device (ALGENTA_EMU_DEVICES=0): the refusal must
+    # say what failed, with the driver's and the runtime's CUDA versions.
+    if _core.session.cuda_backend()["kind"] != "emulator":
+        pytest.skip("needs the emulation build (which can pretend to have no device)")
+    import os
+    import subprocess
+    import sys
+
+    code = ("from algenta.residentk.session import ResidentSession\n"
+            "from algenta import ResidentUnavailableError, _core\n"
+            "try:\n"
+            "    ResidentSession.random(40, 2, 2, 32, 72, 1, 89, device='cuda')\n"
+            "except ResidentUnavailableError as e:\n"
+            "    print(e.status, e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, ALGENTA_EMU_DEVICES="0"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("605 ") and "cudaErrorNoDevice" in r.stdout, r.stdout
+    assert "no CUDA driver found" in r.stdout and "runtime is CUDA 13.0" in r.stdout, r.stdout
+
+
+# ---- greedy, the registry, source types ------------------------------------------------------
+
+def test_greedy_argmax_is_numpy_argmax():
+    rng = np.random.default_rng(0)
+    cases = [np.array([1.0, 3.0, 3.0, 2.0]), np.array([np.nan, 5.0]), np.array([1.0, np.nan]),
+             np.array([np.inf, 1.0, np.nan, np.nan]), np.array([-np.inf, -np.inf]),
+             np.array([2.0]), np.array([0.0, -0.0])]
+    for _ in range(50):
+        a = rng.integers(-3, 3, 40).astype(np.float32)
+        a[rng.random(40) < 0.1] = np.nan
+        a[rng.random(40) < 0.1] = np.inf
+        cases.append(a)
+    for a in cases:
+        a = np.asarray(a, np.float32)
+        assert _core.session.greedy_argmax(a) == int(np.argmax(a)), a
+
+
+def test_step_greedy_is_the_argmax_of_step(device):
+    cfg, w = _pair("gqa3_tied", seed=11)
+    s = ResidentSession(cfg, w, max_ctx=64, device=device)
+    prompt = [5, 6, 7]
+    for t in (3, 9, 130):
+        s.reset()
+        s.prefill(prompt)
+        g = s._engine.step_greedy(t)
+        assert s.position == 4
+        s.reset()
+        s.prefill(prompt)
+        assert g == int(np.argmax(s.step(t)))
+        assert s.dispatches_per_token == RC.residentk_dispatch_budget(cfg["n_layers"])
+
+
+def test_nan_logits_greedy_picks_the_first_nan(device):
+    # Logits with NaNs and infinities, by construction, identically on every engine: zero output
+    # projections keep the residual stream equal to the embedding, whose element 0 the final
+    # norm's weight (3e38, finite) pushes past float32's range. xf[0] = inf, so row v of the head
+    # gives NaN where H[v, 0] == 0 (0 * inf) and +/-inf where it is not. numpy.argmax's order
+    # (the engines' too) picks the first NaN; a plain '>' argmax would pick the first +inf.
+    cfg = dict(CONFIGS["gqa2_untied"])
+    w = {k: v.copy() for k, v in ref.random_weights(cfg, 2).items()}
+    for k in w:
+        if k.endswith(("o_proj.weight", "down_proj.weight")):
+            w[k][:] = 0
+    w["model.embed_tokens.weight"][4] = 1.0
+    w["model.embed_tokens.weight"][4, 0] = 5.0
+    w["model.norm.weight"][:] = 1.0
+    w["model.norm.weight"][0] = 3e38
+    head = w["lm_head.weight"]
+    head[:, 0] = 1.0
+    head[[0, 2], 0] = -1.0  # -inf
+    head[[7, 9, 40], 0] = 0.0  # NaN
+    s = ResidentSession(cfg, w, max_ctx=64, device=device)
+    lg = s.prefill([4])
+    assert np.isnan(lg[[7, 9, 40]]).all() and lg[0] == -np.inf and lg[1] == np.inf
+    assert int(np.argmax(lg)) == 7
+    assert s._engine.step_greedy(4) == 7
+    assert s.generate([4], 1) == [7]
+
+
+def test_refused_tensor_is_left_unset(device):
+    cfg, w = _pair("gqa2_untied")
+    s = ResidentSession(cfg, w, device=device)
+    name = "model.layers.1.mlp.up_proj.weight"
+    bad = w[name].copy()
+    bad[3, 5] = np.inf
+    with pytest.raises(ResidentError) as e:
+        s._engine.set_weight(name, bad)
+    assert e.value.status == 609 and name in str(e.value) and f"flat index {3 * 52 + 5}" in str(e.value)
+    assert s._engine.missing_weights() == [name]  # never half old, half new
+    with pytest.raises(ResidentError) as e:
+        s.prefill([1])
+    assert e.value.status == 607 and name in str(e.value) and s.position == 0
+    s._engine.set_weight(name, w[name])
+    np.testing.assert_allclose(s.prefill([1, 2]), ref.forward(cfg, w, [1, 2])[-1], atol=TOL)
+
+
+def test_f16_and_bf16_sources_widen_exactly(device):
+    # float16 arrays, bf16 bit patterns (Bf16Bits, the loader's form) and torch bfloat16 tensors
+    # are widened by the engine itself; a session from them equals, bit for bit, one from the
+    # same values already widened to float32 by NumPy.
+    cfg, w = _pair("gqa3_tied", seed=4)
+    half = {k: v.astype(np.float16) for k, v in w.items()}
+    bits = {k: (v.view(np.uint32) >> 16).astype(np.uint16) for k, v in w.items()}
+    want_h = ResidentSession(cfg, {k: v.astype(np.float32) for k, v in half.items()},
+                             device=device).prefill([1, 2, 3])
+    got_h = ResidentSession(cfg, half, device=device).prefill([1, 2, 3])
+    np.testing.assert_array_equal(got_h, want_h)
+    widened = {k: (b.astype(np.uint32) << 16).view(np.float32) for k, b in bits.items()}
+    want_b = ResidentSession(cfg, widened, device=device).prefill([1, 2, 3])
+    got_b = ResidentSession(cfg, {k: Bf16Bits(b) for k, b in bits.items()},
+                            device=device).prefill([1, 2, 3])
+    np.testing.assert_array_equal(got_b, want_b)
+    torch = pytest.importorskip("torch")
+    tb = {k: torch.from_numpy(v.copy()).to(torch.bfloat16) for k, v in widened.items()}
+    np.testing.assert_array_equal(ResidentSession(cfg, tb, device=device).prefill([1, 2, 3]),
+                                  want_b)
+
+
+def test_unaligned_bf16_and_f16_sources(device):
+    # A tensor's bytes in a memory-mapped file need not be aligned: read bytewise, same values.
+    cfg, w = _pair("mha_tied", seed=8)
+    def odd(a, dt):
+        raw = np.zeros(a.size * 2 + 1, np.uint8)
+        view = raw[1:].view(dt).reshape(a.shape)
+        view[...] = a
+        return view
+    half = {k: odd(v.astype(np.float16), np.float16) for k, v in w.items()}
+    assert not half["model.embed_tokens.weight"].flags.aligned
+    want = ResidentSession(cfg, {k: v.astype(np.float16) for k, v in w.items()},
+                           device=device).prefill([3, 4])
+    np.testing.assert_array_equal(ResidentSession(cfg, half, device=device).prefill([3, 4]), want)
+    bits = {k: (v.view(np.uint32) >> 16).astype(np.uint16) for k, v in w.items()}
+    want = ResidentSession(cfg, {k: Bf16Bits(b) for k, b in bits.items()},
+                           device=device).prefill([3, 4])
+    oddb = {k: Bf16Bits(odd(b, np.uint16)) for k, b in bits.items()}
+    np.testing.assert_array_equal(ResidentSession(cfg, oddb, device=device).prefill([3, 4]), want)
 
 
 # ---- thread count and instruction set ----------------------------------------------------------

@@ -6,6 +6,7 @@
 
 #include "algenta/residentk.hpp"
 #include "algenta/session.hpp"
+#include "algenta/session_weights.hpp"
 #include "algenta/status_error.hpp"
 #include "session_args.hpp"
 
@@ -17,6 +18,7 @@ namespace {
 
 using F32 = py::array_t<float, py::array::c_style | py::array::forcecast>;
 using I64 = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+using algenta::residentk::SourceType;
 
 [[noreturn]] void refuse(int code, const std::string& msg) {
   throw algenta::StatusError(algenta::Family::Resident, code, msg);
@@ -36,23 +38,27 @@ void bind_session(py::module_& m) {
       .def_property_readonly("position", &Session::position)
       .def_property_readonly("dispatches_per_token", &Session::dispatches_per_token)
       .def("set_weight",
-           [](Session& x, const std::string& name, const F32& a) {
+           [](Session& x, const std::string& name, const py::array& a,
+              const std::string& source) {
+             // The element type is named by the caller (bf16 arrives as uint16 bit patterns);
+             // the binding only checks that the buffer holds elements of that width, densely.
+             SourceType t;
+             py::ssize_t width;
+             if (source == "f32") t = SourceType::F32, width = 4;
+             else if (source == "bf16") t = SourceType::BF16, width = 2;
+             else if (source == "f16") t = SourceType::F16, width = 2;
+             else throw py::type_error("source must be 'f32', 'bf16' or 'f16', got '" + source + "'");
+             if (a.itemsize() != width || !(a.flags() & py::array::c_style))
+               throw py::type_error("set_weight(source='" + source + "') needs a C-contiguous "
+                                    "array of " + std::to_string(width) + "-byte elements");
              std::vector<int64_t> shape(a.shape(), a.shape() + a.ndim());
-             const float* p = a.data();
+             const void* p = a.data();
              py::gil_scoped_release nogil;
-             x.set_weight(name, shape, p);
+             x.set_weight(name, shape, p, t);
            },
-           py::arg("name"), py::arg("array"))
-      .def("set_weight_bf16",
-           [](Session& x, const std::string& name,
-              const py::array_t<uint16_t, py::array::c_style>& a) {
-             std::vector<int64_t> shape(a.shape(), a.shape() + a.ndim());
-             const uint16_t* p = a.data();
-             py::gil_scoped_release nogil;
-             x.set_weight_bf16(name, shape, p);
-           },
-           py::arg("name"), py::arg("bits"),
-           "Set a tensor from bfloat16 bit patterns (uint16), widened exactly to float32.")
+           py::arg("name"), py::arg("array"), py::arg("source") = "f32",
+           "Set a tensor from its f32, f16 or bf16 (uint16 bit patterns) elements, widened "
+           "exactly to float32 and checked finite.")
       .def("missing_weights", &Session::missing_weights)
       .def("weight_shape", &Session::weight_shape, py::arg("name"))
       .def("prefill",
@@ -82,6 +88,13 @@ void bind_session(py::module_& m) {
              return out;
            },
            py::arg("id"))
+      .def("step_greedy",
+           [](Session& x, int64_t id) {
+             py::gil_scoped_release nogil;
+             return x.step_greedy(id);
+           },
+           py::arg("id"),
+           "step(id), returning only the argmax of its logits (numpy.argmax's order).")
       .def("reset", &Session::reset);
 
   s.def(
@@ -100,6 +113,33 @@ void bind_session(py::module_& m) {
       "A float32 CPU session; weights are set afterwards with set_weight.");
 
   s.def(
+      "tensor_table",
+      [](int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
+         int64_t n_layers, int64_t vocab, bool tied) {
+        const SessionConfig c = algenta::residentk::session_config(
+            d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, 1e-6, 1e6, tied);
+        py::list out;
+        for (const auto& t : algenta::residentk::qwen3_tensors(c))
+          out.append(py::make_tuple(t.name, py::tuple(py::cast(t.shape)), t.layer,
+                                    algenta::residentk::field_name(t.field)));
+        return out;
+      },
+      py::arg("d_model"), py::arg("h_q"), py::arg("h_kv"), py::arg("d_head"), py::arg("d_ff"),
+      py::arg("n_layers"), py::arg("vocab"), py::arg("tie_word_embeddings"),
+      "(name, shape, layer, field) of every tensor a session with this config holds, in "
+      "checkpoint order: the engines' own table.");
+
+  s.def(
+      "greedy_argmax",
+      [](const F32& logits) {
+        if (logits.ndim() != 1 || logits.size() < 1)
+          refuse(algenta::residentk::RESIDENT_ERR_EMPTY_DIMENSION,
+                 "greedy_argmax takes a non-empty 1-D array");
+        return algenta::residentk::greedy_argmax(logits.data(), logits.size());
+      },
+      py::arg("logits"), "The engines' greedy pick: numpy.argmax's order (first NaN wins).");
+
+  s.def(
       "cpu_read_bandwidth",
       [](int64_t bytes, int reps) {
         py::gil_scoped_release nogil;
@@ -108,7 +148,7 @@ void bind_session(py::module_& m) {
       py::arg("bytes"), py::arg("reps") = 5,
       "Best all-core streaming read bandwidth (bytes/s) over reps passes of a bytes-sized buffer.");
 
-  // cuda_backend_compiled, cuda_session, cuda_step_greedy and the cuda_plan submodule
-  // (bind_session_cuda.cpp): the CUDA backend where ALGENTA_GPU built one, its refusal otherwise.
+  // cuda_backend, cuda_session, cuda_copy_bandwidth and the cuda_plan submodule
+  // (bind_session_cuda.cpp): the CUDA backend where the build has one, its refusal otherwise.
   bind_session_cuda(s);
 }

@@ -1,13 +1,14 @@
-// pybind11 bindings of the CUDA resident session (algenta._core.session.cuda_*) and of its
-// host-side launch plan (algenta._core.session.cuda_plan), which every build compiles so the CPU
-// test suite can check grid sizes, split counts, buffer sizes and offsets. Argument conversion
-// and GIL release only.
+// pybind11 bindings of the CUDA backend's entry points (algenta._core.session.cuda_*), whichever
+// build provides them (a device, the CPU emulator, or the 604 refusals), and of its host-side
+// launch plan (algenta._core.session.cuda_plan), which every build compiles so the CPU test suite
+// can check grid sizes, split counts, buffer sizes and offsets. Argument conversion and GIL
+// release only.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include "algenta/residentk.hpp"
 #include "algenta/session.hpp"
-#include "algenta/session_cuda_plan.hpp"
+#include "session_cuda_plan.hpp"
 #include "session_args.hpp"
 
 namespace py = pybind11;
@@ -28,11 +29,21 @@ py::dict matvec_dict(const cp::MatvecLaunch& m) {
 }  // namespace
 
 void bind_session_cuda(py::module_& s) {
-#ifdef ALGENTA_GPU
-  s.attr("cuda_backend_compiled") = true;
-#else
-  s.attr("cuda_backend_compiled") = false;
-#endif
+  s.def(
+      "cuda_backend",
+      [] {
+        const algenta::residentk::CudaBackend& b = algenta::residentk::cuda_backend();
+        py::dict d;
+        d["kind"] = b.kind;
+        d["usable"] = b.usable;
+        d["device_name"] = b.device_name;
+        d["why"] = b.why;
+        d["driver_version"] = b.driver_version;
+        d["runtime_version"] = b.runtime_version;
+        return d;
+      },
+      "Which CUDA backend this build has ('device', 'emulator' or 'none'), whether it can run "
+      "here, and why not.");
 
   s.def(
       "cuda_session",
@@ -48,16 +59,11 @@ void bind_session_cuda(py::module_& s) {
       py::arg("d_model"), py::arg("h_q"), py::arg("h_kv"), py::arg("d_head"), py::arg("d_ff"),
       py::arg("n_layers"), py::arg("vocab"), py::arg("rms_eps"), py::arg("rope_theta"),
       py::arg("tie_word_embeddings"), py::arg("max_ctx"),
-      "A float32 CUDA session (604 without ALGENTA_GPU, 605 without a usable device).");
+      "A float32 CUDA session (604 without a CUDA backend, 605 without a usable device).");
 
-  s.def(
-      "cuda_step_greedy",
-      [](Session& x, int64_t id) {
-        py::gil_scoped_release nogil;
-        return algenta::residentk::cuda_step_greedy(x, id);
-      },
-      py::arg("session"), py::arg("id"),
-      "step(id) on a CUDA session, returning only the argmax id (first maximum) of its logits.");
+  s.def("cuda_emulator_fail_after", &algenta::residentk::cuda_emulator_fail_after, py::arg("n"),
+        "Test hook: on the CUDA emulator, the n-th next fallible CUDA call fails (0: off). "
+        "False in any other build.");
 
   s.def(
       "cuda_copy_bandwidth",

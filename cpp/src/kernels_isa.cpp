@@ -223,7 +223,7 @@ const std::array<UkernelFn<T>, MR<T>>& ukernels() {
 
 // Shared driver. Bfull, when given, is B already packed by pack_b_full (N <= NC): the k block
 // starting at pc lives at Bfull + pc * round_up(N, NR). Afull, when given, is a larger A packed
-// by pack_a_full with amp = round_up(its rows, MR<T>); this call's rows start at its row a0.
+// by pack_a_rows with amp = round_up(its rows, MR<T>); this call's rows start at its row a0.
 template <class T>
 void gemm_core(int64_t M, int64_t N, int64_t K, const T* A, int64_t rsa, int64_t csa, const T* B,
                int64_t rsb, int64_t csb, const T* Afull, int64_t amp, int64_t a0,

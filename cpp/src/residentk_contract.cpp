@@ -262,45 +262,5 @@ int64_t resident_bucket_ctx(int64_t max_ctx) {
   return b;
 }
 
-bool resident_gpu_kernels_compiled() {
-#ifdef ALGENTA_GPU
-  return true;
-#else
-  return false;
-#endif
-}
-
-bool resident_available() {
-#ifdef ALGENTA_GPU
-  // Thread-safe one-time initialization; a failed CUDA initialization is sticky for the process
-  // in the CUDA runtime too, so asking again could not change the answer.
-  static const bool usable = cuda_device_usable();
-  return usable;
-#else
-  return false;
-#endif
-}
-
-ResidentProbe resident_session_probe(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
-                                     int64_t d_ff, int64_t n_layers, int64_t vocab) {
-  ResidentProbe p;
-  p.kernels_compiled = resident_gpu_kernels_compiled();
-  p.dispatch_budget = residentk_dispatch_budget(n_layers);
-  p.resident_f32_elems = residentk_weight_elems(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab);
-  const int shape = residentk_shape_check(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab);
-  // A refused shape is answered without touching the driver: no hardware could have helped.
-  p.device_present = shape == RESIDENT_OK && resident_available();
-  if (shape != RESIDENT_OK)
-    p.status = shape;
-  else if (!p.kernels_compiled)
-    p.status = RESIDENT_ERR_NO_KERNELS;
-  else if (!p.device_present)
-    p.status = RESIDENT_ERR_NO_ACCELERATOR;
-  else
-    p.status = RESIDENT_OK;
-  p.session_possible = p.status == RESIDENT_OK;
-  return p;
-}
-
 }  // namespace residentk
 }  // namespace algenta

@@ -25,9 +25,11 @@
 // residentk_prefill_gemm_use_narrow_tile decides. Only the last row's logits are formed.
 //
 // Numerics: every output cell has one owning thread and a fixed reduction order, so logits are
-// bit-identical for every thread count. RMSNorm sums squares in double. RoPE angles are formed
-// in double (p * theta^(-2i/Dh)) and rounded once; transformers forms them in float32, a
-// difference far below the 1e-4 logit tolerance the tests hold against it.
+// bit-identical for every thread count. RMSNorm sums squares in double. The RoPE table is the
+// shared one (session_weights.hpp: double angles rounded once).
+//
+// The registry, the refusals and the position are SessionBase's; this file is the compute and
+// the layout of the resident buffers (stage_weight says where each tensor's rows go).
 //
 // Limits: shapes residentk_shape_check accepts; capacity resident_bucket_ctx(max_ctx) <= 65536.
 // OpenMP barriers spin by default: on a machine whose cores are busy with other processes a
@@ -42,15 +44,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "algenta/kernels.hpp"
 #include "algenta/residentk.hpp"
-#include "algenta/session.hpp"
-#include "algenta/status_error.hpp"
+#include "algenta/session_base.hpp"
+#include "algenta/session_weights.hpp"
 
 namespace algenta {
 namespace residentk {
@@ -105,10 +105,6 @@ const Simd& simd() {
     return ALGENTA_SIMD_TABLE(simd_generic);
   }();
   return table;
-}
-
-[[noreturn]] void refuse(int code, const std::string& msg) {
-  throw StatusError(Family::Resident, code, msg);
 }
 
 // 64-byte aligned float buffer: weight rows of a multiple-of-16 length then never straddle a
@@ -179,23 +175,10 @@ constexpr int64_t PREFILL_BLOCK = 256;
 // 256 KiB of float32: what one core streams in the few microseconds a fork/join costs.
 constexpr int64_t PARALLEL_MIN_FLOATS = int64_t(1) << 16;
 
-class CpuSession final : public Session {
+class CpuSession final : public SessionBase {
  public:
-  CpuSession(const SessionConfig& c, int64_t max_ctx) : c_(c), max_ctx_(max_ctx) {
-    std::string why;
-    const int st = residentk_shape_check(c.d_model, c.h_q, c.h_kv, c.d_head, c.d_ff, c.n_layers,
-                                         c.vocab, &why);
-    if (st != RESIDENT_OK) refuse(st, "model shape refused: " + why);
-    if (!residentk_scalars_ok(c.rms_eps, 1.0 / std::sqrt(double(c.d_head))) ||
-        !std::isfinite(c.rope_theta) || !(c.rope_theta > 0.0))
-      refuse(RESIDENT_ERR_NON_FINITE, "rms_eps and rope_theta must be finite and > 0");
-    const int cst = residentk_context_check(1, 0, max_ctx);
-    if (cst != RESIDENT_OK)
-      refuse(cst, "max_ctx " + std::to_string(max_ctx) + " outside [1, " +
-                      std::to_string(RESIDENT_MAX_CONTEXT) + "]");
-    cap_ = resident_bucket_ctx(max_ctx);
+  CpuSession(const SessionConfig& c, int64_t max_ctx) : SessionBase(c, max_ctx) {
     nt_ = std::max(1, omp_get_max_threads());
-
     const int64_t D = c.d_model, Dh = c.d_head, F = c.d_ff;
     q_rows_ = (c.h_q + 2 * c.h_kv) * Dh;
     embed_ = Buf(c.vocab * D);
@@ -217,102 +200,40 @@ class CpuSession final : public Session {
     // out (Hkv, T, Dh) so one head's keys stream contiguously.
     kv_ = Buf(residentk_cache_elements(c.n_layers, c.h_kv, Dh, cap_));
 
-    // RoPE table (T, Dh/2), rotate-half pairing (i, i + Dh/2).
-    const int64_t half = Dh / 2;
-    rope_cos_ = Buf(cap_ * half);
-    rope_sin_ = Buf(cap_ * half);
-    for (int64_t p = 0; p < cap_; ++p)
-      for (int64_t i = 0; i < half; ++i) {
-        const double inv_freq = std::pow(c.rope_theta, -double(2 * i) / double(Dh));
-        const double a = double(p) * inv_freq;
-        rope_cos_.p[p * half + i] = float(std::cos(a));
-        rope_sin_.p[p * half + i] = float(std::sin(a));
-      }
+    // RoPE table: cos (T, hw) then sin (T, hw), rotate-half pairing (i, i + Dh/2).
+    const std::vector<float> rope = rope_table(c, cap_);
+    rope_ = Buf(int64_t(rope.size()));
+    std::memcpy(rope_.p, rope.data(), rope.size() * sizeof(float));
+    rope_hw_ = std::max<int64_t>(Dh / 2, 1);
 
     x_ = Buf(D);
     xf_ = Buf(D);
     qkv_ = Buf(q_rows_);
     attn_ = Buf(c.h_q * Dh);
     act_ = Buf(F);
+    logits_ = Buf(c.vocab);
     scratch_ = Buf(int64_t(nt_) * std::max(D, F));
     scores_ = Buf(c.h_q * cap_);
-
-    build_names();
   }
 
-  const SessionConfig& config() const override { return c_; }
   const char* device() const override { return "cpu"; }
-  int64_t max_ctx() const override { return max_ctx_; }
-  int64_t capacity() const override { return cap_; }
-  int64_t position() const override { return pos_; }
-  int64_t dispatches_per_token() const override { return dispatches_; }
 
-  void set_weight(const std::string& name, const std::vector<int64_t>& shape,
-                  const float* data) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    Slot& s = slot_for(name, shape);
-    const int64_t n = elems(shape);
-    s.set = false;
-    // Copied bytewise first: a caller's array (a view into a file, say) need not be 4-byte
-    // aligned, the resident buffer is. Then one NaN or inf weight, which would turn every later
-    // logit into NaN without a word, is refused.
-    std::memcpy(s.dst, data, size_t(n) * sizeof(float));
-    for (int64_t i = 0; i < n; ++i)
-      if (!std::isfinite(s.dst[i])) non_finite(s, name, i);
-    s.set = true;
+ protected:
+  // A tensor's rows go straight into their resident buffer: no staging, one run.
+  float* stage_weight(const TensorSpec& t, int64_t r0, int64_t) override {
+    return dest(t) + r0 * t.cols();
   }
+  void commit_weight(const TensorSpec&, int64_t, int64_t) override {}
+  int64_t weight_chunk_elems() const override { return std::numeric_limits<int64_t>::max(); }
 
-  void set_weight_bf16(const std::string& name, const std::vector<int64_t>& shape,
-                       const uint16_t* bits) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    Slot& s = slot_for(name, shape);
-    const int64_t n = elems(shape);
-    s.set = false;
-    // bf16 is the top half of a float32: widening is exact. Converted straight into the
-    // resident buffer, so loading needs no float32 copy of the tensor on the side.
-    // Read bytewise: a tensor's offset in a safetensors file need not be even.
-    const unsigned char* src = reinterpret_cast<const unsigned char*>(bits);
-    for (int64_t i = 0; i < n; ++i) {
-      uint16_t b;
-      std::memcpy(&b, src + 2 * i, sizeof b);
-      const uint32_t u = uint32_t(b) << 16;
-      float f;
-      std::memcpy(&f, &u, sizeof f);
-      if (!std::isfinite(f)) non_finite(s, name, i);
-      s.dst[i] = f;
-    }
-    s.set = true;
-  }
-
-  std::vector<int64_t> weight_shape(const std::string& name) const override {
-    auto it = slots_.find(name);
-    return it == slots_.end() ? std::vector<int64_t>{} : it->second.shape;
-  }
-
-  std::vector<std::string> missing_weights() const override {
-    std::vector<std::string> out;
-    for (const std::string& n : order_)
-      if (!slots_.at(n).set) out.push_back(n);
-    return out;
-  }
-
-  void prefill(const int64_t* ids, int64_t n, float* logits) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (n < 1) refuse(RESIDENT_ERR_EMPTY_DIMENSION, "prefill needs at least one token");
-    check_ready();
-    check_fits(n);
-    for (int64_t i = 0; i < n; ++i) check_id(ids[i]);
+  void run_prefill(const int64_t* ids, int64_t n, float* logits) override {
     for (int64_t b = 0; b < n; b += PREFILL_BLOCK) {
       const int64_t m = std::min(PREFILL_BLOCK, n - b);
-      prefill_block(ids + b, m, b + m == n ? logits : nullptr);
+      prefill_block(ids + b, m, pos_ + b, b + m == n ? logits : nullptr);
     }
   }
 
-  void step(int64_t id, float* logits) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    check_ready();
-    check_fits(1);
-    check_id(id);
+  void run_step(int64_t id, float* logits) override {
     // Team-size tuning: decode with the team size that has been faster, and now and then try
     // the other one. On an idle machine all cores win (more read bandwidth); on one whose cores
     // are busy with other processes a team of one can be many times faster, because every
@@ -337,87 +258,33 @@ class CpuSession final : public Session {
     ++tokens_;
   }
 
-  void reset() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    pos_ = 0;
+  int64_t run_step_greedy(int64_t id) override {
+    run_step(id, logits_.p);
+    return greedy_argmax(logits_.p, c_.vocab);
   }
 
  private:
-  struct Slot {
-    std::vector<int64_t> shape;
-    float* dst;
-    bool set = false;
-  };
-
-  Slot& slot_for(const std::string& name, const std::vector<int64_t>& shape) {
-    auto it = slots_.find(name);
-    if (it == slots_.end())
-      refuse(RESIDENT_ERR_WEIGHT_LENGTH, "tensor '" + name + "' is not part of this model");
-    if (shape != it->second.shape)
-      refuse(RESIDENT_ERR_WEIGHT_LENGTH, "tensor '" + name + "' has shape " + fmt(shape) +
-                                             ", the config declares " + fmt(it->second.shape));
-    return it->second;
-  }
-  static int64_t elems(const std::vector<int64_t>& shape) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;  // equal to a declared shape, so within the ceilings
-    return n;
-  }
-  [[noreturn]] static void non_finite(Slot& s, const std::string& name, int64_t i) {
-    s.set = false;
-    refuse(RESIDENT_ERR_NON_FINITE,
-           "tensor '" + name + "' holds a non-finite value at flat index " + std::to_string(i));
-  }
-
-  static std::string fmt(const std::vector<int64_t>& s) {
-    std::string o = "[";
-    for (size_t i = 0; i < s.size(); ++i) o += (i ? ", " : "") + std::to_string(s[i]);
-    return o + "]";
-  }
-
-  void add(const std::string& name, std::vector<int64_t> shape, float* dst) {
-    slots_[name] = Slot{std::move(shape), dst, false};
-    order_.push_back(name);
-  }
-
-  void build_names() {
-    const int64_t D = c_.d_model, Dh = c_.d_head, F = c_.d_ff;
-    add("model.embed_tokens.weight", {c_.vocab, D}, embed_.p);
-    for (int64_t i = 0; i < c_.n_layers; ++i) {
-      Layer& l = layers_[size_t(i)];
-      const std::string p = "model.layers." + std::to_string(i) + ".";
-      add(p + "input_layernorm.weight", {D}, l.in_norm.p);
-      add(p + "self_attn.q_proj.weight", {c_.h_q * Dh, D}, l.wqkv.p);
-      add(p + "self_attn.k_proj.weight", {c_.h_kv * Dh, D}, l.wqkv.p + c_.h_q * Dh * D);
-      add(p + "self_attn.v_proj.weight", {c_.h_kv * Dh, D},
-          l.wqkv.p + (c_.h_q + c_.h_kv) * Dh * D);
-      add(p + "self_attn.q_norm.weight", {Dh}, l.q_norm.p);
-      add(p + "self_attn.k_norm.weight", {Dh}, l.k_norm.p);
-      add(p + "self_attn.o_proj.weight", {D, c_.h_q * Dh}, l.wo.p);
-      add(p + "post_attention_layernorm.weight", {D}, l.post_norm.p);
-      add(p + "mlp.gate_proj.weight", {F, D}, l.wg.p);
-      add(p + "mlp.up_proj.weight", {F, D}, l.wu.p);
-      add(p + "mlp.down_proj.weight", {D, F}, l.wd.p);
+  // The resident buffer a table entry lives in (q, k and v share the fused wqkv rows).
+  float* dest(const TensorSpec& t) {
+    const int64_t D = c_.d_model, Dh = c_.d_head;
+    Layer* l = t.layer >= 0 ? &layers_[size_t(t.layer)] : nullptr;
+    switch (t.field) {
+      case Field::Embed: return embed_.p;
+      case Field::LmHead: return head_.p;
+      case Field::FinalNorm: return final_norm_.p;
+      case Field::InNorm: return l->in_norm.p;
+      case Field::QProj: return l->wqkv.p;
+      case Field::KProj: return l->wqkv.p + c_.h_q * Dh * D;
+      case Field::VProj: return l->wqkv.p + (c_.h_q + c_.h_kv) * Dh * D;
+      case Field::QNorm: return l->q_norm.p;
+      case Field::KNorm: return l->k_norm.p;
+      case Field::OProj: return l->wo.p;
+      case Field::PostNorm: return l->post_norm.p;
+      case Field::Gate: return l->wg.p;
+      case Field::Up: return l->wu.p;
+      case Field::Down: return l->wd.p;
     }
-    add("model.norm.weight", {D}, final_norm_.p);
-    if (!c_.tie_word_embeddings) add("lm_head.weight", {c_.vocab, D}, head_.p);
-  }
-
-  void check_ready() const {
-    for (const std::string& n : order_)
-      if (!slots_.at(n).set)
-        refuse(RESIDENT_ERR_WEIGHT_LENGTH, "tensor '" + n + "' was never set");
-  }
-  void check_fits(int64_t n) const {
-    if (pos_ + n > cap_)
-      refuse(RESIDENT_ERR_CONTEXT_FULL, "position " + std::to_string(pos_) + " + " +
-                                            std::to_string(n) + " tokens exceeds the capacity " +
-                                            std::to_string(cap_) + " of this session's KV cache");
-  }
-  void check_id(int64_t id) const {
-    if (id < 0 || id >= c_.vocab)
-      refuse(RESIDENT_ERR_EMPTY_DIMENSION, "token id " + std::to_string(id) + " outside [0, " +
-                                               std::to_string(c_.vocab) + ")");
+    return nullptr;
   }
 
   const float* head() const { return c_.tie_word_embeddings ? embed_.p : head_.p; }
@@ -429,8 +296,8 @@ class CpuSession final : public Session {
   void norm_rope(float* h, const float* w, int64_t p) const {
     const int64_t Dh = c_.d_head, half = Dh / 2;
     rmsnorm(h, w, Dh, c_.rms_eps, h);
-    const float* cs = rope_cos_.p + p * half;
-    const float* sn = rope_sin_.p + p * half;
+    const float* cs = rope_.p + p * rope_hw_;
+    const float* sn = rope_.p + cap_ * rope_hw_ + p * rope_hw_;
     for (int64_t i = 0; i < half; ++i) {
       const float a = h[i], b = h[i + half];
       h[i] = a * cs[i] - b * sn[i];
@@ -568,7 +435,6 @@ class CpuSession final : public Session {
     }
     ++stages;
     dispatches_ = stages;
-    ++pos_;
   }
 
   // Y (M, N) (+)= X (M, K) @ W^T, W (N, K) row-major: the prefill projection.
@@ -596,11 +462,11 @@ class CpuSession final : public Session {
     }
   }
 
-  // M tokens at positions P..P+M-1 through every layer; logits of the last one when asked.
-  void prefill_block(const int64_t* ids, int64_t M, float* logits) {
+  // M tokens at positions p0..p0+M-1 through every layer; logits of the last one when asked.
+  void prefill_block(const int64_t* ids, int64_t M, int64_t p0, float* logits) {
     const Simd& S = simd();
     const int64_t D = c_.d_model, Dh = c_.d_head, F = c_.d_ff, Hq = c_.h_q, Hkv = c_.h_kv;
-    const int64_t G = Hq / Hkv, HD = Hq * Dh, p0 = pos_;
+    const int64_t G = Hq / Hkv, HD = Hq * Dh;
     Buf X(M * D), Xn(M * D), QKV(M * q_rows_), A(M * HD), Gt(M * F), U(M * F);
     for (int64_t r = 0; r < M; ++r)
       std::memcpy(X.p + r * D, embed_.p + ids[r] * D, size_t(D) * sizeof(float));
@@ -645,7 +511,6 @@ class CpuSession final : public Session {
       for (int64_t i = 0; i < M * F; ++i) Gt.p[i] = silu(Gt.p[i]) * U.p[i];
       project(S, Gt.p, M, F, L.wd.p, D, X.p, true);
     }
-    pos_ += M;
     if (!logits) return;
     rmsnorm(X.p + (M - 1) * D, final_norm_.p, D, c_.rms_eps, xf_.p);
 #pragma omp parallel num_threads(nt_)
@@ -656,23 +521,15 @@ class CpuSession final : public Session {
     }
   }
 
-  SessionConfig c_;
-  int64_t max_ctx_ = 0, cap_ = 0, q_rows_ = 0;
-  // Every call that writes the cache, the weights or the scratch holds mu_: two threads sharing
-  // one session are serialized (the bindings release the GIL), never interleaved inside a step.
-  // The position and the stage count are atomics so the property reads need no lock.
-  std::mutex mu_;
-  std::atomic<int64_t> pos_{0}, dispatches_{0};
+  int64_t q_rows_ = 0, rope_hw_ = 1;
   int nt_ = 1;       // threads prefill uses, omp_get_max_threads() at construction
   int cur_nt_ = 1;   // threads the decode step in flight uses (1 or nt_)
   int choice_ = 1;   // 1: decode with nt_ threads, 0: with one
   double ema_[2] = {0.0, 0.0};  // smoothed seconds per decode token, team of one / of nt_
   int64_t tokens_ = 0, next_probe_ = 2, probe_every_ = 16;
-  Buf embed_, head_, final_norm_, kv_, rope_cos_, rope_sin_;
+  Buf embed_, head_, final_norm_, kv_, rope_;
   std::vector<Layer> layers_;
-  Buf x_, xf_, qkv_, attn_, act_, scratch_, scores_, gemm_ws_;
-  std::map<std::string, Slot> slots_;
-  std::vector<std::string> order_;
+  Buf x_, xf_, qkv_, attn_, act_, logits_, scratch_, scores_, gemm_ws_;
 };
 
 }  // namespace

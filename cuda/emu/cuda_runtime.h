@@ -94,6 +94,7 @@ enum cudaError_t {
   cudaErrorStreamCaptureImplicit = 906,
   cudaErrorCapturedEvent = 907,
   cudaErrorIllegalState = 401,
+  cudaErrorLaunchFailure = 719,
   cudaErrorUnknown = 999,
 };
 
@@ -316,6 +317,9 @@ inline Launcher<P...> launch(const char* name, void (*fn)(P...), dim3 grid, dim3
 
 // Facts about the emulated device, for tests and error messages.
 const char* order_name();  // forward, reverse or random:SEED
+// Test hook: the n-th next runtime call that can fail on a device (a launch, a copy, a memset, a
+// synchronization, a graph launch) fails with cudaErrorLaunchFailure instead of running; 0 off.
+void fail_after(long n);
 
 template <class T>
 inline uint64_t to_bits(T v) {

@@ -564,6 +564,19 @@ void* static_smem_ptr(const char* key, size_t bytes, size_t align) {
 
 const char* order_name() { return config().order_name.c_str(); }
 
+namespace {
+std::atomic<long> g_fail_in{0};
+// True when this call is the one fail_after() asked to fail.
+bool injected() {
+  long v = g_fail_in.load();
+  while (v > 0)
+    if (g_fail_in.compare_exchange_weak(v, v - 1)) return v == 1;
+  return false;
+}
+}  // namespace
+
+void fail_after(long n) { g_fail_in = n > 0 ? n : 0; }
+
 // ---- host side -------------------------------------------------------------------------------
 using Op = std::function<void()>;
 
@@ -761,6 +774,7 @@ const char* error_name(cudaError_t e) {
     case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
     case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
     case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     case cudaErrorUnknown: return "cudaErrorUnknown";
   }
   return "cudaErrorUnknown";
@@ -790,6 +804,7 @@ const char* error_string(cudaError_t e) {
     case cudaErrorStreamCaptureWrongThread:
       return "attempt to terminate a thread-local capture sequence from another thread";
     case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
     case cudaErrorUnknown: return "unknown error";
   }
   return "unrecognized error code";
@@ -801,6 +816,7 @@ cudaError_t enqueue_launch(const LaunchSpec& spec, std::shared_ptr<const std::fu
   Device& d = dev();
   std::lock_guard<std::recursive_mutex> lock(d.mu);
   if (no_device()) return ret(cudaErrorNoDevice);
+  if (injected()) return ret(cudaErrorLaunchFailure);
   Stream* s = resolve(spec.stream);
   if (!s) return ret(cudaErrorInvalidResourceHandle);
   const dim3 g = spec.grid, b = spec.block;
@@ -901,6 +917,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
 cudaError_t cudaDeviceSynchronize() {
   Device& d = dev();
   std::lock_guard<std::recursive_mutex> lock(d.mu);
+  if (injected()) return ret(cudaErrorLaunchFailure);
   if (no_device()) return ret(cudaErrorNoDevice);
   if (capture_forbids_sync()) return ret(cudaErrorStreamCaptureUnsupported);
   drain_all();
@@ -1006,6 +1023,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
                             cudaStream_t stream) {
   Device& d = dev();
   std::lock_guard<std::recursive_mutex> lock(d.mu);
+  if (injected()) return ret(cudaErrorLaunchFailure);
   if (no_device()) return ret(cudaErrorNoDevice);
   Stream* s = resolve(stream);
   if (!s) return ret(cudaErrorInvalidResourceHandle);
@@ -1037,6 +1055,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
   Device& d = dev();
   std::lock_guard<std::recursive_mutex> lock(d.mu);
+  if (injected()) return ret(cudaErrorLaunchFailure);
   if (no_device()) return ret(cudaErrorNoDevice);
   if (capture_forbids_sync()) return ret(cudaErrorStreamCaptureUnsupported);
   if (n == 0) return cudaSuccess;
@@ -1053,6 +1072,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind
 cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t stream) {
   Device& d = dev();
   std::lock_guard<std::recursive_mutex> lock(d.mu);
+  if (injected()) return ret(cudaErrorLaunchFailure);
   if (no_device()) return ret(cudaErrorNoDevice);
   Stream* s = resolve(stream);
   if (!s) return ret(cudaErrorInvalidResourceHandle);
@@ -1066,6 +1086,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t stream) {
 cudaError_t cudaMemset(void* p, int value, size_t n) {
   Device& d = dev();
   std::lock_guard<std::recursive_mutex> lock(d.mu);
+  if (injected()) return ret(cudaErrorLaunchFailure);
   if (no_device()) return ret(cudaErrorNoDevice);
   if (capture_forbids_sync()) return ret(cudaErrorStreamCaptureUnsupported);
   if (n == 0) return cudaSuccess;
@@ -1102,6 +1123,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   Device& d = dev();
   std::lock_guard<std::recursive_mutex> lock(d.mu);
+  if (injected()) return ret(cudaErrorLaunchFailure);
   if (no_device()) return ret(cudaErrorNoDevice);
   Stream* s = resolve(stream);
   if (!s) return ret(cudaErrorInvalidResourceHandle);
@@ -1189,6 +1211,7 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t g, unsigned 
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   Device& d = dev();
   std::lock_guard<std::recursive_mutex> lock(d.mu);
+  if (injected()) return ret(cudaErrorLaunchFailure);
   if (!exec || !d.execs.count(exec)) return ret(cudaErrorInvalidResourceHandle);
   Stream* s = resolve(stream);
   if (!s) return ret(cudaErrorInvalidResourceHandle);

@@ -6,9 +6,9 @@
 //
 // Everything here answers "would a session hold this shape, and what would it cost" without a
 // device: the CPU session, the CUDA session and the `algenta plan` tool all size themselves with
-// these functions, so each formula exists once. Nothing in this header pulls in CUDA; the device
-// facts live in the probe (resident_gpu_kernels_compiled / resident_available below, the device
-// question answered by cuda/probe.cu, compiled only when ALGENTA_GPU is on).
+// these functions, so each formula exists once. Nothing in this header knows a backend exists:
+// the probe's device facts (resident_gpu_kernels_compiled / resident_available below,
+// cpp/src/residentk_probe.cpp) are the CUDA backend's answer to cuda_backend() (session.hpp).
 //
 // Arithmetic: every count is int64. The per-dimension ceilings keep every product the contract
 // forms below 2^50 (see RESIDENT_MAX_*), and the products are still formed with overflow checks,
@@ -26,7 +26,7 @@ enum : int {
   RESIDENT_ERR_EMPTY_DIMENSION = 601,
   RESIDENT_ERR_DIMENSION_TOO_LARGE = 602,
   RESIDENT_ERR_HEAD_GEOMETRY = 603,
-  RESIDENT_ERR_NO_KERNELS = 604,       // built without ALGENTA_GPU
+  RESIDENT_ERR_NO_KERNELS = 604,       // built without a CUDA backend
   RESIDENT_ERR_NO_ACCELERATOR = 605,   // kernels compiled, no usable CUDA device
   RESIDENT_ERR_CONTEXT_FULL = 606,
   RESIDENT_ERR_WEIGHT_LENGTH = 607,
@@ -163,12 +163,13 @@ int64_t residentk_max_ctx_fitting(int64_t d_model, int64_t h_q, int64_t h_kv, in
                                   int64_t tp, int64_t budget_bytes, bool check_tier = true);
 
 // ---- probe ----------------------------------------------------------------------------------
-// A build fact: true only in an ALGENTA_GPU=ON build.
+// A build fact: true in a build with a CUDA backend (ALGENTA_GPU, or ALGENTA_CUDA_EMU whose
+// kernels run on the CPU emulator).
 bool resident_gpu_kernels_compiled();
-// A host fact: the current CUDA device exists and can run this binary's kernels. Any CUDA error
-// (no driver, no device, no compatible kernel image) reads as false. Always false without
-// ALGENTA_GPU. Asked once per process: the CUDA runtime's initialization result is itself fixed
-// for the life of the process.
+// A host fact: the current CUDA device exists and can run this binary's kernels (always true on
+// the emulator). Any CUDA error (no driver, no device, no compatible kernel image) reads as
+// false. Always false without a CUDA backend. Asked once per process: the CUDA runtime's
+// initialization result is itself fixed for the life of the process.
 bool resident_available();
 
 struct ResidentProbe {
@@ -186,11 +187,6 @@ struct ResidentProbe {
 // embeddings) is 0 for a refused shape.
 ResidentProbe resident_session_probe(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
                                      int64_t d_ff, int64_t n_layers, int64_t vocab);
-
-#ifdef ALGENTA_GPU
-// cuda/probe.cu: true when the current device runs a kernel image from this binary.
-bool cuda_device_usable() noexcept;
-#endif
 
 }  // namespace residentk
 }  // namespace algenta

@@ -1,5 +1,6 @@
 // residentk session: the interface every resident decode backend implements (the CPU engine in
-// cpp/src/session_cpu.cpp; a CUDA backend later, behind the same signatures). No CUDA, no OpenMP.
+// cpp/src/session_cpu.cpp, the CUDA engine in cuda/session_cuda.cu), and the CUDA backend's
+// entry points. No CUDA, no OpenMP.
 //
 // Dimension legend: D d_model, Hq query heads, Hkv key/value heads, Dh d_head, F d_ff, L layers,
 // V vocab, T capacity (KV positions allocated), P position (tokens already in the cache).
@@ -9,13 +10,14 @@
 // slot each, written in place; nothing is ever reallocated or copied to grow. The model is Qwen3
 // exactly as HuggingFace transformers computes it (see session_cpu.cpp for the stage list).
 //
-// A session may be shared between threads: calls that write (set_weight*, prefill, step,
-// reset) are serialized by the implementation, and the property reads never block.
+// A session may be shared between threads: calls that write (set_weight, prefill, step,
+// step_greedy, reset) are serialized by the implementation, and the property reads never block.
 //
 // Weights are handed over one tensor at a time by their HuggingFace names
 // (`model.layers.3.self_attn.q_proj.weight`, ...) so a loader can stream a checkpoint with peak
 // memory about one model, and every tensor's shape is checked against the config before a byte
-// of it is kept (status 607 naming the tensor).
+// of it is kept (status 607 naming the tensor). The table of names and shapes, the registry and
+// the conversions are written once, in session_weights.hpp, for every backend.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -38,6 +40,9 @@ struct SessionConfig {
   bool tie_word_embeddings = true;  // the head reuses model.embed_tokens.weight
 };
 
+// Element types a tensor can arrive in (what checkpoints store).
+enum class SourceType { F32, BF16, F16 };
+
 class Session {
  public:
   virtual ~Session() = default;
@@ -51,15 +56,12 @@ class Session {
   // fused or skipped stage shows up against residentk_dispatch_budget(n_layers).
   virtual int64_t dispatches_per_token() const = 0;
 
-  // Copy one HF-named tensor into the resident weights. data need not be aligned (a view into
-  // a file often is not; the CPU engine copies bytewise). shape is the tensor's shape as stored;
-  // a name the model does not have, or a shape that does not match the config, throws 607.
+  // Copy one HF-named tensor (`type` elements, row-major, any alignment: a view into a file
+  // often is not aligned) into the resident weights, widened to float32. A name the model does
+  // not have or a shape that does not match the config throws 607; a non-finite value 609, and
+  // leaves the tensor unset (never half old, half new).
   virtual void set_weight(const std::string& name, const std::vector<int64_t>& shape,
-                          const float* data) = 0;
-  // The same from bfloat16 bit patterns (what most published checkpoints store), widened to
-  // float32 directly into the resident buffer.
-  virtual void set_weight_bf16(const std::string& name, const std::vector<int64_t>& shape,
-                               const uint16_t* bits) = 0;
+                          const void* data, SourceType type) = 0;
   // The shape the config declares for an HF-named tensor; empty when the model has no such
   // tensor. Lets a loader refuse a checkpoint entry before reading (or converting) its data.
   virtual std::vector<int64_t> weight_shape(const std::string& name) const = 0;
@@ -68,38 +70,55 @@ class Session {
 
   // Append n tokens at positions P..P+n-1; logits (V) receive the last position's logits.
   // Refuses (606) when P+n > T, (607) when weights are missing, (601) on n < 1 or an id outside
-  // [0, V); a refusal leaves the session untouched.
+  // [0, V); a refusal, or a failure of the backend (608), leaves the position where it was.
   virtual void prefill(const int64_t* ids, int64_t n, float* logits) = 0;
   // Append one token; logits (V). Same refusals as prefill.
   virtual void step(int64_t id, float* logits) = 0;
+  // Append one token and return the argmax of its logits (greedy decoding: the first maximum,
+  // a NaN counting as larger than any number, exactly as numpy.argmax). A backend may form it
+  // where the logits are (the CUDA engine copies back one id instead of V logits).
+  virtual int64_t step_greedy(int64_t id) = 0;
   // Rewind to position 0. The cache is not freed or reallocated; stale slots past P are never
   // read because attention only ever looks at positions < P.
   virtual void reset() = 0;
 };
 
 // The CPU engine (float32, OpenMP). Throws StatusError(Resident, 601-603/609) on a config the
-// residentk contract refuses and 606 when max_ctx exceeds RESIDENT_MAX_CONTEXT.
+// residentk contract refuses and 601/602 on a max_ctx outside [1, RESIDENT_MAX_CONTEXT].
 std::unique_ptr<Session> make_cpu_session(const SessionConfig& cfg, int64_t max_ctx);
-
-// The CUDA engine (cuda/session_cuda.cu, compiled only with ALGENTA_GPU): the same contract as the
-// CPU engine, weights and the KV cache resident in device memory. Refuses as make_cpu_session
-// does (the contract's checks run on the host first), then 604 in a build without ALGENTA_GPU,
-// 605 on a host without a usable CUDA device (before any allocation), and 608 for any CUDA error
-// at any later call.
-std::unique_ptr<Session> make_cuda_session(const SessionConfig& cfg, int64_t max_ctx);
-// Greedy decoding on the device: step(id) whose argmax (the first maximum, as numpy.argmax) is
-// formed by the head kernel, so one id comes back per token instead of V logits. s must be a
-// session make_cuda_session returned (601 otherwise); 604 without ALGENTA_GPU.
-int64_t cuda_step_greedy(Session& s, int64_t id);
-// Device-to-device copy bandwidth of the current CUDA device in bytes/s, counting the read and
-// the write (2 * bytes per copy): the best of `reps` timed cudaMemcpy's of a `bytes` buffer. The
-// roofline perf/bench_decode_gpu.py reports decode against. 604/605/608 as make_cuda_session.
-double cuda_copy_bandwidth(int64_t bytes, int reps);
 
 // All-core streaming read bandwidth of this host in bytes/s: sums a buffer of `bytes` bytes
 // `reps` times with the same SIMD and thread layout the decode matvec uses, and returns the best
 // repetition. The roofline perf/bench_decode_cpu.py reports decode against.
 double cpu_read_bandwidth(int64_t bytes, int reps);
+
+// ---- the CUDA backend's entry points ------------------------------------------------------
+// Implemented by cuda/ in a build with a CUDA backend (ALGENTA_GPU with nvcc, or ALGENTA_CUDA_EMU
+// over the CPU emulator) and by cuda/absent.cpp, which refuses with 604, in a build without one.
+
+struct CudaBackend {
+  std::string kind;     // "device" (nvcc build), "emulator" (ALGENTA_CUDA_EMU) or "none"
+  bool usable = false;  // a device (or the emulated one) this binary's kernels run on
+  std::string device_name;
+  std::string why;      // when not usable: what failed, with the CUDA error and versions
+  int driver_version = 0, runtime_version = 0;  // 1000 * major + 10 * minor, 0 when unknown
+};
+// Asked once per process (the CUDA runtime's own initialization result is fixed for its life).
+const CudaBackend& cuda_backend();
+
+// The CUDA engine: the same contract as the CPU engine, weights and the KV cache resident in
+// device memory. Refuses as make_cpu_session does (the checks run on the host first), then 604
+// in a build without a CUDA backend, 605 on a host without a usable device (before any
+// allocation, naming why), and 608 for any CUDA error at any later call.
+std::unique_ptr<Session> make_cuda_session(const SessionConfig& cfg, int64_t max_ctx);
+// Device-to-device copy bandwidth of the current CUDA device in bytes/s, counting the read and
+// the write (2 * bytes per copy): the best of `reps` timed copies of a `bytes` buffer. The
+// roofline perf/bench_decode_gpu.py reports decode against. 604/605/608 as make_cuda_session.
+double cuda_copy_bandwidth(int64_t bytes, int reps);
+// Test hook of the emulation build: the n-th next CUDA call that can fail on a device (launch,
+// copy, memset, synchronization, graph launch) fails with cudaErrorLaunchFailure; 0 turns it
+// off. Returns false, doing nothing, in every other build.
+bool cuda_emulator_fail_after(int64_t n);
 
 }  // namespace residentk
 }  // namespace algenta

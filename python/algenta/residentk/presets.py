@@ -7,10 +7,9 @@ smaller models tie the embedding to the lm_head, the three larger ones do not.
 
 from __future__ import annotations
 
-import json
-import numbers
-
 from .._records import record_type
+from ..errors import ResidentError
+from .config import parse_hf_config, read_json_file
 
 ModelShape = record_type(
     "ModelShape",
@@ -52,72 +51,32 @@ def preset(name: str) -> ModelShape:
     return PRESETS[key]
 
 
-def _int_field(cfg: dict, key: str) -> int:
-    if key not in cfg:
-        raise ValueError(f"config has no {key!r}")
-    v = cfg[key]
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-        raise ValueError(f"config {key!r} must be an integer, got {v!r}")
-    return int(v)
-
-
-def _real_field(cfg: dict, key: str, default: float) -> float:
-    v = cfg.get(key, default)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise ValueError(f"config {key!r} must be a number, got {v!r}")
-    return float(v)
-
-
 def shape_from_hf_config(cfg: dict, name: str = "config") -> ModelShape:
-    """A :class:`ModelShape` from a HuggingFace ``config.json`` dict (Qwen3/Llama-style keys).
-
-    ``head_dim`` defaults to ``hidden_size // num_attention_heads`` and ``num_key_value_heads``
-    to ``num_attention_heads`` (as transformers does); ``rope_theta`` is read at the top level or
-    inside ``rope_parameters`` (newer transformers); ``tie_word_embeddings`` defaults to True (the
-    transformers default). A missing or non-integer size raises ``ValueError``; the numbers
-    themselves are judged by :func:`algenta.residentk.contract.residentk_shape_check`."""
-    if not isinstance(cfg, dict):
-        raise ValueError("config must be a JSON object")
-    if "text_config" in cfg and "hidden_size" not in cfg and isinstance(cfg["text_config"], dict):
-        cfg = cfg["text_config"]  # multimodal wrappers keep the language model's shape here
-    d_model = _int_field(cfg, "hidden_size")
-    h_q = _int_field(cfg, "num_attention_heads")
-    h_kv = _int_field(cfg, "num_key_value_heads") if cfg.get("num_key_value_heads") is not None else h_q
-    if cfg.get("head_dim") is not None:
-        d_head = _int_field(cfg, "head_dim")
-    else:
-        d_head = d_model // h_q if h_q > 0 else 0
-    theta = cfg.get("rope_theta")
-    rope = cfg.get("rope_parameters")
-    if theta is None and isinstance(rope, dict):
-        theta = rope.get("rope_theta")
-    tied = cfg.get("tie_word_embeddings", True)
-    if not isinstance(tied, bool):
-        raise ValueError(f"config 'tie_word_embeddings' must be true or false, got {tied!r}")
+    """A :class:`ModelShape` from a HuggingFace ``config.json`` dict, read by the one config
+    reader (:func:`algenta.residentk.config.parse_hf_config`, transformers' defaults: an untied
+    head for Qwen3 unless the file says otherwise). A field that is missing or of the wrong type
+    raises ``ResidentError`` (a ``ValueError``) with its status; the sizes themselves are judged
+    by :func:`algenta.residentk.contract.residentk_shape_check`."""
+    m = parse_hf_config(cfg)
+    src = cfg.get("text_config", cfg) if "hidden_size" not in cfg else cfg
     return ModelShape(
-        name=str(cfg.get("_name_or_path") or name), d_model=d_model, h_q=h_q, h_kv=h_kv,
-        d_head=d_head, d_ff=_int_field(cfg, "intermediate_size"),
-        n_layers=_int_field(cfg, "num_hidden_layers"), vocab=_int_field(cfg, "vocab_size"),
-        tied=tied, rope_theta=_real_field({"rope_theta": theta}, "rope_theta", 10000.0),
-        rms_eps=_real_field(cfg, "rms_norm_eps", 1e-6),
-    )
+        name=str(src.get("_name_or_path") or name), d_model=m.d_model, h_q=m.h_q, h_kv=m.h_kv,
+        d_head=m.d_head, d_ff=m.d_ff, n_layers=m.n_layers, vocab=m.vocab, tied=m.tied,
+        rope_theta=m.rope_theta, rms_eps=m.rms_eps)
 
 
 def load_hf_config(path) -> ModelShape:
     """:func:`shape_from_hf_config` of a ``config.json`` file (or a directory holding one).
-    Raises ``OSError`` if it cannot be read and ``ValueError`` if it is not a usable config."""
+    Raises ``OSError`` if it cannot be read and ``ResidentError`` (a ``ValueError``) if it is not
+    a usable config."""
     import os
 
     p = os.fspath(path)
     if os.path.isdir(p):
         p = os.path.join(p, "config.json")
-    with open(p, encoding="utf-8") as f:
-        try:
-            cfg = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"not valid JSON: {e.msg} (line {e.lineno})") from None
+    cfg = read_json_file(p, os.path.basename(p))
+    if not isinstance(cfg, dict):
+        raise ResidentError(f"{os.path.basename(p)} is not a JSON object", 607)
     return shape_from_hf_config(cfg, name=os.path.basename(os.path.dirname(os.path.abspath(p))) or p)
 
 

@@ -4,9 +4,10 @@ generation, the cache written in place one slot per token, its cost known before
 ``ResidentSession`` is the one Python face of every backend (``cpp/include/algenta/session.hpp``).
 The CPU engine (float32, OpenMP) is the reference for the CUDA backend and a fast engine in its
 own right. ``device="cuda"`` runs the CUDA engine (cuda/session_cuda.cu) where the build has it
-(``-Ccmake.define.ALGENTA_GPU=ON``) and the host a usable device, and refuses with 604/605
-otherwise; ``device="auto"`` picks it when it can run. On CUDA, greedy ``generate`` takes the
-argmax on the device and copies back one id per token.
+(``-Ccmake.define.ALGENTA_GPU=ON``, or ``ALGENTA_CUDA_EMU=ON`` where its kernels run on the CPU
+emulator) and the host a usable device, and refuses with 604/605 otherwise; ``device="auto"``
+picks it when it can run. Greedy ``generate`` takes the argmax in the engine (on CUDA, on the
+device, copying back one id per token instead of the logits).
 
 Two limits, both fixed when the session opens:
 
@@ -21,153 +22,39 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
 from .. import _core
-from .._records import record_type
 from ..errors import ResidentError, ResidentUnavailableError
+from .config import CONFIG_KEYS, ResidentConfig, make_config  # noqa: F401 (re-exported)
+from .weights import engine_tensor, expected_shapes, random_weights  # noqa: F401 (re-exported)
 
 _c = _core.residentk
-
-CONFIG_KEYS = ("d_model", "h_q", "h_kv", "d_head", "d_ff", "n_layers", "vocab", "rms_eps",
-               "rope_theta", "tie_word_embeddings")
-ResidentConfig = record_type(
-    "ResidentConfig", CONFIG_KEYS,
-    "The shape and scalars of a Qwen3 model as a resident session holds it (d_head need not "
-    "equal d_model / h_q).")
-
-_DEFAULTS = {"rms_eps": 1e-6, "rope_theta": 1_000_000.0, "tie_word_embeddings": True}
-_INT_KEYS = CONFIG_KEYS[:7]
-
-
-def make_config(config) -> ResidentConfig:
-    """A ResidentConfig from a mapping with CONFIG_KEYS (rms_eps, rope_theta and
-    tie_word_embeddings default to Qwen3's 1e-6, 1e6 and True)."""
-    if not isinstance(config, Mapping):
-        raise TypeError(f"config must be a mapping with keys {CONFIG_KEYS}, "
-                        f"got {type(config).__name__}")
-    unknown = set(config) - set(CONFIG_KEYS)
-    if unknown:
-        raise TypeError(f"unknown config keys {sorted(unknown)}; expected {CONFIG_KEYS}")
-    items = {}
-    for k in CONFIG_KEYS:
-        if k not in config and k not in _DEFAULTS:
-            raise TypeError(f"config is missing {k!r}")
-        v = config.get(k, _DEFAULTS.get(k))
-        if k in _INT_KEYS:
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-                raise TypeError(f"config[{k!r}] must be an int, got {type(v).__name__}")
-            v = int(v)
-            if not -(2**63) <= v < 2**63:
-                raise ResidentError(f"config[{k!r}] = {v} is past any dimension ceiling",
-                                    601 if v < 0 else 602)
-        elif k == "tie_word_embeddings":
-            v = bool(v)
-        else:
-            if isinstance(v, bool) or not isinstance(v, numbers.Real):
-                raise TypeError(f"config[{k!r}] must be a number, got {type(v).__name__}")
-            v = float(v)
-        items[k] = v
-    return ResidentConfig(**items)
-
 
 def _resolve_device(device: str) -> str:
     if device not in ("cpu", "cuda", "auto"):
         raise ResidentError(f"device must be 'cpu', 'cuda' or 'auto', got {device!r}", 601)
-    cuda_ok = _core.session.cuda_backend_compiled and _c.resident_available()
+    backend = _core.session.cuda_backend()
     if device == "auto":
-        return "cuda" if cuda_ok else "cpu"
-    if device == "cuda" and not cuda_ok:
-        if not _c.resident_gpu_kernels_compiled():
-            raise ResidentUnavailableError(
-                "device='cuda': this binary was built without ALGENTA_GPU, so no CUDA kernels are "
-                "compiled in; use device='cpu' or rebuild with -Ccmake.define.ALGENTA_GPU=ON", 604)
-        if not _c.resident_available():
-            raise ResidentUnavailableError(
-                "device='cuda': CUDA kernels are compiled in but this host has no usable CUDA "
-                "device; use device='cpu'", 605)
+        return "cuda" if backend["usable"] else "cpu"
+    if device == "cuda" and not backend["usable"]:
+        if backend["kind"] == "none":
+            raise ResidentUnavailableError(f"device='cuda': {backend['why']}", 604)
         raise ResidentUnavailableError(
-            "device='cuda': this build has the CUDA probe but no CUDA session backend; use "
-            "device='cpu'", 604)
+            f"device='cuda': the CUDA backend is built in but this host has no usable CUDA "
+            f"device ({backend['why']}); use device='cpu'", 605)
     return device
 
 
 def _open_engine(cfg: ResidentConfig, max_ctx: int, device: str):
     if isinstance(max_ctx, bool) or not isinstance(max_ctx, numbers.Integral):
         raise TypeError(f"max_ctx must be an int, got {type(max_ctx).__name__}")
-    device = _resolve_device(device)
-    if device == "cuda":
-        return _core.session.cuda_session(
-            cfg.d_model, cfg.h_q, cfg.h_kv, cfg.d_head, cfg.d_ff, cfg.n_layers, cfg.vocab,
-            cfg.rms_eps, cfg.rope_theta, cfg.tie_word_embeddings, int(max_ctx))
-    return _core.session.cpu_session(
-        cfg.d_model, cfg.h_q, cfg.h_kv, cfg.d_head, cfg.d_ff, cfg.n_layers, cfg.vocab,
-        cfg.rms_eps, cfg.rope_theta, cfg.tie_word_embeddings, int(max_ctx))
-
-
-def expected_shapes(config) -> dict:
-    """HF tensor name -> shape of every tensor a session with this config holds (the engine's
-    own table, Session::weight_shape, is the final check; tests hold the two equal). Lets a
-    loader compare a checkpoint with its config before the session allocates anything."""
-    cfg = make_config(config)
-    D, Hq, Hkv, Dh, F = cfg.d_model, cfg.h_q, cfg.h_kv, cfg.d_head, cfg.d_ff
-    out = {"model.embed_tokens.weight": (cfg.vocab, D)}
-    for i in range(cfg.n_layers):
-        p = f"model.layers.{i}."
-        out.update({
-            p + "input_layernorm.weight": (D,),
-            p + "self_attn.q_proj.weight": (Hq * Dh, D),
-            p + "self_attn.k_proj.weight": (Hkv * Dh, D),
-            p + "self_attn.v_proj.weight": (Hkv * Dh, D),
-            p + "self_attn.q_norm.weight": (Dh,),
-            p + "self_attn.k_norm.weight": (Dh,),
-            p + "self_attn.o_proj.weight": (D, Hq * Dh),
-            p + "post_attention_layernorm.weight": (D,),
-            p + "mlp.gate_proj.weight": (F, D),
-            p + "mlp.up_proj.weight": (F, D),
-            p + "mlp.down_proj.weight": (D, F),
-        })
-    out["model.norm.weight"] = (D,)
-    if not cfg.tie_word_embeddings:
-        out["lm_head.weight"] = (cfg.vocab, D)
-    return out
-
-
-def random_weights(config, seed: int = 0) -> Iterable:
-    """(HF name, float32 array) pairs of a reproducible random Qwen3 model, one tensor at a time
-    (so a multi-GB benchmark model is never held twice). Projections are N(0, 1/fan_in), the
-    embedding N(0, 1), norm weights 1 + N(0, 0.01): activations stay O(1) at any depth."""
-    cfg = make_config(config)
-    rng = np.random.default_rng(seed)
-    D, Hq, Hkv, Dh, F = cfg.d_model, cfg.h_q, cfg.h_kv, cfg.d_head, cfg.d_ff
-
-    def mat(rows, cols):
-        a = rng.standard_normal((rows, cols), dtype=np.float32)
-        a *= np.float32(1.0 / math.sqrt(cols))
-        return a
-
-    def norm(n):
-        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
-
-    yield "model.embed_tokens.weight", rng.standard_normal((cfg.vocab, D), dtype=np.float32)
-    for i in range(cfg.n_layers):
-        p = f"model.layers.{i}."
-        yield p + "input_layernorm.weight", norm(D)
-        yield p + "self_attn.q_proj.weight", mat(Hq * Dh, D)
-        yield p + "self_attn.k_proj.weight", mat(Hkv * Dh, D)
-        yield p + "self_attn.v_proj.weight", mat(Hkv * Dh, D)
-        yield p + "self_attn.q_norm.weight", norm(Dh)
-        yield p + "self_attn.k_norm.weight", norm(Dh)
-        yield p + "self_attn.o_proj.weight", mat(D, Hq * Dh)
-        yield p + "post_attention_layernorm.weight", norm(D)
-        yield p + "mlp.gate_proj.weight", mat(F, D)
-        yield p + "mlp.up_proj.weight", mat(F, D)
-        yield p + "mlp.down_proj.weight", mat(D, F)
-    yield "model.norm.weight", norm(D)
-    if not cfg.tie_word_embeddings:
-        yield "lm_head.weight", mat(cfg.vocab, D)
+    factory = (_core.session.cuda_session if _resolve_device(device) == "cuda"
+               else _core.session.cpu_session)
+    return factory(cfg.d_model, cfg.h_q, cfg.h_kv, cfg.d_head, cfg.d_ff, cfg.n_layers, cfg.vocab,
+                   cfg.rms_eps, cfg.rope_theta, cfg.tie_word_embeddings, int(max_ctx))
 
 
 def _token_ids(ids, vocab: int, what: str) -> np.ndarray:
@@ -236,36 +123,19 @@ class ResidentSession:
     """
 
     def __init__(self, config, weights, *, max_ctx: int = 512, device: str = "cpu"):
-        self._open(config, max_ctx, device)
-        pairs = weights.items() if isinstance(weights, Mapping) else weights
-        for name, arr in pairs:
-            self._set(name, arr)
-        self._check_complete()
-
-    # -- construction helpers -------------------------------------------------------------
-    def _open(self, config, max_ctx, device):
-        # Allocates the resident buffers (weights zeroed, the KV cache at capacity) up front,
-        # so streaming a checkpoint in costs one tensor on top of them, never a second model.
+        # The engine allocates its resident buffers (the KV cache at capacity) up front, so
+        # streaming a checkpoint in costs one tensor on top of them, never a second model.
         self._config = make_config(config)
         self._engine = _open_engine(self._config, max_ctx, device)
         self._device = self._engine.device
-
-    def _set(self, name, arr):
-        if not isinstance(name, str):
-            raise TypeError(f"weight names must be str, got {type(name).__name__}")
-        if name == "lm_head.weight" and self._config.tie_word_embeddings:
-            return
-        if hasattr(arr, "detach") and hasattr(arr, "float"):  # a torch tensor (any dtype/device)
-            arr = arr.detach().float().cpu().numpy()
-        self._engine.set_weight(name, np.asarray(arr))
-
-    def _set_bf16(self, name, bits):
-        # bits: uint16 bfloat16 patterns, widened in the engine straight into its buffer.
-        if name == "lm_head.weight" and self._config.tie_word_embeddings:
-            return
-        self._engine.set_weight_bf16(name, bits)
-
-    def _check_complete(self):
+        tied = self._config.tie_word_embeddings
+        pairs = weights.items() if isinstance(weights, Mapping) else weights
+        for name, arr in pairs:
+            if not isinstance(name, str):
+                raise TypeError(f"weight names must be str, got {type(name).__name__}")
+            if name == "lm_head.weight" and tied:
+                continue  # tied: the embedding table is the head, loaded once
+            self._engine.set_weight(name, *engine_tensor(arr))
         missing = self._engine.missing_weights()
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -284,10 +154,15 @@ class ResidentSession:
     @classmethod
     def from_pretrained(cls, path, *, max_ctx: int = 512, device: str = "cpu", progress=None):
         """A HuggingFace Qwen3 checkpoint directory (config.json + model.safetensors or a sharded
-        index), streamed tensor by tensor into float32. See algenta.residentk.loader."""
-        from .loader import load_pretrained
+        index), streamed tensor by tensor into the engine. Every header is checked against
+        config.json before the session allocates anything (see algenta.residentk.loader).
 
-        return load_pretrained(cls, path, max_ctx=max_ctx, device=device, progress=progress)
+        progress: None shows a progress line when stderr is a terminal; True/False force it; a
+        callable receives (bytes_done, bytes_total) after each tensor."""
+        from .loader import open_checkpoint
+
+        ck = open_checkpoint(path)
+        return cls(ck.config, ck.tensors(progress), max_ctx=max_ctx, device=device)
 
     # -- properties -------------------------------------------------------------------------
     config = property(lambda self: self._config, doc="The ResidentConfig this session holds.")
@@ -353,9 +228,9 @@ class ResidentSession:
         if n_new == 0:
             return out
         logits = self.prefill(ids)
-        # Greedy on CUDA: the head kernel forms the argmax (first maximum, as np.argmax) on the
-        # device and one id comes back per token instead of vocab logits.
-        device_greedy = self._device == "cuda" and float(temperature) == 0.0
+        # Greedy: the engine forms the argmax (numpy.argmax's order) where the logits are, so on
+        # CUDA one id comes back per token instead of vocab logits.
+        greedy = float(temperature) == 0.0
         nxt = None
         for i in range(int(n_new)):
             t = pick(logits) if nxt is None else nxt
@@ -364,8 +239,8 @@ class ResidentSession:
                 on_token(t)
             if t in stop or i + 1 == n_new:
                 break
-            if device_greedy:
-                nxt = _core.session.cuda_step_greedy(self._engine, t)
+            if greedy:
+                nxt = self._engine.step_greedy(t)
             else:
                 logits = self._engine.step(t)
         return out

@@ -1,16 +1,16 @@
-// Host-side launch planning of the CUDA resident session (see session_cuda_plan.hpp): compiled in
-// every build, so grid sizes, split counts, buffer sizes and offsets are tested without a GPU.
-// In a build without ALGENTA_GPU this file also holds make_cuda_session's 604 refusal.
+// Host-side launch planning of the CUDA resident session (see session_cuda_plan.hpp): plain C++
+// compiled in every build, so grid sizes, split counts, buffer sizes and offsets are tested
+// without a GPU.
 //
 // Sizes are int64 throughout. The contract's ceilings (residentk.hpp) bound every product formed
 // here below 2^50 floats, and make_plan runs the contract's checks before forming any of them.
-#include "algenta/session_cuda_plan.hpp"
+#include "session_cuda_plan.hpp"
 
 #include <algorithm>
 #include <cmath>
 
 #include "algenta/residentk.hpp"
-#include "algenta/status_error.hpp"
+#include "algenta/session_weights.hpp"
 
 namespace algenta {
 namespace residentk {
@@ -42,33 +42,14 @@ SplitPlan splitk_plan(int64_t n_keys, int64_t sms, int64_t h_q) {
 
 Plan make_plan(const SessionConfig& c, int64_t max_ctx, int64_t sms) {
   Plan p;
-  std::string why;
-  int st = residentk_shape_check(c.d_model, c.h_q, c.h_kv, c.d_head, c.d_ff, c.n_layers, c.vocab,
-                                 &why);
-  if (st != RESIDENT_OK) {
-    p.status = st;
-    p.why = "model shape refused: " + why;
-    return p;
-  }
-  if (!residentk_scalars_ok(c.rms_eps, 1.0 / std::sqrt(double(c.d_head))) ||
-      !std::isfinite(c.rope_theta) || !(c.rope_theta > 0.0)) {
-    p.status = RESIDENT_ERR_NON_FINITE;
-    p.why = "rms_eps and rope_theta must be finite and > 0";
-    return p;
-  }
-  st = residentk_context_check(1, 0, max_ctx);
-  if (st != RESIDENT_OK) {
-    p.status = st;
-    p.why = "max_ctx " + std::to_string(max_ctx) + " outside [1, " +
-            std::to_string(RESIDENT_MAX_CONTEXT) + "]";
-    return p;
-  }
+  int64_t T = 0;
+  p.status = session_open_status(c, max_ctx, &T, &p.why);
+  if (p.status != RESIDENT_OK) return p;
   if (sms < 1) sms = FALLBACK_SMS;
   const int64_t D = c.d_model, Hq = c.h_q, Hkv = c.h_kv, Dh = c.d_head, F = c.d_ff;
   const int64_t L = c.n_layers, V = c.vocab;
   p.sms = sms;
-  p.capacity = resident_bucket_ctx(max_ctx);
-  const int64_t T = p.capacity;
+  p.capacity = T;
   p.q_rows = (Hq + 2 * Hkv) * Dh;
   p.attn_width = Hq * Dh;
   const int64_t Q = p.q_rows, A = p.attn_width;
@@ -168,23 +149,5 @@ GemmGrid prefill_gemm_grid(int64_t m_rows, int64_t n_cols, int64_t sms) {
 }
 
 }  // namespace cudaplan
-
-#ifndef ALGENTA_GPU
-std::unique_ptr<Session> make_cuda_session(const SessionConfig&, int64_t) {
-  throw StatusError(Family::Resident, RESIDENT_ERR_NO_KERNELS,
-                    "device='cuda': this binary was built without ALGENTA_GPU, so no CUDA "
-                    "kernels are compiled in; rebuild with -Ccmake.define.ALGENTA_GPU=ON or use "
-                    "device='cpu'");
-}
-int64_t cuda_step_greedy(Session&, int64_t) {
-  throw StatusError(Family::Resident, RESIDENT_ERR_NO_KERNELS,
-                    "cuda_step_greedy: this binary was built without ALGENTA_GPU");
-}
-double cuda_copy_bandwidth(int64_t, int) {
-  throw StatusError(Family::Resident, RESIDENT_ERR_NO_KERNELS,
-                    "cuda_copy_bandwidth: this binary was built without ALGENTA_GPU");
-}
-#endif
-
 }  // namespace residentk
 }  // namespace algenta

@@ -1,0 +1,69 @@
+// The half of a session that does not depend on where it computes, written once for every
+// engine: the open check, the weight registry, the position, the refusals every call makes
+// before any work, and the serialization of writers. An engine derives from SessionBase and
+// implements the run_* hooks (its compute) and stage_weight/commit_weight (where a tensor's
+// float32 rows go).
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "algenta/session.hpp"
+#include "algenta/session_weights.hpp"
+
+namespace algenta {
+namespace residentk {
+
+class SessionBase : public Session {
+ public:
+  const SessionConfig& config() const override { return c_; }
+  int64_t max_ctx() const override { return max_ctx_; }
+  int64_t capacity() const override { return cap_; }
+  int64_t position() const override { return pos_; }
+  int64_t dispatches_per_token() const override { return dispatches_; }
+
+  void set_weight(const std::string& name, const std::vector<int64_t>& shape, const void* data,
+                  SourceType type) override;
+  std::vector<int64_t> weight_shape(const std::string& name) const override;
+  std::vector<std::string> missing_weights() const override;
+
+  void prefill(const int64_t* ids, int64_t n, float* logits) override;
+  void step(int64_t id, float* logits) override;
+  int64_t step_greedy(int64_t id) override;
+  void reset() override;
+
+ protected:
+  // Runs session_open_check (throws its refusal) before the engine allocates anything.
+  SessionBase(const SessionConfig& c, int64_t max_ctx);
+
+  // The engine's compute, called with mu_ held after every refusal has passed, at position
+  // pos_. They must not change pos_: SessionBase advances it after they return, so a throw
+  // (a 608 from a device, a MemoryError) leaves the position where it was.
+  virtual void run_prefill(const int64_t* ids, int64_t n, float* logits) = 0;
+  virtual void run_step(int64_t id, float* logits) = 0;
+  virtual int64_t run_step_greedy(int64_t id) = 0;
+  virtual void run_reset() {}
+  // Where a tensor's float32 rows [r0, r1) are written (stage) and what happens once they are
+  // (commit), see WeightRegistry::set; chunk_elems bounds a run (a staging buffer's size).
+  virtual float* stage_weight(const TensorSpec& t, int64_t r0, int64_t r1) = 0;
+  virtual void commit_weight(const TensorSpec& t, int64_t r0, int64_t r1) = 0;
+  virtual int64_t weight_chunk_elems() const;
+
+  const SessionConfig c_;
+  const int64_t max_ctx_, cap_;
+  // Every call that writes the cache, the weights or the scratch holds mu_: threads sharing one
+  // session are serialized (the bindings release the GIL), never interleaved inside a step.
+  // The position and the stage count are atomics so the property reads need no lock.
+  mutable std::mutex mu_;
+  std::atomic<int64_t> pos_{0}, dispatches_{0};
+  WeightRegistry weights_;
+
+ private:
+  void check_call(int64_t n) const;  // 607 weights missing, 606 past capacity
+  void check_id(int64_t id) const;   // 601 outside [0, V)
+};
+
+}  // namespace residentk
+}  // namespace algenta

@@ -1,0 +1,219 @@
+// The session core shared by every engine: tensor table, registry, conversions, open check, RoPE
+// table, greedy argmax (see session_weights.hpp).
+#include "algenta/session_weights.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "algenta/residentk.hpp"
+#include "algenta/status_error.hpp"
+
+namespace algenta {
+namespace residentk {
+
+namespace {
+
+[[noreturn]] void refuse(int code, const std::string& msg) {
+  throw StatusError(Family::Resident, code, msg);
+}
+
+std::string fmt(const std::vector<int64_t>& s) {
+  std::string o = "[";
+  for (size_t i = 0; i < s.size(); ++i) o += (i ? ", " : "") + std::to_string(s[i]);
+  return o + "]";
+}
+
+// IEEE half -> float, exactly (every half is a float).
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    // zero or subnormal: mant * 2^-24, exact in float
+    float f = float(mant) * 5.9604644775390625e-8f;
+    std::memcpy(&bits, &f, 4);
+    bits |= sign;
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);  // inf or NaN
+  } else {
+    bits = sign | ((exp + 112u) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+}  // namespace
+
+const char* field_name(Field f) {
+  switch (f) {
+    case Field::Embed: return "embed";
+    case Field::InNorm: return "input_norm";
+    case Field::QProj: return "q_proj";
+    case Field::KProj: return "k_proj";
+    case Field::VProj: return "v_proj";
+    case Field::QNorm: return "q_norm";
+    case Field::KNorm: return "k_norm";
+    case Field::OProj: return "o_proj";
+    case Field::PostNorm: return "post_attention_norm";
+    case Field::Gate: return "gate_proj";
+    case Field::Up: return "up_proj";
+    case Field::Down: return "down_proj";
+    case Field::FinalNorm: return "final_norm";
+    case Field::LmHead: return "lm_head";
+  }
+  return "?";
+}
+
+std::vector<TensorSpec> qwen3_tensors(const SessionConfig& c) {
+  const int64_t D = c.d_model, Hq = c.h_q, Hkv = c.h_kv, Dh = c.d_head, F = c.d_ff, V = c.vocab;
+  std::vector<TensorSpec> t;
+  t.reserve(size_t(3 + 11 * c.n_layers));
+  t.push_back({"model.embed_tokens.weight", {V, D}, -1, Field::Embed});
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    t.push_back({p + "input_layernorm.weight", {D}, i, Field::InNorm});
+    t.push_back({p + "self_attn.q_proj.weight", {Hq * Dh, D}, i, Field::QProj});
+    t.push_back({p + "self_attn.k_proj.weight", {Hkv * Dh, D}, i, Field::KProj});
+    t.push_back({p + "self_attn.v_proj.weight", {Hkv * Dh, D}, i, Field::VProj});
+    t.push_back({p + "self_attn.q_norm.weight", {Dh}, i, Field::QNorm});
+    t.push_back({p + "self_attn.k_norm.weight", {Dh}, i, Field::KNorm});
+    t.push_back({p + "self_attn.o_proj.weight", {D, Hq * Dh}, i, Field::OProj});
+    t.push_back({p + "post_attention_layernorm.weight", {D}, i, Field::PostNorm});
+    t.push_back({p + "mlp.gate_proj.weight", {F, D}, i, Field::Gate});
+    t.push_back({p + "mlp.up_proj.weight", {F, D}, i, Field::Up});
+    t.push_back({p + "mlp.down_proj.weight", {D, F}, i, Field::Down});
+  }
+  t.push_back({"model.norm.weight", {D}, -1, Field::FinalNorm});
+  if (!c.tie_word_embeddings) t.push_back({"lm_head.weight", {V, D}, -1, Field::LmHead});
+  return t;
+}
+
+int session_open_status(const SessionConfig& c, int64_t max_ctx, int64_t* capacity,
+                        std::string* why) {
+  std::string w;
+  int st = residentk_shape_check(c.d_model, c.h_q, c.h_kv, c.d_head, c.d_ff, c.n_layers,
+                                 c.vocab, &w);
+  if (st != RESIDENT_OK) {
+    if (why) *why = "model shape refused: " + w;
+    return st;
+  }
+  if (!residentk_scalars_ok(c.rms_eps, 1.0 / std::sqrt(double(c.d_head))) ||
+      !std::isfinite(c.rope_theta) || !(c.rope_theta > 0.0)) {
+    if (why) *why = "rms_eps and rope_theta must be finite and > 0";
+    return RESIDENT_ERR_NON_FINITE;
+  }
+  st = residentk_context_check(1, 0, max_ctx);
+  if (st != RESIDENT_OK) {
+    if (why)
+      *why = "max_ctx " + std::to_string(max_ctx) + " outside [1, " +
+             std::to_string(RESIDENT_MAX_CONTEXT) + "]";
+    return st;
+  }
+  if (capacity) *capacity = resident_bucket_ctx(max_ctx);
+  return RESIDENT_OK;
+}
+
+int64_t session_open_check(const SessionConfig& c, int64_t max_ctx) {
+  int64_t cap = 0;
+  std::string why;
+  const int st = session_open_status(c, max_ctx, &cap, &why);
+  if (st != RESIDENT_OK) refuse(st, why);
+  return cap;
+}
+
+std::vector<float> rope_table(const SessionConfig& c, int64_t T) {
+  const int64_t Dh = c.d_head, half = Dh / 2, hw = half > 0 ? half : 1;
+  std::vector<float> r(size_t(2 * T * hw), 0.f);
+  for (int64_t i = 0; i < half; ++i) {
+    const double inv_freq = std::pow(c.rope_theta, -double(2 * i) / double(Dh));
+    for (int64_t p = 0; p < T; ++p) {
+      const double a = double(p) * inv_freq;
+      r[size_t(p * hw + i)] = float(std::cos(a));
+      r[size_t(T * hw + p * hw + i)] = float(std::sin(a));
+    }
+  }
+  return r;
+}
+
+int64_t greedy_argmax(const float* z, int64_t n) {
+  int64_t best = 0;
+  if (std::isnan(z[0])) return 0;
+  for (int64_t v = 1; v < n; ++v) {
+    if (std::isnan(z[v])) return v;
+    if (z[v] > z[best]) best = v;
+  }
+  return best;
+}
+
+int64_t widen_checked(const void* src, SourceType t, int64_t i0, int64_t n, float* dst) {
+  const unsigned char* s = static_cast<const unsigned char*>(src);
+  switch (t) {
+    case SourceType::F32:
+      std::memcpy(dst, s + 4 * i0, size_t(n) * 4);
+      break;
+    case SourceType::BF16:
+      // bf16 is the top half of a float32: widening is exact.
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t b;
+        std::memcpy(&b, s + 2 * (i0 + i), 2);
+        const uint32_t u = uint32_t(b) << 16;
+        std::memcpy(dst + i, &u, 4);
+      }
+      break;
+    case SourceType::F16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, s + 2 * (i0 + i), 2);
+        dst[i] = half_to_float(h);
+      }
+      break;
+  }
+  // One NaN or infinite weight would turn every later logit into NaN without a word.
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(dst[i])) return i0 + i;
+  return -1;
+}
+
+WeightRegistry::WeightRegistry(const SessionConfig& c) : table_(qwen3_tensors(c)) {
+  set_.assign(table_.size(), 0);
+  for (size_t i = 0; i < table_.size(); ++i) index_[table_[i].name] = i;
+}
+
+const TensorSpec& WeightRegistry::find(const std::string& name,
+                                       const std::vector<int64_t>& shape) const {
+  auto it = index_.find(name);
+  if (it == index_.end())
+    refuse(RESIDENT_ERR_WEIGHT_LENGTH, "tensor '" + name + "' is not part of this model");
+  const TensorSpec& t = table_[it->second];
+  if (shape != t.shape)
+    refuse(RESIDENT_ERR_WEIGHT_LENGTH, "tensor '" + name + "' has shape " + fmt(shape) +
+                                           ", the config declares " + fmt(t.shape));
+  return t;
+}
+
+std::vector<int64_t> WeightRegistry::shape(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? std::vector<int64_t>{} : table_[it->second].shape;
+}
+
+std::vector<std::string> WeightRegistry::missing() const {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < table_.size(); ++i)
+    if (!set_[i]) out.push_back(table_[i].name);
+  return out;
+}
+
+void WeightRegistry::check_ready() const {
+  if (ready()) return;
+  for (size_t i = 0; i < table_.size(); ++i)
+    if (!set_[i]) refuse(RESIDENT_ERR_WEIGHT_LENGTH, "tensor '" + table_[i].name + "' was never set");
+}
+
+void WeightRegistry::non_finite(const std::string& name, int64_t index) {
+  refuse(RESIDENT_ERR_NON_FINITE,
+         "tensor '" + name + "' holds a non-finite value at flat index " + std::to_string(index));
+}
+
+}  // namespace residentk
+}  // namespace algenta

@@ -1,0 +1,57 @@
+"""Shared test setup: which CUDA backend this build has, and the `device` fixture that runs one
+session test body on every engine (pytorch/extension-cpp's pattern).
+
+- "cpu": the CPU engine, always.
+- "cuda": the CUDA engine, on whatever backs it here: a real device (the ALGENTA_GPU build on a
+  GPU host) or the CPU emulator (the ALGENTA_CUDA_EMU build, ALGENTA_EMU_ORDER choosing the thread
+  order). Skipped where this build has no CUDA backend or the host no usable device, unless
+  ALGENTA_EXPECT_GPU=1, which turns "no usable device" into a failure (a GPU job whose driver is
+  older than the toolkit must not pass by skipping everything).
+
+The report header says which backend ran, so a log shows whether "cuda" meant a device, the
+emulator, or nothing.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from algenta import _core
+
+CUDA = _core.session.cuda_backend()
+EMULATED = CUDA["kind"] == "emulator"
+EXPECT_GPU = os.environ.get("ALGENTA_EXPECT_GPU") == "1"
+
+
+def cuda_backend_line() -> str:
+    if CUDA["kind"] == "none":
+        return "none (this build has no CUDA backend: cuda tests skip)"
+    if not CUDA["usable"]:
+        return f"{CUDA['kind']}, NOT usable: {CUDA['why']}"
+    if EMULATED:
+        return (f"emulator: {CUDA['device_name']}, order "
+                f"{os.environ.get('ALGENTA_EMU_ORDER', 'forward')}")
+    return f"device: {CUDA['device_name']}"
+
+
+def pytest_report_header(config):
+    return f"algenta CUDA backend: {cuda_backend_line()}"
+
+
+def need_cuda():
+    """Skip (or, with ALGENTA_EXPECT_GPU=1, fail) where the CUDA engine cannot run."""
+    if CUDA["usable"]:
+        return
+    msg = f"CUDA backend {cuda_backend_line()}"
+    if EXPECT_GPU:
+        pytest.fail(f"ALGENTA_EXPECT_GPU=1 but {msg}")
+    pytest.skip(msg)
+
+
+@pytest.fixture(params=["cpu", "cuda"], ids=["cpu", "cuda-emu" if EMULATED else "cuda"])
+def device(request):
+    if request.param == "cuda":
+        need_cuda()
+    return request.param
