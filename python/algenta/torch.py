@@ -29,7 +29,7 @@ from torch.autograd.function import once_differentiable
 
 from ._convert import I64_MAX, I64_MIN, as_float, as_int
 from .errors import LossError
-from .lossk import cross_entropy as _ce
+from .lossk.cross_entropy import linear_cross_entropy as _np_linear_cross_entropy
 
 __all__ = ["linear_cross_entropy", "LinearCrossEntropyLoss", "vocab_parallel_linear_cross_entropy"]
 
@@ -89,7 +89,6 @@ def _check(input, weight, target, reduction, ignore_index, label_smoothing, chun
                         f"dimensions), got {tuple(target.shape)}", 582)
     n = math.prod(input.shape[:-1])
     v = weight.shape[0]
-    _ce._dims(n, d, v)  # 581 empty / 583 too large / 584 work budget, before any copy
     return n, d, v, (reduction, ii, ls, chunk)
 
 
@@ -107,17 +106,13 @@ def _targets_i64(target: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def _fused(h: np.ndarray, w: np.ndarray, t: np.ndarray, *, chunk, reduction, ignore_index,
-           label_smoothing, want_dh=False, want_dw=False, grad_output=None, want_loss_tok=False):
-    """One pass of the core. It goes through lossk's own dispatcher rather than the public
-    ``linear_cross_entropy`` because that one computes both gradients whenever it computes one;
-    the core itself can skip either, which saves a third of the work for a frozen head or a
-    frozen trunk."""
-    n, d = h.shape
-    v = w.shape[0]
-    c = _ce._chunk(chunk, n, v)
-    return _ce._run(h, w, t, n, d, v, c, reduction=reduction, ignore_index=ignore_index,
-                    label_smoothing=label_smoothing, want_dh=want_dh, want_dw=want_dw,
-                    grad_output=grad_output, want_loss_tok=want_loss_tok)
+           label_smoothing, want_dh=False, want_dw=False, grad_output=None):
+    """One pass of the core through the NumPy API; only the gradients asked for are computed
+    (a frozen head or trunk saves a third of the work)."""
+    with_grad = (want_dh and want_dw) or ("hidden" if want_dh else "weight" if want_dw else False)
+    return _np_linear_cross_entropy(h, w, t, chunk=chunk, reduction=reduction,
+                                    ignore_index=ignore_index, label_smoothing=label_smoothing,
+                                    with_grad=with_grad, grad_output=grad_output)
 
 
 def _scale(g: torch.Tensor | None, up: torch.Tensor) -> torch.Tensor | None:
@@ -139,21 +134,20 @@ class _LinearCrossEntropyFn(torch.autograd.Function):
         ctx.shape, ctx.opts, ctx.n, ctx.d = input.shape, opts, n, d
         if reduction == "none":
             r = _fused(h, w, t.numpy(), chunk=chunk, reduction="none", ignore_index=ii,
-                       label_smoothing=ls, want_loss_tok=True)
+                       label_smoothing=ls)
             # The per-token upstream gradient is only known in backward: keep the inputs (not
             # their contiguous copies) and run the core again there with grad_output.
             if need_dh or need_dw:
                 ctx.save_for_backward(input, weight, t)
-            return torch.from_numpy(r["loss_tok"]).reshape(target.shape)
+            return torch.from_numpy(r.loss).reshape(target.shape)
         r = _fused(h, w, t.numpy(), chunk=chunk, reduction=reduction, ignore_index=ii,
                    label_smoothing=ls, want_dh=need_dh, want_dw=need_dw)
         # Gradients of the reduced loss come out of the same pass as the loss; backward only
         # scales them by the upstream scalar.
-        dh = torch.from_numpy(r["d_hidden"]).reshape(input.shape) if need_dh else None
-        dw = torch.from_numpy(r["d_weight"]) if need_dw else None
+        dh = torch.from_numpy(r.d_hidden).reshape(input.shape) if need_dh else None
+        dw = torch.from_numpy(r.d_weight) if need_dw else None
         ctx.save_for_backward(dh, dw)
-        value = r["mean"] if reduction == "mean" else r["total"]
-        return torch.tensor(value, dtype=input.dtype)
+        return torch.tensor(r.loss, dtype=input.dtype)
 
     @staticmethod
     @once_differentiable
@@ -170,8 +164,8 @@ class _LinearCrossEntropyFn(torch.autograd.Function):
         r = _fused(_np2d(input, n, d), _np2d(weight, weight.shape[0], d), t.numpy(), chunk=chunk,
                    reduction="none", ignore_index=ii, label_smoothing=ls, want_dh=need_dh,
                    want_dw=need_dw, grad_output=go)
-        dh = torch.from_numpy(r["d_hidden"]).reshape(ctx.shape) if need_dh else None
-        dw = torch.from_numpy(r["d_weight"]) if need_dw else None
+        dh = torch.from_numpy(r.d_hidden).reshape(ctx.shape) if need_dh else None
+        dw = torch.from_numpy(r.d_weight) if need_dw else None
         return dh, dw, None, None, None, None, None, None
 
 
@@ -271,7 +265,7 @@ class _VocabParallelFn(torch.autograd.Function):
         err, r = None, None
         try:
             r = _fused(h, w, t_loc.numpy(), chunk=chunk, reduction="none", ignore_index=None,
-                       label_smoothing=0.0, want_loss_tok=True)
+                       label_smoothing=0.0)
         except LossError as e:
             err = e
         info = torch.tensor([vocab_start, vs, 0 if err is None else err.status, n, d,
@@ -308,10 +302,10 @@ class _VocabParallelFn(torch.autograd.Function):
             i = int(bad_t.nonzero()[0, 0])
             raise LossError(f"target {int(t[i])} at token {i} is outside [0, {vocab})", 586)
 
-        lse_k = torch.from_numpy(r["lse"]).to(torch.float64)
+        lse_k = torch.from_numpy(r.lse).to(torch.float64)
         m = lse_k.clone()
         dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
-        loss_tok = torch.from_numpy(r["loss_tok"]).to(torch.float64)
+        loss_tok = torch.from_numpy(r.loss).to(torch.float64)
         pack = torch.zeros(3, n, dtype=torch.float64)
         pack[0] = torch.exp(lse_k - m)
         pack[1] = torch.where(own, loss_tok + (m - lse_k), torch.zeros_like(m))
@@ -363,7 +357,7 @@ class _VocabParallelFn(torch.autograd.Function):
         ht, wt = torch.from_numpy(h), torch.from_numpy(w)
         dh = dw = None
         if need_dh:
-            dh = torch.from_numpy(r["d_hidden"])
+            dh = torch.from_numpy(r.d_hidden)
             for s in range(0, n, _GATHER_ROWS):
                 e = min(n, s + _GATHER_ROWS)
                 dh[s:e].addcmul_(wt.index_select(0, t_loc[s:e]), c[s:e, None])
@@ -373,7 +367,7 @@ class _VocabParallelFn(torch.autograd.Function):
             dist.all_reduce(dh, op=dist.ReduceOp.SUM, group=group)
             dh = dh.reshape(shape)
         if need_dw:
-            dw = torch.from_numpy(r["d_weight"])
+            dw = torch.from_numpy(r.d_weight)
             for s in range(0, n, _GATHER_ROWS):
                 e = min(n, s + _GATHER_ROWS)
                 dw.index_add_(0, t_loc[s:e], ht[s:e] * c[s:e, None])

@@ -4,6 +4,10 @@
 ``F.cross_entropy`` options). The ``*_flat`` functions are the seed's flat-list API; they are
 thin callers of the same C++ core and compute in float64.
 
+Division of labour: this layer converts types (a wrong one is a ``TypeError``) and array shapes;
+every value refusal (sizes, lengths, chunk budget, non-finite data, targets, reduction) is the
+core's, with the core's status and message.
+
 Numerics: the loss, the per-token log-sum-exp and both gradients are bit-identical for every
 chunk size and every OpenMP thread count (per-token losses summed in token order, log-sum-exp
 merged over fixed 256-class blocks in block order, GEMM cells accumulated in a fixed order).
@@ -18,7 +22,8 @@ import math
 import numpy as np
 
 from .. import _core
-from .._convert import _asarray, as_float, as_int, float_array, int_array, length_of
+from .._convert import (I64_MAX, I64_MIN, _asarray, as_float, as_i64_clamped, as_int,
+                        float_array, int_array, length_of)
 from .._records import record_type
 from ..errors import LossError
 from . import contract as _contract
@@ -60,36 +65,22 @@ def _err(msg: str, status: int) -> LossError:
     return LossError(msg, status)
 
 
-def _dims(n_tok, d_model, vocab) -> tuple:
-    n, d, v = as_int(n_tok, "n_tok"), as_int(d_model, "d_model"), as_int(vocab, "vocab")
-    st = _contract.loss_dims_check(n, d, v)
-    if st != _OK:
-        raise _err(f"shape (n_tok={n}, d_model={d}, vocab={v}) refused", st)
-    return n, d, v
-
-
-def _need(x, name: str, need: int) -> None:
-    have = length_of(x, name)
-    if have < need:
-        raise _err(f"{name} has {have} elements, the declared shape needs {need}", 582)
-
-
-def _targets(t, need: int) -> np.ndarray:
-    _need(t, "targets", need)
-    return int_array(t, "targets", error=lambda m: _err(m, 586))[:need]
+def _dims(*pairs) -> tuple:
+    """Integer arguments for the core: a Python int past int64 is clamped to the end it lies
+    past (the core then refuses it as the out-of-range value it stands for, never wrapped)."""
+    return tuple(as_i64_clamped(v, name) for v, name in pairs)
 
 
 def _chunk(chunk, n_tok: int, vocab: int) -> int:
+    """The chunk to run: chunk=None means the largest the logit budget admits (1 where the
+    dimensions are refused anyway: the core refuses them first)."""
     if chunk is None:
-        c = _contract.loss_max_chunk(n_tok, vocab)
-        if c < 1:
-            raise _err(f"no chunk of vocab={vocab} fits the logit budget", 587)
-        return c
-    c = as_int(chunk, "chunk")
-    st = _contract.loss_chunk_check(c, vocab)
-    if st != _OK:
-        raise _err(f"chunk={c} refused for vocab={vocab}", st)
-    return c
+        return max(_contract.loss_max_chunk(n_tok, vocab), 1)
+    return as_i64_clamped(chunk, "chunk")
+
+
+def _targets(t) -> np.ndarray:
+    return int_array(t, "targets", error=lambda m: _err(m, 586))
 
 
 def _run(hidden, weight, targets, n, d, v, chunk, *, reduction="mean", ignore_index=None,
@@ -105,14 +96,9 @@ def _run(hidden, weight, targets, n, d, v, chunk, *, reduction="mean", ignore_in
 def ce_from_logits_flat(logits, targets, n_tok, vocab) -> CELoss:
     """Cross-entropy of an already-materialized row-major [n_tok][vocab] float64 logit tensor:
     the reference the fused kernel is measured against. Uniform logits give exactly log(vocab)."""
-    n, v = as_int(n_tok, "n_tok"), as_int(vocab, "vocab")
-    if n < 1 or v < 1:
-        raise _err(f"n_tok and vocab must be >= 1, got {n}, {v}", 581)
-    if n > _contract.LOSS_MAX_TOKENS or v > _contract.LOSS_MAX_VOCAB:
-        raise _err(f"n_tok={n} or vocab={v} exceeds its ceiling", 583)
-    _need(logits, "logits", n * v)
-    t = _targets(targets, n)
-    z = float_array(logits, "logits")[: n * v]
+    n, v = _dims((n_tok, "n_tok"), (vocab, "vocab"))
+    t = _targets(targets)
+    z = float_array(logits, "logits")
     s = _c.LossSum()
     _c.ce_from_logits(z, t, n, v, s)
     return CELoss(mean_loss=s.mean, total_loss=s.total, status=_OK)
@@ -121,14 +107,10 @@ def ce_from_logits_flat(logits, targets, n_tok, vocab) -> CELoss:
 def fused_linear_ce_flat(hidden, weight, targets, n_tok, d_model, vocab, chunk) -> FusedCELoss:
     """Projects hidden [n_tok][d_model] through weight [vocab][d_model] (row-major) and reduces to
     cross-entropy `chunk` tokens at a time; the [n_tok][vocab] logits never exist."""
-    n, d, v = _dims(n_tok, d_model, vocab)
-    _need(hidden, "hidden", n * d)
-    _need(weight, "weight", v * d)
-    t = _targets(targets, n)
+    n, d, v = _dims((n_tok, "n_tok"), (d_model, "d_model"), (vocab, "vocab"))
+    t = _targets(targets)
     c = _chunk(chunk, n, v)
-    h = float_array(hidden, "hidden")[: n * d]
-    w = float_array(weight, "weight")[: v * d]
-    r = _run(h, w, t, n, d, v, c)
+    r = _run(float_array(hidden, "hidden"), float_array(weight, "weight"), t, n, d, v, c)
     return FusedCELoss(mean_loss=r["mean"], total_loss=r["total"], chunk=c,
                        n_chunks=-(-n // c), status=_OK)
 
@@ -137,14 +119,11 @@ def fused_linear_ce_bwd_flat(hidden, weight, targets, n_tok, d_model, vocab, chu
     """Gradients of the mean fused loss with respect to hidden and weight (flat float64 arrays),
     chunked like the forward: peak extra memory is the gradients plus one chunk of logits.
     ``chunk=None`` takes the largest chunk the logit budget admits."""
-    n, d, v = _dims(n_tok, d_model, vocab)
-    _need(hidden, "hidden", n * d)
-    _need(weight, "weight", v * d)
-    t = _targets(targets, n)
+    n, d, v = _dims((n_tok, "n_tok"), (d_model, "d_model"), (vocab, "vocab"))
+    t = _targets(targets)
     c = _chunk(chunk, n, v)
-    h = float_array(hidden, "hidden")[: n * d]
-    w = float_array(weight, "weight")[: v * d]
-    r = _run(h, w, t, n, d, v, c, want_dh=True, want_dw=True)
+    r = _run(float_array(hidden, "hidden"), float_array(weight, "weight"), t, n, d, v, c,
+             want_dh=True, want_dw=True)
     return FusedCEGrad(d_hidden=r["d_hidden"].reshape(-1), d_weight=r["d_weight"].reshape(-1),
                        mean_loss=r["mean"], status=_OK)
 
@@ -174,13 +153,10 @@ def ce_chunk_invariance_flat(hidden, weight, targets, n_tok, d_model, vocab) -> 
     """Runs the fused loss at chunk=1 and chunk=n_tok (or the largest chunk the logit budget
     admits) and reports how far apart they land. The contract is max_abs_delta == 0.0: the
     accumulation order does not depend on the chunk size."""
-    n, d, v = _dims(n_tok, d_model, vocab)
-    _need(hidden, "hidden", n * d)
-    _need(weight, "weight", v * d)
-    t = _targets(targets, n)
+    n, d, v = _dims((n_tok, "n_tok"), (d_model, "d_model"), (vocab, "vocab"))
+    t = _targets(targets)
     big = _chunk(None, n, v)
-    h = float_array(hidden, "hidden")[: n * d]
-    w = float_array(weight, "weight")[: v * d]
+    h, w = float_array(hidden, "hidden"), float_array(weight, "weight")
     a = _run(h, w, t, n, d, v, 1, want_loss_tok=True)
     b = _run(h, w, t, n, d, v, big, want_loss_tok=True)
     delta = max(abs(a["total"] - b["total"]), abs(a["mean"] - b["mean"]),
@@ -193,18 +169,10 @@ def ce_chunk_invariance_flat(hidden, weight, targets, n_tok, d_model, vocab) -> 
 def ce_grad_logits_flat(logits, targets, n_tok, vocab, scale=1.0) -> np.ndarray:
     """(softmax(logits) - one_hot(target)) * scale for row-major [n_tok][vocab] float64 logits,
     returned flat: the backward of cross-entropy with respect to its logits."""
-    n, v = as_int(n_tok, "n_tok"), as_int(vocab, "vocab")
+    n, v = _dims((n_tok, "n_tok"), (vocab, "vocab"))
     s = as_float(scale, "scale")
-    if not math.isfinite(s):
-        raise _err(f"scale must be finite, got {s}", 585)
-    if n < 1 or v < 1:
-        raise _err(f"n_tok and vocab must be >= 1, got {n}, {v}", 581)
-    if n > _contract.LOSS_MAX_TOKENS or v > _contract.LOSS_MAX_VOCAB:
-        raise _err(f"n_tok={n} or vocab={v} exceeds its ceiling", 583)
-    _need(logits, "logits", n * v)
-    t = _targets(targets, n)
-    z = float_array(logits, "logits")[: n * v]
-    return _c.ce_grad_logits(z, t, n, v, s)
+    t = _targets(targets)
+    return _c.ce_grad_logits(float_array(logits, "logits"), t, n, v, s)
 
 
 class CEAccumulator:
@@ -215,11 +183,11 @@ class CEAccumulator:
     ``ce_from_logits_flat`` over the concatenation (the same token-order sum)."""
 
     def __init__(self, vocab):
-        v = as_int(vocab, "vocab")
-        if v < 1:
-            raise _err(f"vocab must be >= 1, got {v}", 581)
-        if v > _contract.LOSS_MAX_VOCAB:
-            raise _err(f"vocab={v} exceeds its ceiling", 583)
+        # No core call happens here, so the vocabulary is judged by the contract's own check.
+        v = as_i64_clamped(vocab, "vocab")
+        st = _contract.loss_dims_check(1, 1, v)
+        if st != _OK:
+            raise _err(f"vocab={v} refused", st)
         self.vocab = v
         self._sum = _c.LossSum()
 
@@ -227,12 +195,8 @@ class CEAccumulator:
         n = length_of(targets, "targets")
         if n == 0:
             return
-        if n > _contract.LOSS_MAX_TOKENS:
-            raise _err(f"{n} tokens in one piece exceed the ceiling", 583)
-        _need(logits, "logits", n * self.vocab)
-        t = _targets(targets, n)
-        z = float_array(logits, "logits")[: n * self.vocab]
-        _c.ce_from_logits(z, t, n, self.vocab, self._sum)
+        t = _targets(targets)
+        _c.ce_from_logits(float_array(logits, "logits"), t, n, self.vocab, self._sum)
 
     @property
     def n_tok(self) -> int:
@@ -259,9 +223,6 @@ def release_scratch() -> int:
 
 # ---- the NumPy-native entry point ------------------------------------------------------------
 
-_REDUCTIONS = ("mean", "sum", "none")
-
-
 def linear_cross_entropy(hidden, weight, targets, *, chunk=None, reduction="mean",
                          ignore_index=None, label_smoothing=0.0, with_grad=False,
                          grad_output=None) -> LinearCrossEntropy:
@@ -286,31 +247,30 @@ def linear_cross_entropy(hidden, weight, targets, *, chunk=None, reduction="mean
     if hidden.dtype not in (np.float32, np.float64) or weight.dtype != hidden.dtype:
         raise TypeError(f"hidden and weight must share one dtype, float32 or float64; got "
                         f"{hidden.dtype} and {weight.dtype}")
-    if hidden.ndim != 2 or weight.ndim != 2:
-        raise _err(f"hidden and weight must be 2-D, got shapes {hidden.shape} and {weight.shape}", 582)
-    if not isinstance(reduction, str) or reduction not in _REDUCTIONS:
-        raise _err(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}", 588)
+    # Any other reduction is the core's refusal (588), a non-string one named by its repr.
+    reduction = reduction if isinstance(reduction, str) else repr(reduction)
     if isinstance(with_grad, (bool, np.bool_)):
         want_dh = want_dw = bool(with_grad)
     elif with_grad in ("hidden", "weight"):
         want_dh, want_dw = with_grad == "hidden", with_grad == "weight"
     else:
         raise TypeError(f"with_grad must be a bool, 'hidden' or 'weight', got {with_grad!r}")
+    if targets is None or not isinstance(targets, (np.ndarray, list, tuple)) and \
+            not hasattr(targets, "__array__"):
+        raise TypeError(f"targets must be an array of integer class indices, got "
+                        f"{type(targets).__name__}")
+    t = _targets(targets)
+    if hidden.ndim != 2 or weight.ndim != 2:
+        raise _err(f"hidden and weight must be 2-D, got shapes {hidden.shape} and {weight.shape}", 582)
     n, d = hidden.shape
     v = weight.shape[0]
-    if n < 1 or d < 1 or v < 1:
-        raise _err(f"empty dimension: hidden {hidden.shape}, weight {weight.shape}", 581)
     if weight.shape[1] != d:
         raise _err(f"weight has d_model {weight.shape[1]}, hidden has {d}", 582)
-    n, d, v = _dims(n, d, v)
-    if not isinstance(targets, np.ndarray):
-        targets = _asarray(targets, "targets")
-    if targets.ndim != 1 or targets.shape[0] != n:
-        raise _err(f"targets must have shape ({n},), got {targets.shape}", 582)
-    t = int_array(targets, "targets", error=lambda m: _err(m, 586))
+    if np.ndim(targets) != 1 or t.shape[0] != n:
+        raise _err(f"targets must have shape ({n},), got {np.shape(targets)}", 582)
     c = _chunk(chunk, n, v)
     ii = None if ignore_index is None else as_int(ignore_index, "ignore_index")
-    if ii is not None and not -(2**63) <= ii < 2**63:
+    if ii is not None and not I64_MIN <= ii <= I64_MAX:
         raise _err(f"ignore_index={ii} is beyond int64", 586)
     ls = as_float(label_smoothing, "label_smoothing")
     go = None
