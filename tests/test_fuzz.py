@@ -437,6 +437,45 @@ def test_corpus_hostile_files_refused_607(tmp_path, name):
     assert e.value.status == 607
 
 
+@pytest.mark.parametrize("name", sorted(p.name for p in (CORPUS / "hostile_json").iterdir()))
+def test_json_nested_past_the_parser_is_refused_not_a_traceback(tmp_path, name):
+    # JSON nested deeper than CPython's parser recurses raised RecursionError out of the
+    # loader; as config.json, as the shard index, to from_pretrained and to both CLIs, it is a
+    # 607 (exit 2 with one line), never a traceback.
+    from algenta import ResidentError
+    from algenta.residentk.session import ResidentSession
+
+    deep = (CORPUS / "hostile_json" / name).read_bytes()
+    (tmp_path / "config.json").write_bytes(deep)
+    (tmp_path / "model.safetensors").write_bytes((SEED_CKPT / "model.safetensors").read_bytes())
+    with pytest.raises(ResidentError) as e:
+        ResidentSession.from_pretrained(tmp_path, progress=False)
+    assert e.value.status == 607 and "nested too deeply" in str(e.value)
+    for argv in (["plan", "--config", str(tmp_path / "config.json")],
+                 ["generate", "--model", str(tmp_path), "--ids", "1"]):
+        r = subprocess.run([sys.executable, "-m", "algenta", *argv], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert len(r.stderr.strip().splitlines()) == 1 and "nested too deeply" in r.stderr
+    (tmp_path / "config.json").write_bytes((SEED_CKPT / "config.json").read_bytes())
+    (tmp_path / "model.safetensors").rename(tmp_path / "model-00001-of-00001.safetensors")
+    (tmp_path / "model.safetensors.index.json").write_bytes(deep)
+    with pytest.raises(ResidentError) as e:
+        ResidentSession.from_pretrained(tmp_path, progress=False)
+    assert e.value.status == 607 and "nested too deeply" in str(e.value)
+
+
+def test_lossk_targets_of_the_wrong_type_are_a_type_error():
+    import algenta
+
+    h, w = np.ones((2, 3), np.float32), np.ones((4, 3), np.float32)
+    for bad in (None, 3, "01", object()):
+        with pytest.raises(TypeError):
+            algenta.linear_cross_entropy(h, w, bad)
+    with pytest.raises(TypeError):
+        algenta.linear_cross_entropy(h, w, np.array([0.5, 1.0]))
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_fuzz_lossk_flat_api_and_bindings(tmp_path, seed):
     summary = run_child("lossk", seed, CASES, tmp_path)

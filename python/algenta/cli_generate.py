@@ -12,12 +12,12 @@ stops at the checkpoint's eos ids unless --ignore-eos. A bad path or a malformed
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
 
 from .cli import CliError
+from .residentk.config import read_json_file
 
 
 def _positive(kind):
@@ -62,8 +62,8 @@ def _eos_ids(root: Path) -> set:
     ids = set()
     for name in ("generation_config.json", "config.json"):
         try:
-            v = json.loads((root / name).read_text()).get("eos_token_id")
-        except (OSError, ValueError, AttributeError):
+            v = read_json_file(root / name, name).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):  # ResidentError (607) is a ValueError
             continue
         for x in v if isinstance(v, list) else [v]:
             if isinstance(x, int) and not isinstance(x, bool):

@@ -3,6 +3,8 @@
 tiny_qwen3/: a valid, untied Qwen3 checkpoint small enough to commit (D 8, 2 query heads sharing
 one KV head of 4, F 16, one layer, vocab 16): embed/lm_head/MLP in F32, attention in BF16, so both
 of the loader's read paths are seeds. hostile/: that model.safetensors with one lie each.
+hostile_json/: JSON files nested far deeper than any real config, index or header (Python's
+parser would recurse out of its stack on them), used as config.json and as the shard index.
 """
 
 import json
@@ -12,6 +14,8 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+# Nesting depth of the hostile JSON files: 20x what CPython's parser recurses through.
+DEEP = 20_000
 CFG = dict(d_model=8, h_q=2, h_kv=1, d_head=4, d_ff=16, n_layers=1, vocab=16, rms_eps=1e-6,
            rope_theta=10000.0, tie_word_embeddings=False)
 
@@ -72,10 +76,16 @@ def main():
         "dtype_f16_for_f32_bytes.safetensors": safetensors(t, set_("dtype", "F16")),
         "truncated_data.safetensors": full[:-5],
         "header_not_json.safetensors": struct.pack("<Q", 8) + b"{not js}" + full[8:],
+        "header_nested_deep.safetensors": struct.pack("<Q", 2 * DEEP) + b"[" * DEEP + b"]" * DEEP
+        + full[8 + struct.unpack("<Q", full[:8])[0]:],
     }
     (HERE / "hostile").mkdir(exist_ok=True)
     for name, blob in hostile.items():
         (HERE / "hostile" / name).write_bytes(blob)
+    (HERE / "hostile_json").mkdir(exist_ok=True)
+    (HERE / "hostile_json" / "nested_list.json").write_bytes(b"[" * DEEP + b"]" * DEEP)
+    (HERE / "hostile_json" / "nested_object.json").write_bytes(
+        b'{"a":' * DEEP + b"1" + b"}" * DEEP)
 
 
 if __name__ == "__main__":
