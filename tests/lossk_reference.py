@@ -35,3 +35,78 @@ def reference(hidden, weight, targets, reduction="mean", ignore_index=None, labe
     g[np.arange(n), safe_t] -= 1 - label_smoothing
     g *= scale[:, None]
     return {"loss": loss, "lse": lse, "n_valid": nv, "d_hidden": g @ w, "d_weight": g.T @ h, "per": per}
+
+
+def reference_full(hidden, weight, targets, *, bias=None, class_weight=None, reduction="mean",
+                   ignore_index=None, label_smoothing=0.0, softcap=None, z_scale=0.0, shift=0,
+                   grad_output=None, grad_lse=None):
+    """Every option of the fused loss, written out on materialized float64 logits.
+
+    hidden [..., S, D], targets [..., S]; with shift k, position t scores target t + k within each
+    sequence (the last k positions are not scored). Per counted token, z' the (biased, capped)
+    logits, w the class weights (ones without), eps the smoothing:
+        ce = (1 - eps) w_y (lse - z'_y) + (eps / V) sum_v w_v (lse - z'_v),  zl = s lse^2
+    mean = sum ce / sum w_y + sum zl / n_counted (PyTorch's weighted mean; Liger's z-loss mean).
+    Returns loss, lse, z (reduced like the loss), per-token values over scored positions, the
+    argmax, and the gradients (d_hidden in hidden's full shape)."""
+    h = np.asarray(hidden, np.float64)
+    w = np.asarray(weight, np.float64)
+    t = np.asarray(targets, np.int64)
+    D, V = h.shape[-1], w.shape[0]
+    if shift:
+        hs, ts = h[..., : h.shape[-2] - shift, :], t[..., shift:]
+    else:
+        hs, ts = h, t
+    out_shape = ts.shape
+    x = hs.reshape(-1, D)
+    y = ts.reshape(-1)
+    n = x.shape[0]
+    z = x @ w.T + (0.0 if bias is None else np.asarray(bias, np.float64))
+    zc = softcap * np.tanh(z / softcap) if softcap else z
+    m = zc.max(axis=1, keepdims=True)
+    lse = m[:, 0] + np.log(np.exp(zc - m).sum(axis=1))
+    valid = np.ones(n, bool) if ignore_index is None else y != ignore_index
+    ys = np.where(valid, y, 0)
+    cw = np.ones(V) if class_weight is None else np.asarray(class_weight, np.float64)
+    wy = cw[ys]
+    w_all = cw.sum()
+    eps = label_smoothing
+    logp = zc - lse[:, None]
+    ce = (1 - eps) * wy * (-logp[np.arange(n), ys]) + (eps / V) * (-(logp * cw).sum(axis=1))
+    ce = np.where(valid, ce, 0.0)
+    zl = np.where(valid, z_scale * lse * lse, 0.0)
+    nv = int(valid.sum())
+    wsum = float(wy[valid].sum())
+    if reduction == "mean":
+        loss = (ce.sum() / wsum if wsum else np.nan) + (zl.sum() / nv if nv else np.nan) \
+            if nv else np.nan
+        zred = zl.sum() / nv if nv else np.nan
+        s_ce = np.where(valid, 1.0 / wsum if wsum else 0.0, 0.0)
+        s_z = np.where(valid, 1.0 / nv if nv else 0.0, 0.0)
+        if grad_output is not None:
+            s_ce, s_z = s_ce * grad_output, s_z * grad_output
+    elif reduction == "sum":
+        loss, zred = ce.sum() + zl.sum(), zl.sum()
+        g0 = 1.0 if grad_output is None else float(grad_output)
+        s_ce = s_z = np.where(valid, g0, 0.0)
+    else:
+        loss, zred = (ce + zl).reshape(out_shape), zl.reshape(out_shape)
+        go = np.ones(n) if grad_output is None else np.asarray(grad_output, np.float64).reshape(-1)
+        s_ce = s_z = np.where(valid, go, 0.0)
+    gl = np.zeros(n) if grad_lse is None else np.asarray(grad_lse, np.float64).reshape(-1)
+    p = np.exp(logp)
+    a = s_ce * ((1 - eps) * wy + (eps / V) * w_all) + s_z * 2.0 * z_scale * lse + gl
+    dzc = p * a[:, None] - (s_ce * eps / V)[:, None] * cw[None, :]
+    dzc[np.arange(n), ys] -= s_ce * (1 - eps) * wy
+    dz = dzc * (1.0 - np.tanh(z / softcap) ** 2) if softcap else dzc
+    dhs = (dz @ w).reshape(hs.shape)
+    dh = np.zeros_like(h)
+    if shift:
+        dh[..., : h.shape[-2] - shift, :] = dhs
+    else:
+        dh = dhs
+    pred = zc.argmax(axis=1)
+    return {"loss": loss, "lse": lse.reshape(out_shape), "z": zred, "n_valid": nv,
+            "per": (ce + zl).reshape(out_shape), "pred": pred.reshape(out_shape),
+            "accuracy": float((pred == y)[valid].mean()) if nv else np.nan,
+            "d_hidden": dh, "d_weight": dz.T @ x, "d_bias": dz.sum(axis=0)}

@@ -274,14 +274,26 @@ def lossk_case(rng: random.Random):
         return f"linear_cross_entropy H={_short(H)} W={_short(Wm)} {kw!r} " + desc, \
             lambda: linear_cross_entropy(H, Wm, t, **kw)
     # The raw bindings, past every Python-side check: lying dims against real buffers.
-    fn = rng.choice([_core.lossk.fused_linear_ce_f64, _core.lossk.fused_linear_ce_f32])
+    fn = _core.lossk.fused_linear_ce
+    elem = rng.choice(["f64", "f32", "f16", "bf16"])
     red = rng.choice(["mean", "sum", "none", "bogus"])
     go = rng.choice([None, np.ones(max(n - 1, 0)), np.ones(n)])
     flags = [rng.random() < 0.5 for _ in range(3)]
     ign = rng.choice([False, True])
     ls = rng.choice([0.0, 0.2, 2.0, float("nan")])
-    return (f"_core {fn.__name__} red={red} go={_short(go)} flags={flags} ign={ign} ls={ls} " + desc,
-            lambda: fn(h, w, t, N, D, V, chunk, red, ign, -100, ls, flags[0], flags[1], go, flags[2]))
+    cap = rng.choice([None, 0.0, -1.0, 30.0, float("inf")])
+    zl = rng.choice([0.0, 1e-4, -1.0, float("nan")])
+    shift, seq = rng.choice([(0, 0), (1, 2), (1, 1), (3, 2), (-1, 0)])
+    if elem in ("f16", "bf16"):  # half inputs arrive as 2-byte bit patterns (or, lying, do not)
+        def bits(a):
+            ok = isinstance(a, np.ndarray) and a.dtype.kind == "f" and rng.random() < 0.8
+            return a.astype(np.float16).view(np.uint16) if ok else a
+        h, w = bits(h), bits(w)
+    kw = dict(elem=elem, reduction=red, has_ignore=ign, ignore_index=-100, label_smoothing=ls,
+              softcap=cap, z_loss=zl, shift=shift, seq_len=seq, want_dh=flags[0],
+              want_dw=flags[1], grad_output=go, want_loss_tok=flags[2])
+    return (f"_core fused_linear_ce {kw!r} go={_short(go)} " + desc,
+            lambda: fn(h, w, t, N, D, V, chunk, **kw))
 
 
 def _short(x):
@@ -511,8 +523,8 @@ def test_fuzz_findings_in_the_lossk_layer_stay_fixed():
             algenta.linear_cross_entropy(np.ones((2, 2)), np.ones((2, 2)), [0, 1], reduction=bad)
         assert e.value.status == 588
     with pytest.raises(algenta.LossError) as e:
-        _core.lossk.fused_linear_ce_f64(np.ones(4), np.ones(4), np.zeros(2, np.int64), 2, 2, 2, 1,
-                                        "avg", False, 0, 0.0, False, False, None, False)
+        _core.lossk.fused_linear_ce(np.ones(4), np.ones(4), np.zeros(2, np.int64), 2, 2, 2, 1,
+                                    reduction="avg")
     assert e.value.status == 588
     with pytest.raises(algenta.LossError) as e:
         algenta.linear_cross_entropy(np.ones((2, 2)), np.ones((2, 2)), [0, 1], grad_output=np.ones(2))

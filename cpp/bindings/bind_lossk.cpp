@@ -4,8 +4,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstdlib>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "algenta/buffer.hpp"
 #include "algenta/kernels.hpp"
@@ -40,20 +43,69 @@ Reduction parse_reduction(const std::string& r) {
   refuse(LOSS_ERR_UNKNOWN_OBJECTIVE, "reduction must be 'mean', 'sum' or 'none', got '" + r + "'");
 }
 
+Elem parse_elem(const std::string& e, const char* what) {
+  if (e == "f32") return Elem::F32;
+  if (e == "f64") return Elem::F64;
+  if (e == "bf16") return Elem::BF16;
+  if (e == "f16") return Elem::F16;
+  throw py::type_error(std::string(what) + " must be 'f32', 'f64', 'bf16' or 'f16', got '" + e + "'");
+}
+
+bool half(Elem e) { return e == Elem::BF16 || e == Elem::F16; }
+
+// A half-precision input: the caller's C-contiguous 2-byte buffer (bit patterns), never copied.
+const void* half_data(const py::array& a, const char* name) {
+  if (a.itemsize() != 2 || !(a.flags() & py::array::c_style))
+    throw py::type_error(std::string(name) + " must be a C-contiguous array of 2-byte elements "
+                         "(float16, or bfloat16 bit patterns)");
+  return a.data();
+}
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
+// A gradient accumulator narrowed in place by the core: its first n uint16 hold the result.
+// The buffer shrinks to them (realloc) and the array owns it, so a half gradient never holds
+// its float32 accumulator's memory after the call.
+py::array own_narrowed(std::unique_ptr<void, FreeDeleter>& buf, std::vector<int64_t> shape,
+                       int64_t n) {
+  void* p = std::realloc(buf.get(), size_t(std::max<int64_t>(n, 1)) * 2);
+  if (p) buf.release();
+  else p = buf.release();  // shrinking failed: keep the larger block
+  py::capsule owner(p, [](void* q) { std::free(q); });
+  return py::array_t<uint16_t>(shape, static_cast<uint16_t*>(p), owner);
+}
+
 template <class T>
-py::dict fused(carray<T> hidden, carray<T> weight, carray<int64_t> targets, int64_t n_tok,
-               int64_t d_model, int64_t vocab, int64_t chunk, const std::string& reduction,
-               bool has_ignore, int64_t ignore_index, double label_smoothing, bool want_dh,
-               bool want_dw, std::optional<carray<T>> grad_output, bool want_loss_tok) {
+py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t> targets,
+               int64_t n_tok, int64_t d_model, int64_t vocab, int64_t chunk, Elem elem,
+               const std::string& reduction, bool has_ignore, int64_t ignore_index,
+               double label_smoothing, std::optional<double> softcap, double z_loss,
+               int64_t shift, int64_t seq_len, const std::optional<py::array>& bias,
+               const std::optional<carray<T>>& class_weight, bool want_dh, bool want_dw,
+               bool want_db, Elem grad_elem, const std::optional<carray<T>>& grad_output,
+               double grad_scale, const std::optional<carray<T>>& grad_lse,
+               const std::optional<carray<T>>& grad_coef, bool want_loss_tok, bool want_z_tok,
+               bool want_pred, bool want_shard_stats) {
   FusedArgs<T> a;
   a.n_tok = n_tok;
   a.d_model = d_model;
   a.vocab = vocab;
   a.chunk = chunk;
+  a.elem = elem;
   a.reduction = parse_reduction(reduction);
   a.has_ignore = has_ignore;
   a.ignore_index = ignore_index;
   a.label_smoothing = label_smoothing;
+  a.has_softcap = softcap.has_value();
+  a.softcap = softcap ? *softcap : 0.0;
+  a.z_loss = z_loss;
+  a.shift = shift;
+  a.seq_len = seq_len;
+  a.grad_scale = grad_scale;
+  if (half(grad_elem) && !half(elem))
+    refuse(LOSS_ERR_LENGTH_MISMATCH, "half-precision gradients need half-precision inputs");
   // Dimensions first: the length products below are only formed for in-ceiling shapes.
   const int st = loss_dims_check(n_tok, d_model, vocab);
   if (st != LOSS_OK) {
@@ -61,50 +113,168 @@ py::dict fused(carray<T> hidden, carray<T> weight, carray<int64_t> targets, int6
     fused_linear_ce_check(a, &why);
     refuse(st, why);
   }
+  // The input buffers: T elements (cast to T if they are not: a copy the Python layer avoids)
+  // or, for half inputs, the caller's 2-byte elements as they are.
+  carray<T> hT, wT, bT;
+  if (half(elem)) {
+    a.hidden = half_data(hidden, "hidden");
+    a.weight = half_data(weight, "weight");
+    if (bias) a.bias = half_data(*bias, "linear_bias");
+  } else {
+    hT = carray<T>::ensure(hidden);
+    wT = carray<T>::ensure(weight);
+    if (!hT || !wT) throw py::type_error("hidden and weight must be arrays of real numbers");
+    a.hidden = hT.data();
+    a.weight = wT.data();
+    if (bias) {
+      bT = carray<T>::ensure(*bias);
+      if (!bT) throw py::type_error("linear_bias must be an array of real numbers");
+      a.bias = bT.data();
+    }
+  }
   require_len("hidden", hidden.size(), n_tok * d_model);
   require_len("weight", weight.size(), vocab * d_model);
   require_len("targets", targets.size(), n_tok);
+  if (bias) require_len("linear_bias", bias->size(), vocab);
+  if (class_weight) require_len("class weights", class_weight->size(), vocab);
   if (grad_output) require_len("grad_output", grad_output->size(), n_tok);
-  a.hidden = hidden.data();
-  a.weight = weight.data();
+  if (grad_lse) require_len("the gradient of lse", grad_lse->size(), n_tok);
+  if (grad_coef) require_len("grad_coef", grad_coef->size(), 3 * n_tok);
   a.targets = targets.data();
+  a.class_weight = class_weight ? class_weight->data() : nullptr;
   a.grad_output = grad_output ? grad_output->data() : nullptr;
+  a.grad_lse = grad_lse ? grad_lse->data() : nullptr;
+  a.grad_coef = grad_coef ? grad_coef->data() : nullptr;
   std::string why;
   const int status = fused_linear_ce_check(a, &why);
   if (status != LOSS_OK) refuse(status, why);
   algenta::kern::isa();  // an invalid ALGENTA_ISA is refused here, before any allocation
 
-  py::array_t<T> lse(n_tok), loss_tok;
-  py::object dh = py::none(), dw = py::none();
+  py::array_t<T> lse(n_tok), loss_tok, z_tok, target_logit, logit_sum;
+  py::array_t<int64_t> pred;
+  py::object dh = py::none(), dw = py::none(), db = py::none();
   FusedOut<T> out;
+  out.grad_elem = grad_elem;
   out.lse = lse.mutable_data();
   if (want_loss_tok) {
     loss_tok = py::array_t<T>(n_tok);
     out.loss_tok = loss_tok.mutable_data();
   }
-  if (want_dh) {
-    py::array_t<T> g({n_tok, d_model});
-    out.d_hidden = g.mutable_data();
-    dh = g;
+  if (want_z_tok) {
+    z_tok = py::array_t<T>(n_tok);
+    out.z_tok = z_tok.mutable_data();
   }
+  if (want_pred) {
+    pred = py::array_t<int64_t>(n_tok);
+    out.pred = pred.mutable_data();
+  }
+  if (want_shard_stats) {
+    target_logit = py::array_t<T>(n_tok);
+    logit_sum = py::array_t<T>(n_tok);
+    out.target_logit = target_logit.mutable_data();
+    out.logit_sum = logit_sum.mutable_data();
+  }
+  if (want_dh) {
+    if (half(grad_elem)) {
+      py::array_t<uint16_t> g({n_tok, d_model});
+      out.d_hidden = g.mutable_data();
+      dh = g;
+    } else {
+      py::array_t<T> g({n_tok, d_model});
+      out.d_hidden = g.mutable_data();
+      dh = g;
+    }
+  }
+  std::unique_ptr<void, FreeDeleter> dw_buf, db_buf;
   if (want_dw) {
-    py::array_t<T> g({vocab, d_model});
-    out.d_weight = g.mutable_data();
-    dw = g;
+    if (half(grad_elem)) {
+      dw_buf.reset(std::malloc(size_t(vocab) * size_t(d_model) * sizeof(T)));
+      if (!dw_buf) throw std::bad_alloc();
+      out.d_weight = static_cast<T*>(dw_buf.get());
+    } else {
+      py::array_t<T> g({vocab, d_model});
+      out.d_weight = g.mutable_data();
+      dw = g;
+    }
+  }
+  if (want_db) {
+    if (half(grad_elem)) {
+      db_buf.reset(std::malloc(size_t(vocab) * sizeof(T)));
+      if (!db_buf) throw std::bad_alloc();
+      out.d_bias = static_cast<T*>(db_buf.get());
+    } else {
+      py::array_t<T> g(vocab);
+      out.d_bias = g.mutable_data();
+      db = g;
+    }
   }
   {
     py::gil_scoped_release nogil;
     fused_linear_ce<T>(a, out);
   }
+  if (dw_buf) dw = own_narrowed(dw_buf, {vocab, d_model}, vocab * d_model);
+  if (db_buf) db = own_narrowed(db_buf, {vocab}, vocab);
   py::dict d;
-  d["total"] = out.sum.total;
-  d["mean"] = out.sum.mean();
-  d["n_valid"] = out.sum.count;
+  d["total"] = out.reduced(Reduction::Sum);
+  d["mean"] = out.reduced(Reduction::Mean);
+  d["z_total"] = out.z.total;
+  d["z_mean"] = out.z.mean();
+  d["n_valid"] = out.ce.count;
+  d["weight_sum"] = out.weight_sum;
+  d["n_correct"] = out.n_correct;
   d["lse"] = lse;
   d["loss_tok"] = want_loss_tok ? py::object(loss_tok) : py::object(py::none());
+  d["z_tok"] = want_z_tok ? py::object(z_tok) : py::object(py::none());
+  d["pred"] = want_pred ? py::object(pred) : py::object(py::none());
+  d["target_logit"] = want_shard_stats ? py::object(target_logit) : py::object(py::none());
+  d["logit_sum"] = want_shard_stats ? py::object(logit_sum) : py::object(py::none());
   d["d_hidden"] = dh;
   d["d_weight"] = dw;
+  d["d_bias"] = db;
   return d;
+}
+
+template <class T>
+std::optional<carray<T>> as_opt(const std::optional<py::array>& x) {
+  std::optional<carray<T>> r;
+  if (x) {
+    carray<T> c = carray<T>::ensure(*x);
+    if (!c) throw py::type_error("expected an array of real numbers");
+    r = c;
+  }
+  return r;
+}
+
+py::dict fused_any(const py::array& hidden, const py::array& weight, carray<int64_t> targets,
+                   int64_t n_tok, int64_t d_model, int64_t vocab, int64_t chunk,
+                   const std::string& elem, const std::string& reduction, bool has_ignore,
+                   int64_t ignore_index, double label_smoothing, std::optional<double> softcap,
+                   double z_loss,
+                   int64_t shift, int64_t seq_len, const std::optional<py::array>& bias,
+                   const std::optional<py::array>& class_weight, bool want_dh, bool want_dw,
+                   bool want_db, const std::string& grad_elem,
+                   const std::optional<py::array>& grad_output, double grad_scale,
+                   const std::optional<py::array>& grad_lse,
+                   const std::optional<py::array>& grad_coef, bool want_loss_tok, bool want_z_tok,
+                   bool want_pred, bool want_shard_stats) {
+  const Elem e = parse_elem(elem, "elem");
+  const Elem ge = grad_elem.empty() ? e : parse_elem(grad_elem, "grad_elem");
+  if (e == Elem::F64) {
+    if (ge != Elem::F64) refuse(LOSS_ERR_LENGTH_MISMATCH, "float64 inputs give float64 gradients");
+    return fused<double>(hidden, weight, targets, n_tok, d_model, vocab, chunk, e, reduction,
+                         has_ignore, ignore_index, label_smoothing, softcap, z_loss, shift,
+                         seq_len, bias, as_opt<double>(class_weight), want_dh, want_dw, want_db,
+                         ge, as_opt<double>(grad_output), grad_scale, as_opt<double>(grad_lse),
+                         as_opt<double>(grad_coef), want_loss_tok, want_z_tok, want_pred,
+                         want_shard_stats);
+  }
+  if (ge == Elem::F64) refuse(LOSS_ERR_LENGTH_MISMATCH, "float64 gradients need float64 inputs");
+  return fused<float>(hidden, weight, targets, n_tok, d_model, vocab, chunk, e, reduction,
+                      has_ignore, ignore_index, label_smoothing, softcap, z_loss, shift, seq_len,
+                      bias, as_opt<float>(class_weight), want_dh, want_dw, want_db, ge,
+                      as_opt<float>(grad_output), grad_scale, as_opt<float>(grad_lse),
+                      as_opt<float>(grad_coef), want_loss_tok, want_z_tok, want_pred,
+                      want_shard_stats);
 }
 
 void logits_check(const carray<double>& logits, const carray<int64_t>& targets, int64_t n_tok,
@@ -192,6 +362,18 @@ void bind_lossk(py::module_& m) {
   l.def("release_scratch", [] { return algenta::ChunkScratch::release_cached(); },
         "Free the kept logit-chunk scratch; returns the bytes it held.");
   l.def("scratch_bytes", [] { return algenta::ChunkScratch::cached_bytes(); });
-  l.def("fused_linear_ce_f32", &fused<float>);
-  l.def("fused_linear_ce_f64", &fused<double>);
+  l.def("fused_linear_ce", &fused_any, py::arg("hidden"), py::arg("weight"), py::arg("targets"),
+        py::arg("n_tok"), py::arg("d_model"), py::arg("vocab"), py::arg("chunk"), py::kw_only(),
+        py::arg("elem") = "f64", py::arg("reduction") = "mean", py::arg("has_ignore") = false,
+        py::arg("ignore_index") = -100, py::arg("label_smoothing") = 0.0,
+        py::arg("softcap") = py::none(), py::arg("z_loss") = 0.0, py::arg("shift") = 0,
+        py::arg("seq_len") = 0, py::arg("bias") = py::none(), py::arg("class_weight") = py::none(),
+        py::arg("want_dh") = false, py::arg("want_dw") = false, py::arg("want_db") = false,
+        py::arg("grad_elem") = "", py::arg("grad_output") = py::none(),
+        py::arg("grad_scale") = 1.0, py::arg("grad_lse") = py::none(),
+        py::arg("grad_coef") = py::none(), py::arg("want_loss_tok") = false,
+        py::arg("want_z_tok") = false, py::arg("want_pred") = false,
+        py::arg("want_shard_stats") = false,
+        "The fused linear cross-entropy core (see lossk.hpp): elem names hidden/weight/bias's "
+        "storage (f32, f64, or bf16/f16 bit patterns), grad_elem the gradients' (default: elem).");
 }

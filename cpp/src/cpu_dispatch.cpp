@@ -28,12 +28,15 @@ struct Choice {
 bool host_has(const char* name) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
+  // F16C (half <-> float conversion) came with every AVX2 CPU; it is checked all the same.
   if (std::strcmp(name, "avx2") == 0)
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
   if (std::strcmp(name, "avx512") == 0)
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+           __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
 #endif
   return std::strcmp(name, "generic") == 0;
 }

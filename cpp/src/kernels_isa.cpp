@@ -1,7 +1,8 @@
 // Hot CPU kernels, compiled once per instruction set (see CMakeLists.txt): a packed,
-// register-blocked GEMM micro-kernel and the vectorized exp behind the log-sum-exp and the
-// softmax gradient. Written with GCC/Clang vector extensions so one source serves SSE2, AVX2/FMA
-// and AVX-512; -ffp-contract (GCC's default) fuses the multiply-adds where FMA exists.
+// register-blocked GEMM micro-kernel (packing widens bfloat16 / float16 sources on the way), and
+// the vectorized exp and tanh behind the log-sum-exp, the soft cap and the softmax gradient.
+// Written with GCC/Clang vector extensions so one source serves SSE2, AVX2/FMA and AVX-512;
+// -ffp-contract (GCC's default) fuses the multiply-adds where FMA exists.
 //
 // Fuses: nothing across calls; each call packs its own A and B panels (zero-padded to MR x NR),
 // so callers may hand it any strided view. Never allocates: scratch comes from the caller.
@@ -13,6 +14,10 @@
 #include <limits>
 
 #include "algenta/kernels.hpp"
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 #ifndef ALGENTA_ISA_NS
 #error "compile with -DALGENTA_ISA_NS=isa_<name>"
@@ -80,6 +85,74 @@ inline void storeu(void* p, const VT& v) {
   std::memcpy(p, &v, sizeof(VT));
 }
 
+// Half-precision sources as packing sees them (layout-compatible with their uint16_t bits).
+struct BF16 {
+  uint16_t u;
+};
+struct F16 {
+  uint16_t u;
+};
+inline float widen(float x) { return x; }
+inline double widen(double x) { return x; }
+// bfloat16 is the top half of a float32: exact.
+inline float widen(BF16 x) {
+  const uint32_t b = uint32_t(x.u) << 16;
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+// IEEE binary16 -> float32, exact (every half is a float).
+inline float widen(F16 x) {
+#if defined(__F16C__)
+  return _cvtsh_ss(x.u);
+#else
+  const uint32_t sign = uint32_t(x.u & 0x8000u) << 16;
+  const uint32_t e = (x.u >> 10) & 0x1fu, m = x.u & 0x3ffu;
+  uint32_t bits;
+  if (e == 0) {
+    float f = float(m) * 5.9604644775390625e-8f;  // subnormal or zero: m * 2^-24
+    std::memcpy(&bits, &f, 4);
+    bits |= sign;
+  } else if (e == 31) {
+    bits = sign | 0x7f800000u | (m << 13);
+  } else {
+    bits = sign | ((e + 112u) << 23) | (m << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
+
+// float32 -> bfloat16 / binary16 bits, round to nearest even; NaN stays a (quiet) NaN and a
+// value past the half format's range becomes infinity, as a hardware conversion does.
+inline uint16_t narrow_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+inline uint16_t narrow_f16(float f) {
+#if defined(__F16C__)
+  return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  x &= 0x7fffffffu;
+  if (x > 0x7f800000u) return uint16_t(sign | 0x7e00u);   // NaN
+  if (x >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // >= 65520 rounds to infinity
+  if (x < 0x38800000u) {                                  // below 2^-14: a subnormal half
+    float a;
+    std::memcpy(&a, &x, 4);
+    return uint16_t(sign | uint32_t(std::nearbyint(a * 16777216.0f)));  // a * 2^24, RNE
+  }
+  x += 0x0fffu + ((x >> 13) & 1u);
+  return uint16_t(sign | ((x - 0x38000000u) >> 13));
+#endif
+}
+
 // Blocking. KC: k-depth of one packed panel pair (an MR x KC A panel lives in L1 across the
 // jr loop). MC x KC of A sits in L2, KC x NC of B in L2/L3. Tuned for Zen 2 / Skylake-class
 // caches; correctness never depends on them.
@@ -107,27 +180,28 @@ inline T* align64(T* p) {
   return reinterpret_cast<T*>((u + 63) & ~uintptr_t(63));
 }
 
-// A block (mc x kc) -> panels of MR rows: Ap[panel][k][r], zero rows past mc.
-template <class T>
-void pack_a(int64_t mc, int64_t kc, const T* A, int64_t rsa, int64_t csa, T* Ap) {
+// A block (mc x kc) -> panels of MR rows: Ap[panel][k][r], zero rows past mc. S is the source
+// element type (T, or a half type widened here).
+template <class T, class S>
+void pack_a(int64_t mc, int64_t kc, const S* A, int64_t rsa, int64_t csa, T* Ap) {
   for (int64_t i0 = 0; i0 < mc; i0 += MR<T>) {
     const int64_t mr = mc - i0 < MR<T> ? mc - i0 : MR<T>;
     T* dst = Ap + i0 * kc;
     if (csa == 1 && mr == MR<T>) {
       // k-contiguous rows: walk k outside so the stores are contiguous and the MR<T> source rows
       // are read as parallel sequential streams (hot in L1 after the first touch of a line).
-      const T* src = A + i0 * rsa;
+      const S* src = A + i0 * rsa;
       for (int64_t k = 0; k < kc; ++k)
-        for (int64_t r = 0; r < MR<T>; ++r) dst[k * MR<T> + r] = src[r * rsa + k];
+        for (int64_t r = 0; r < MR<T>; ++r) dst[k * MR<T> + r] = widen(src[r * rsa + k]);
     } else if (csa == 1) {
       for (int64_t r = 0; r < mr; ++r) {
-        const T* src = A + (i0 + r) * rsa;
-        for (int64_t k = 0; k < kc; ++k) dst[k * MR<T> + r] = src[k];
+        const S* src = A + (i0 + r) * rsa;
+        for (int64_t k = 0; k < kc; ++k) dst[k * MR<T> + r] = widen(src[k]);
       }
     } else {
       for (int64_t k = 0; k < kc; ++k) {
-        const T* src = A + i0 * rsa + k * csa;
-        for (int64_t r = 0; r < mr; ++r) dst[k * MR<T> + r] = src[r * rsa];
+        const S* src = A + i0 * rsa + k * csa;
+        for (int64_t r = 0; r < mr; ++r) dst[k * MR<T> + r] = widen(src[r * rsa]);
       }
     }
     for (int64_t r = mr; r < MR<T>; ++r)
@@ -136,39 +210,40 @@ void pack_a(int64_t mc, int64_t kc, const T* A, int64_t rsa, int64_t csa, T* Ap)
 }
 
 // B block (kc x nc) -> panels of NR columns: Bp[panel][k][c], zero columns past nc.
-template <class T>
-void pack_b(int64_t kc, int64_t nc, const T* B, int64_t rsb, int64_t csb, T* Bp) {
+template <class T, class S>
+void pack_b(int64_t kc, int64_t nc, const S* B, int64_t rsb, int64_t csb, T* Bp) {
   constexpr int64_t NR = nr<T>();
   for (int64_t j0 = 0; j0 < nc; j0 += NR) {
     const int64_t w = nc - j0 < NR ? nc - j0 : NR;
     T* dst = Bp + j0 * kc;
     if (csb == 1) {
       for (int64_t k = 0; k < kc; ++k) {
-        const T* src = B + k * rsb + j0;
+        const S* src = B + k * rsb + j0;
         T* d = dst + k * NR;
         int64_t c = 0;
-        for (; c < w; ++c) d[c] = src[c];
+        for (; c < w; ++c) d[c] = widen(src[c]);
         for (; c < NR; ++c) d[c] = T(0);
       }
     } else if (rsb == 1 && w == NR) {
       // k-contiguous columns (B = W^T): contiguous stores, NR sequential read streams.
       // 8-deep k blocks: each column's 8 k-values are one short contiguous read, and the 8
       // destination rows they land in stay in L1 while the block is written.
-      const T* src = B + j0 * csb;
+      const S* src = B + j0 * csb;
       int64_t k0 = 0;
       for (; k0 + 8 <= kc; k0 += 8)
           for (int64_t c = 0; c < NR; ++c) {
-            const T* s = src + c * csb + k0;
+            const S* s = src + c * csb + k0;
             T* d = dst + k0 * NR + c;
-            d[0 * NR] = s[0]; d[1 * NR] = s[1]; d[2 * NR] = s[2]; d[3 * NR] = s[3];
-            d[4 * NR] = s[4]; d[5 * NR] = s[5]; d[6 * NR] = s[6]; d[7 * NR] = s[7];
+            d[0 * NR] = widen(s[0]); d[1 * NR] = widen(s[1]); d[2 * NR] = widen(s[2]);
+            d[3 * NR] = widen(s[3]); d[4 * NR] = widen(s[4]); d[5 * NR] = widen(s[5]);
+            d[6 * NR] = widen(s[6]); d[7 * NR] = widen(s[7]);
           }
       for (int64_t k = k0; k < kc; ++k)
-        for (int64_t c = 0; c < NR; ++c) dst[k * NR + c] = src[c * csb + k];
+        for (int64_t c = 0; c < NR; ++c) dst[k * NR + c] = widen(src[c * csb + k]);
     } else {
       for (int64_t c = 0; c < w; ++c) {
-        const T* src = B + (j0 + c) * csb;
-        for (int64_t k = 0; k < kc; ++k) dst[k * NR + c] = src[k * rsb];
+        const S* src = B + (j0 + c) * csb;
+        for (int64_t k = 0; k < kc; ++k) dst[k * NR + c] = widen(src[k * rsb]);
       }
       for (int64_t c = w; c < NR; ++c)
         for (int64_t k = 0; k < kc; ++k) dst[k * NR + c] = T(0);
@@ -224,9 +299,9 @@ const std::array<UkernelFn<T>, MR<T>>& ukernels() {
 // Shared driver. Bfull, when given, is B already packed by pack_b_full (N <= NC): the k block
 // starting at pc lives at Bfull + pc * round_up(N, NR). Afull, when given, is a larger A packed
 // by pack_a_rows with amp = round_up(its rows, MR<T>); this call's rows start at its row a0.
-template <class T>
-void gemm_core(int64_t M, int64_t N, int64_t K, const T* A, int64_t rsa, int64_t csa, const T* B,
-               int64_t rsb, int64_t csb, const T* Afull, int64_t amp, int64_t a0,
+template <class T, class SA = T, class SB = T>
+void gemm_core(int64_t M, int64_t N, int64_t K, const SA* A, int64_t rsa, int64_t csa,
+               const SB* B, int64_t rsb, int64_t csb, const T* Afull, int64_t amp, int64_t a0,
                const T* Bfull, T* C, int64_t ldc, bool accumulate, T* ws) {
   constexpr int64_t NR = nr<T>();
   constexpr int64_t NCB = NC<T>();
@@ -290,7 +365,17 @@ void gemm_core(int64_t M, int64_t N, int64_t K, const T* A, int64_t rsa, int64_t
 template <class T>
 void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t rsa, int64_t csa, const T* B,
           int64_t rsb, int64_t csb, T* C, int64_t ldc, bool accumulate, T* ws) {
-  gemm_core<T>(M, N, K, A, rsa, csa, B, rsb, csb, nullptr, 0, 0, nullptr, C, ldc, accumulate, ws);
+  gemm_core<T, T, T>(M, N, K, A, rsa, csa, B, rsb, csb, nullptr, 0, 0, nullptr, C, ldc,
+                     accumulate, ws);
+}
+
+// gemm with B's elements stored as halves (H: BF16 or F16), widened as B is packed.
+template <class H>
+void gemm_bh(int64_t M, int64_t N, int64_t K, const float* A, int64_t rsa, int64_t csa,
+             const uint16_t* B, int64_t rsb, int64_t csb, float* C, int64_t ldc, bool accumulate,
+             float* ws) {
+  gemm_core<float, float, H>(M, N, K, A, rsa, csa, reinterpret_cast<const H*>(B), rsb, csb,
+                             nullptr, 0, 0, nullptr, C, ldc, accumulate, ws);
 }
 
 template <class T>
@@ -303,19 +388,26 @@ int64_t packed_b_max_cols() {
   return NC<T>();
 }
 
-template <class T>
-void pack_b_full(int64_t K, int64_t N, const T* B, int64_t rsb, int64_t csb, T* Bfull) {
+template <class T, class S = T>
+void pack_b_full(int64_t K, int64_t N, const S* B, int64_t rsb, int64_t csb, T* Bfull) {
   const int64_t npad = (N + nr<T>() - 1) / nr<T>() * nr<T>();
   for (int64_t pc = 0; pc < K; pc += KC) {
     const int64_t kc = K - pc < KC ? K - pc : KC;
-    pack_b(kc, N, B + pc * rsb, rsb, csb, Bfull + pc * npad);
+    pack_b<T, S>(kc, N, B + pc * rsb, rsb, csb, Bfull + pc * npad);
   }
+}
+
+template <class H>
+void pack_b_full_h(int64_t K, int64_t N, const uint16_t* B, int64_t rsb, int64_t csb,
+                   float* Bfull) {
+  pack_b_full<float, H>(K, N, reinterpret_cast<const H*>(B), rsb, csb, Bfull);
 }
 
 template <class T>
 void gemm_pb(int64_t M, int64_t N, int64_t K, const T* A, int64_t rsa, int64_t csa,
              const T* Bfull, T* C, int64_t ldc, bool accumulate, T* ws) {
-  gemm_core<T>(M, N, K, A, rsa, csa, nullptr, 0, 0, nullptr, 0, 0, Bfull, C, ldc, accumulate, ws);
+  gemm_core<T, T, T>(M, N, K, A, rsa, csa, nullptr, 0, 0, nullptr, 0, 0, Bfull, C, ldc, accumulate,
+                     ws);
 }
 
 template <class T>
@@ -325,21 +417,28 @@ int64_t packed_a_elems(int64_t M, int64_t K) {
 
 // Rows [r0, r1) of the full packed A (M x K): r0 a multiple of MR, so callers can pack disjoint
 // row ranges in parallel.
-template <class T>
-void pack_a_rows(int64_t M, int64_t K, int64_t r0, int64_t r1, const T* A, int64_t rsa,
+template <class T, class S = T>
+void pack_a_rows(int64_t M, int64_t K, int64_t r0, int64_t r1, const S* A, int64_t rsa,
                  int64_t csa, T* Afull) {
   const int64_t mp = (M + MR<T> - 1) / MR<T> * MR<T>;
   for (int64_t pc = 0; pc < K; pc += KC) {
     const int64_t kc = K - pc < KC ? K - pc : KC;
-    pack_a(r1 - r0, kc, A + r0 * rsa + pc * csa, rsa, csa, Afull + pc * mp + r0 * kc);
+    pack_a<T, S>(r1 - r0, kc, A + r0 * rsa + pc * csa, rsa, csa, Afull + pc * mp + r0 * kc);
   }
+}
+
+template <class H>
+void pack_a_rows_h(int64_t M, int64_t K, int64_t r0, int64_t r1, const uint16_t* A, int64_t rsa,
+                   int64_t csa, float* Afull) {
+  pack_a_rows<float, H>(M, K, r0, r1, reinterpret_cast<const H*>(A), rsa, csa, Afull);
 }
 
 template <class T>
 void gemm_papb(int64_t Mfull, int64_t row0, int64_t M, int64_t N, int64_t K, const T* Afull,
                const T* Bfull, T* C, int64_t ldc, bool accumulate, T* ws) {
   const int64_t mp = (Mfull + MR<T> - 1) / MR<T> * MR<T>;
-  gemm_core<T>(M, N, K, nullptr, 0, 0, nullptr, 0, 0, Afull, mp, row0, Bfull, C, ldc, accumulate,
+  gemm_core<T, T, T>(M, N, K, nullptr, 0, 0, nullptr, 0, 0, Afull, mp, row0, Bfull, C, ldc,
+                     accumulate,
                ws);
 }
 
@@ -425,8 +524,62 @@ inline T sexp(T x) {
   return vexp(v)[0];
 }
 
+// ---- vectorized tanh (the soft cap) ------------------------------------------------------------
+// |x| < 0.625: x + x z P(z), z = x^2 (Cephes' tanhf polynomial for float; its rational P(z)/Q(z)
+// for double), where 1 - e below would cancel; else (1 - e) / (1 + e) with e = exp(-2|x|) <=
+// exp(-1.25), no cancellation, and e flushing to 0 far out gives exactly +-1. Both branches are
+// computed and selected per lane. About 2 ulp in either precision.
+template <class VT, class IT>
+inline VT vselect(IT mask, VT a, VT b) {
+  IT ia, ib;
+  std::memcpy(&ia, &a, sizeof ia);
+  std::memcpy(&ib, &b, sizeof ib);
+  const IT r = (ia & mask) | (ib & ~mask);
+  VT out;
+  std::memcpy(&out, &r, sizeof out);
+  return out;
+}
+
+inline vf vtanh(vf x) {
+  const vf ax = vselect<vf, vi32>(x < 0.0f, -x, x);
+  const vf z = x * x;
+  vf p = vf{} - 5.70498872745e-3f;
+  p = p * z + 2.06390887954e-2f;
+  p = p * z - 5.37397155531e-2f;
+  p = p * z + 1.33314422036e-1f;
+  p = p * z - 3.33332819422e-1f;
+  const vf small = x + x * z * p;
+  const vf e = vexp(-2.0f * ax);
+  vf big = (1.0f - e) / (1.0f + e);
+  big = vselect<vf, vi32>(x < 0.0f, -big, big);
+  return vselect<vf, vi32>(ax < 0.625f, small, big);
+}
+
+inline vd vtanh(vd x) {
+  const vd ax = vselect<vd, vi64>(x < 0.0, -x, x);
+  const vd z = x * x;
+  vd p = vd{} - 9.64399179425052238628e-1;
+  p = p * z - 9.92877231001918586564e1;
+  p = p * z - 1.61468768441708447952e3;
+  vd q = z + 1.12811678491632931402e2;
+  q = q * z + 2.23548839060100448583e3;
+  q = q * z + 4.84406305325125486048e3;
+  const vd small = x + x * (z * p / q);
+  const vd e = vexp(-2.0 * ax);
+  vd big = (1.0 - e) / (1.0 + e);
+  big = vselect<vd, vi64>(x < 0.0, -big, big);
+  return vselect<vd, vi64>(ax < 0.625, small, big);
+}
+
 template <class T>
-BlockStats block_stats(const T* z, int64_t n) {
+inline T stanh(T x) {
+  typedef typename V<T>::type VT;
+  VT v = VT{} + x;
+  return vtanh(v)[0];
+}
+
+template <class T>
+BlockStats block_stats(const T* z, int64_t n, const T* w) {
   typedef typename V<T>::type VT;
   constexpr int L = lanes<T>();
   BlockStats s{-std::numeric_limits<double>::infinity(), 0.0, 0.0};
@@ -441,14 +594,17 @@ BlockStats block_stats(const T* z, int64_t n) {
   for (; v + L <= n; v += L) {
     VT x = loadu<VT>(z + v);
     VT e = vexp(x - m);
-    for (int l = 0; l < L; ++l) {
-      se[l] += double(e[l]);
-      sz[l] += double(x[l]);
+    for (int l = 0; l < L; ++l) se[l] += double(e[l]);
+    if (w) {
+      const VT wv = loadu<VT>(w + v);
+      for (int l = 0; l < L; ++l) sz[l] += double(x[l]) * double(wv[l]);
+    } else {
+      for (int l = 0; l < L; ++l) sz[l] += double(x[l]);
     }
   }
   for (int l = 0; v < n; ++v, ++l) {
     se[l] += double(sexp<T>(z[v] - m));
-    sz[l] += double(z[v]);
+    sz[l] += w ? double(z[v]) * double(w[v]) : double(z[v]);
   }
   double a = 0.0, b = 0.0;
   for (int l = 0; l < L; ++l) {
@@ -462,16 +618,62 @@ BlockStats block_stats(const T* z, int64_t n) {
 }
 
 template <class T>
-void softmax_shift(T* z, int64_t n, double lse, double off, double scale) {
+void logit_epilogue(T* z, int64_t n, const T* bias, double cap) {
   typedef typename V<T>::type VT;
   constexpr int L = lanes<T>();
-  const T l = T(lse), o = T(off), sc = T(scale);
+  if (bias)
+    for (int64_t v = 0; v < n; ++v) z[v] += bias[v];
+  if (!(cap > 0.0)) return;
+  // z / cap as z * (1 / cap): one rounding fewer per element than a division, and the same
+  // spelling everywhere, so every chunk and thread count caps a logit to the same bits.
+  const T c = T(cap), ic = T(1.0 / cap);
+  int64_t v = 0;
+  for (; v + L <= n; v += L) storeu(z + v, vtanh(loadu<VT>(z + v) * ic) * c);
+  for (; v < n; ++v) z[v] = stanh<T>(z[v] * ic) * c;
+}
+
+template <class T>
+void softmax_grad(T* z, int64_t n, double lse, double a, double b, const T* w, double cap) {
+  typedef typename V<T>::type VT;
+  constexpr int L = lanes<T>();
+  const T l = T(lse), ta = T(a), tb = T(b);
+  const bool capped = cap > 0.0;
+  const T ic = capped ? T(1.0 / cap) : T(0);
+  auto one = [&](T x, T wv) {
+    T g = sexp<T>(x - l) * ta - tb * wv;
+    if (capped) {
+      const T t = x * ic;
+      g *= (T(1) - t) * (T(1) + t);  // 1 - tanh^2 without cancelling near |t| = 1
+    }
+    return g;
+  };
   int64_t v = 0;
   for (; v + L <= n; v += L) {
-    VT x = loadu<VT>(z + v);
-    storeu(z + v, (vexp(x - l) - o) * sc);
+    const VT x = loadu<VT>(z + v);
+    VT g = vexp(x - l) * ta - (w ? loadu<VT>(w + v) : VT{} + T(1)) * tb;
+    if (capped) {
+      const VT t = x * ic;
+      g *= (T(1) - t) * (T(1) + t);
+    }
+    storeu(z + v, g);
   }
-  for (; v < n; ++v) z[v] = (sexp<T>(z[v] - l) - o) * sc;
+  for (; v < n; ++v) z[v] = one(z[v], w ? w[v] : T(1));
+}
+
+template <int KIND>
+void narrow_h(const float* src, uint16_t* dst, int64_t n) {
+  // One element at a time, front to back: dst may be src's own storage (in-place narrowing),
+  // where element i's result lands on bytes already read.
+  for (int64_t i = 0; i < n; ++i) {
+    const float f = src[i];
+    dst[i] = KIND == HALF_BF16 ? narrow_bf16(f) : narrow_f16(f);
+  }
+}
+
+template <int KIND>
+void widen_h(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    dst[i] = KIND == HALF_BF16 ? widen(BF16{src[i]}) : widen(F16{src[i]});
 }
 
 }  // namespace ALGENTA_ISA_NS
@@ -488,13 +690,24 @@ const IsaTable ALGENTA_CAT(ALGENTA_ISA_NS, _table) = {
      ALGENTA_ISA_NS::packed_b_max_cols<float>, ALGENTA_ISA_NS::gemm_pb<float>,
      ALGENTA_ISA_NS::packed_a_elems<float>, ALGENTA_ISA_NS::pack_a_rows<float>,
      ALGENTA_ISA_NS::gemm_papb<float>, ALGENTA_ISA_NS::row_quantum<float>,
-     ALGENTA_ISA_NS::block_stats<float>, ALGENTA_ISA_NS::softmax_shift<float>},
+     ALGENTA_ISA_NS::block_stats<float>, ALGENTA_ISA_NS::logit_epilogue<float>,
+     ALGENTA_ISA_NS::softmax_grad<float>,
+     {ALGENTA_ISA_NS::pack_b_full_h<ALGENTA_ISA_NS::BF16>,
+      ALGENTA_ISA_NS::pack_b_full_h<ALGENTA_ISA_NS::F16>},
+     {ALGENTA_ISA_NS::pack_a_rows_h<ALGENTA_ISA_NS::BF16>,
+      ALGENTA_ISA_NS::pack_a_rows_h<ALGENTA_ISA_NS::F16>},
+     {ALGENTA_ISA_NS::gemm_bh<ALGENTA_ISA_NS::BF16>, ALGENTA_ISA_NS::gemm_bh<ALGENTA_ISA_NS::F16>},
+     {ALGENTA_ISA_NS::narrow_h<HALF_BF16>, ALGENTA_ISA_NS::narrow_h<HALF_F16>},
+     {ALGENTA_ISA_NS::widen_h<HALF_BF16>, ALGENTA_ISA_NS::widen_h<HALF_F16>}},
     {ALGENTA_ISA_NS::gemm<double>, ALGENTA_ISA_NS::gemm_ws_elems<double>,
      ALGENTA_ISA_NS::pack_b_full<double>, ALGENTA_ISA_NS::packed_b_elems<double>,
      ALGENTA_ISA_NS::packed_b_max_cols<double>, ALGENTA_ISA_NS::gemm_pb<double>,
      ALGENTA_ISA_NS::packed_a_elems<double>, ALGENTA_ISA_NS::pack_a_rows<double>,
      ALGENTA_ISA_NS::gemm_papb<double>, ALGENTA_ISA_NS::row_quantum<double>,
-     ALGENTA_ISA_NS::block_stats<double>, ALGENTA_ISA_NS::softmax_shift<double>},
+     ALGENTA_ISA_NS::block_stats<double>, ALGENTA_ISA_NS::logit_epilogue<double>,
+     ALGENTA_ISA_NS::softmax_grad<double>,
+     {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr},
+     {nullptr, nullptr}},
 };
 
 }  // namespace kern

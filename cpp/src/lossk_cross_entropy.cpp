@@ -1,14 +1,16 @@
-// Fused linear + cross-entropy on the CPU: logits = hidden @ weight^T a chunk of tokens at a time,
-// reduced to a per-token log-sum-exp while each tile is hot, with the analytic gradients formed
-// in the same pass.
+// Fused linear + cross-entropy on the CPU: logits = hidden @ weight^T (+ bias, soft-capped) a
+// chunk of tokens at a time, reduced to a per-token log-sum-exp while each tile is hot, with the
+// analytic gradients formed in the same pass.
 //
 // Dimension legend: N tokens, D d_model, V vocab, C chunk, VB = LOSS_VOCAB_BLOCK.
-// Fuses: projection + log-sum-exp + target pick (+ softmax-minus-one-hot + both gradient GEMMs).
-// Never materializes: the (N, V) logits. Forward alone holds (C, V/VB) block statistics, the
-// chunk's hidden rows packed, and per thread one (ROWS, VB) logit tile and one packed (D, VB)
-// block of W; with gradients, also one (C, V) chunk of logits, overwritten in place by d_logits
-// (the block is kept for the next call, see ChunkScratch), and the chunk's hidden rows packed
-// for the d_weight product.
+// Fuses: projection + bias + soft cap + log-sum-exp + target pick + argmax (+ the softmax
+// gradient through the cap, the z-loss, class weights and label smoothing, and the gradient GEMMs
+// and the bias gradient). Never materializes: the (N, V) logits. Forward alone holds (C, V/VB)
+// block statistics, the chunk's hidden rows packed, and per thread one (ROWS, VB) logit tile and
+// one packed (D, VB) block of W; with gradients, also one (C, V) chunk of logits, overwritten in
+// place by d_logits (the block is kept for the next call, see ChunkScratch), and the chunk's
+// hidden rows packed for the d_weight product. Half-precision inputs (bf16, f16) are widened to
+// float32 as they are packed: never a widened copy of hidden or weight.
 // Exactness: every output has one owner and a fixed reduction order (see kernels.hpp and
 // lossk.hpp), so results are bit-identical for every C and every thread count.
 #include <omp.h>
@@ -30,10 +32,8 @@ namespace {
 
 // True when no element is NaN or infinite. Tests the exponent bits with an integer OR, which
 // (unlike a floating-point sum) the compiler may vectorize and reassociate freely.
-template <class T>
-bool all_finite(const T* p, int64_t n) {
-  typedef typename std::conditional<sizeof(T) == 4, uint32_t, uint64_t>::type U;
-  const U mask = sizeof(T) == 4 ? U(0x7f800000u) : U(0x7ff0000000000000ull);
+template <class U>
+bool exponent_never_all_ones(const U* p, int64_t n, U mask) {
   U bad = 0;
 #pragma omp parallel for reduction(| : bad) schedule(static) if (n > (int64_t(1) << 18))
   for (int64_t i = 0; i < n; ++i) {
@@ -43,6 +43,26 @@ bool all_finite(const T* p, int64_t n) {
   }
   return bad == 0;
 }
+
+template <class T>
+bool all_finite(const T* p, int64_t n) {
+  typedef typename std::conditional<sizeof(T) == 4, uint32_t, uint64_t>::type U;
+  return exponent_never_all_ones(reinterpret_cast<const U*>(p), n,
+                                 sizeof(T) == 4 ? U(0x7f800000u) : U(0x7ff0000000000000ull));
+}
+
+bool all_finite(const void* p, int64_t n, Elem e) {
+  switch (e) {
+    case Elem::F32: return all_finite(static_cast<const float*>(p), n);
+    case Elem::F64: return all_finite(static_cast<const double*>(p), n);
+    case Elem::BF16: return exponent_never_all_ones(static_cast<const uint16_t*>(p), n, uint16_t(0x7f80));
+    case Elem::F16: return exponent_never_all_ones(static_cast<const uint16_t*>(p), n, uint16_t(0x7c00));
+  }
+  return false;
+}
+
+bool is_half(Elem e) { return e == Elem::BF16 || e == Elem::F16; }
+int half_kind(Elem e) { return e == Elem::F16 ? kern::HALF_F16 : kern::HALF_BF16; }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -58,7 +78,45 @@ int64_t tile_size(int64_t extent, int64_t quantum, int64_t min_tiles, int64_t ma
 
 constexpr int64_t ROWS = 96;  // token rows per work item: a multiple of every MR and row_quantum
 
+// Narrows n float32 values to halves in place: element i's bits end at byte 2i of the same
+// buffer. Batches of B elements: a batch starting at a >= B writes only bytes below 4a, all read
+// by earlier batches, so its threads narrow straight into place; the first batch reads its own
+// destination, so it goes through a temporary.
+void narrow_in_place(float* buf, int64_t n, int kind, const kern::IsaOps<float>& K) {
+  constexpr int64_t B = int64_t(1) << 20;
+  uint16_t* dst = reinterpret_cast<uint16_t*>(buf);
+  const int64_t first = std::min(n, B);
+  Buffer<uint16_t> tmp(static_cast<size_t>(first));
+  for (int64_t a = 0; a < n; a += B) {
+    const int64_t m = std::min(B, n - a);
+    uint16_t* out = a == 0 ? tmp.data() : dst + a;
+    const int64_t per = 16384;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < m; i += per) K.narrow_h[kind](buf + a + i, out + i, std::min(per, m - i));
+    if (a == 0) std::memcpy(dst, tmp.data(), size_t(m) * sizeof(uint16_t));
+  }
+}
+
 }  // namespace
+
+const char* elem_name(Elem e) {
+  switch (e) {
+    case Elem::F32: return "float32";
+    case Elem::F64: return "float64";
+    case Elem::BF16: return "bfloat16";
+    case Elem::F16: return "float16";
+  }
+  return "?";
+}
+
+template <class T>
+double FusedOut<T>::reduced(Reduction r) const {
+  if (r == Reduction::Sum) return ce.total + z.total;
+  // PyTorch's weighted mean divides by the counted targets' weights; without weights the
+  // LossSum mean (exact log(V) for uniform logits). The z-loss averages over counted tokens.
+  const double m = weighted ? ce.total / weight_sum : ce.mean();
+  return z.total != 0.0 ? m + z.mean() : m;
+}
 
 template <class T>
 int fused_linear_ce_check(const FusedArgs<T>& a, std::string* why) {
@@ -78,21 +136,47 @@ int fused_linear_ce_check(const FusedArgs<T>& a, std::string* why) {
                           (st == LOSS_ERR_BAD_CHUNK
                                ? " (chunk * vocab must be <= 2^27 = 134217728 logit cells)"
                                : ""));
+  if ((sizeof(T) == 8) != (a.elem == Elem::F64))
+    return refuse(LOSS_ERR_LENGTH_MISMATCH, std::string("inputs of ") + elem_name(a.elem) +
+                                                " cannot compute in this precision");
   if (!loss_scalars_ok(a.label_smoothing) || a.label_smoothing < 0.0 || a.label_smoothing > 1.0)
     return refuse(LOSS_ERR_NON_FINITE, "label_smoothing must be a finite number in [0, 1], got " +
                                            std::to_string(a.label_smoothing));
+  if (a.has_softcap && (!loss_scalars_ok(a.softcap) || !(a.softcap > 0.0)))
+    return refuse(LOSS_ERR_NON_FINITE, "softcap must be a finite number > 0 (None for no cap), "
+                                       "got " + std::to_string(a.softcap));
+  if (!loss_scalars_ok(a.z_loss) || a.z_loss < 0.0)
+    return refuse(LOSS_ERR_NON_FINITE, "lse_square_scale must be a finite number >= 0, got " +
+                                           std::to_string(a.z_loss));
+  if (a.shift < 0 || (a.shift > 0 && (a.seq_len < 1 || a.shift >= a.seq_len ||
+                                       a.n_tok % a.seq_len != 0)))
+    return refuse(LOSS_ERR_LENGTH_MISMATCH,
+                  "shift=" + std::to_string(a.shift) + " needs sequences of seq_len > shift "
+                  "positions tiling the " + std::to_string(a.n_tok) + " tokens (seq_len=" +
+                  std::to_string(a.seq_len) + ")");
   if (a.grad_output && !all_finite(a.grad_output, a.n_tok))
     return refuse(LOSS_ERR_NON_FINITE, "grad_output contains NaN or infinity");
-  if (!all_finite(a.hidden, a.n_tok * a.d_model))
+  if (!loss_scalars_ok(a.grad_scale))
+    return refuse(LOSS_ERR_NON_FINITE, "grad_output must be finite");
+  if (a.grad_lse && !all_finite(a.grad_lse, a.n_tok))
+    return refuse(LOSS_ERR_NON_FINITE, "the gradient of lse contains NaN or infinity");
+  if (a.grad_coef && !all_finite(a.grad_coef, 3 * a.n_tok))
+    return refuse(LOSS_ERR_NON_FINITE, "grad_coef contains NaN or infinity");
+  if (!all_finite(a.hidden, a.n_tok * a.d_model, a.elem))
     return refuse(LOSS_ERR_NON_FINITE, "hidden contains NaN or infinity");
-  if (!all_finite(a.weight, a.vocab * a.d_model))
+  if (!all_finite(a.weight, a.vocab * a.d_model, a.elem))
     return refuse(LOSS_ERR_NON_FINITE, "weight contains NaN or infinity");
+  if (a.bias && !all_finite(a.bias, a.vocab, a.elem))
+    return refuse(LOSS_ERR_NON_FINITE, "linear_bias contains NaN or infinity");
+  if (a.class_weight && !all_finite(a.class_weight, a.vocab))
+    return refuse(LOSS_ERR_NON_FINITE, "the class weights contain NaN or infinity");
   for (int64_t t = 0; t < a.n_tok; ++t) {
-    const int64_t y = a.targets[t];
+    if (a.shift > 0 && t % a.seq_len >= a.seq_len - a.shift) continue;  // not scored
+    const int64_t y = a.targets[t + a.shift];
     if (a.has_ignore && y == a.ignore_index) continue;
     if (y < 0 || y >= a.vocab)
       return refuse(LOSS_ERR_TARGET_OUT_OF_RANGE,
-                    "target " + std::to_string(y) + " at token " + std::to_string(t) +
+                    "target " + std::to_string(y) + " at token " + std::to_string(t + a.shift) +
                         " is outside [0, " + std::to_string(a.vocab) + ")" +
                         (a.has_ignore ? "" : " (no ignore_index was given)"));
   }
@@ -106,13 +190,25 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
   const int64_t C = a.chunk < N ? a.chunk : N;
   const int64_t VB = LOSS_VOCAB_BLOCK;
   const int64_t nVB = ceil_div(V, VB);
+  const bool half_in = is_half(a.elem);
+  const int hk = half_kind(a.elem);
   const bool want_dh = out.d_hidden != nullptr, want_dw = out.d_weight != nullptr;
-  const bool with_grad = want_dh || want_dw;
-  const double eps = a.label_smoothing;
+  const bool want_db = out.d_bias != nullptr;
+  const bool with_grad = want_dh || want_dw || want_db;
+  const bool half_dh = want_dh && is_half(out.grad_elem);
+  const bool want_pred = out.pred != nullptr;
+  const double eps = a.label_smoothing, cap = a.has_softcap ? a.softcap : 0.0, zs = a.z_loss;
+  const T* cw = a.class_weight;
+  // Class weights enter the statistics only through the weighted logit sum (label smoothing's,
+  // or the one a caller asked for).
+  const T* stats_w = eps > 0.0 || out.logit_sum ? cw : nullptr;
   const int nthreads = omp_get_max_threads();
   // d tiles of the d_weight product: each packed once per chunk, at most packed_b_max_cols wide.
   const int64_t dtile_w = K.packed_b_max_cols();
   const int64_t n_dtiles = ceil_div(D, dtile_w);
+  const size_t esz = half_in ? 2 : sizeof(T);
+  const unsigned char* hidden = static_cast<const unsigned char*>(a.hidden);
+  const unsigned char* weight = static_cast<const unsigned char*>(a.weight);
 
   // ---- every allocation, before any work --------------------------------------------------
   const int64_t ws_elems = K.gemm_ws_elems();
@@ -131,28 +227,63 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
   Buffer<T> hpack(want_dw ? size_t(hpack_off[size_t(n_dtiles)]) : 0);  // (C, D) packed
   Buffer<T> apack(size_t(K.packed_a_elems(C, D)));  // the chunk's hidden rows, packed
   Buffer<kern::BlockStats> stats(static_cast<size_t>(C * nVB));  // (C, nVB)
+  Buffer<int32_t> blk_arg(want_pred ? static_cast<size_t>(C * nVB) : 0);  // first max per block
   Buffer<double> ztarget(static_cast<size_t>(C)), lse(static_cast<size_t>(N)),
-      loss(static_cast<size_t>(N));
+      ce(static_cast<size_t>(N)), zl(static_cast<size_t>(N));
+  Buffer<double> zy(out.target_logit ? static_cast<size_t>(N) : 0),
+      zsum(out.logit_sum ? static_cast<size_t>(N) : 0);
+  Buffer<int64_t> pred(want_pred ? static_cast<size_t>(N) : 0);
   Buffer<unsigned char> valid(static_cast<size_t>(N));
+  Buffer<T> bias_w(half_in && a.bias ? static_cast<size_t>(V) : 0);  // a half bias, widened
+  Buffer<T> dh_rows(half_dh ? static_cast<size_t>(C * D) : 0);       // d_hidden before narrowing
 
-  int64_t n_valid = 0;
-  for (int64_t t = 0; t < N; ++t) {
-    valid[t] = !(a.has_ignore && a.targets[t] == a.ignore_index);
-    n_valid += valid[t];
+  const T* bias = nullptr;
+  if (a.bias) {
+    if (half_in) {
+      K.widen_h[hk](static_cast<const uint16_t*>(a.bias), bias_w.data(), V);
+      bias = bias_w.data();
+    } else {
+      bias = static_cast<const T*>(a.bias);
+    }
   }
+  auto target_of = [&](int64_t t) { return a.targets[t + a.shift]; };
+  int64_t n_valid = 0;
+  double w_sum = 0.0;  // sum of the counted targets' weights, in token order
+  for (int64_t t = 0; t < N; ++t) {
+    bool v = !(a.shift > 0 && t % a.seq_len >= a.seq_len - a.shift);
+    if (v && a.has_ignore && target_of(t) == a.ignore_index) v = false;
+    valid[t] = v;
+    if (v) {
+      ++n_valid;
+      w_sum += cw ? double(cw[target_of(t)]) : 1.0;
+    }
+  }
+  double w_all = double(V);  // sum_v w_v, in vocab order
+  if (cw) {
+    w_all = 0.0;
+    for (int64_t v = 0; v < V; ++v) w_all += double(cw[v]);
+  }
+  if (want_db) std::memset(out.d_bias, 0, sizeof(T) * size_t(V));
 
   for (int64_t t0 = 0; t0 < N; t0 += C) {
     const int64_t c = N - t0 < C ? N - t0 : C;
-    const T* Hc = a.hidden + t0 * D;  // (c, D)
+    const unsigned char* Hc = hidden + size_t(t0 * D) * esz;  // (c, D)
+    std::fill(ztarget.data(), ztarget.data() + c, std::nan(""));
 
-    // 1. logits and their block statistics. An item is one vocab block against a range of
-    //    rows: its (D, VB) slice of W^T is packed once and reused by every ROWS-row tile, whose
-    //    statistics are taken while the tile is hot. Row ranges split only when there are too
-    //    few vocab blocks to keep every thread busy.
+    // 1. logits, their epilogue (bias, soft cap) and block statistics. An item is one vocab
+    //    block against a range of rows: its (D, VB) slice of W^T is packed once and reused by
+    //    every ROWS-row tile, whose epilogue and statistics run while the tile is hot. Row ranges
+    //    split only when there are too few vocab blocks to keep every thread busy.
     const int64_t n_rg = ceil_div(c, ROWS);
 #pragma omp parallel for schedule(static)
-    for (int64_t g = 0; g < n_rg; ++g)
-      K.pack_a_rows(c, D, g * ROWS, std::min(c, (g + 1) * ROWS), Hc, D, 1, apack.data());
+    for (int64_t g = 0; g < n_rg; ++g) {
+      const int64_t r0 = g * ROWS, r1 = std::min(c, (g + 1) * ROWS);
+      if (half_in)
+        K.pack_a_rows_h[hk](c, D, r0, r1, reinterpret_cast<const uint16_t*>(Hc), D, 1,
+                            apack.data());
+      else
+        K.pack_a_rows(c, D, r0, r1, reinterpret_cast<const T*>(Hc), D, 1, apack.data());
+    }
     const int64_t n_rs = std::min<int64_t>(n_rg, std::max<int64_t>(1, ceil_div(2 * nthreads, nVB)));
     const int64_t rs_rows = ceil_div(n_rg, n_rs) * ROWS;
 #pragma omp parallel for schedule(dynamic)
@@ -163,7 +294,11 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
       const int64_t v0 = vb * VB, cols = V - v0 < VB ? V - v0 : VB;
       T* wp = wpack.data() + size_t(tid) * size_t(wpack_elems);
       T* wsp = ws.data() + size_t(tid) * size_t(ws_elems);
-      K.pack_b_full(D, cols, a.weight + v0 * D, 1, D, wp);
+      if (half_in)
+        K.pack_b_full_h[hk](D, cols, reinterpret_cast<const uint16_t*>(weight + size_t(v0 * D) * esz),
+                            1, D, wp);
+      else
+        K.pack_b_full(D, cols, reinterpret_cast<const T*>(weight) + v0 * D, 1, D, wp);
       for (int64_t r0 = rs0; r0 < rs1; r0 += ROWS) {
         const int64_t rows = rs1 - r0 < ROWS ? rs1 - r0 : ROWS;
         T* dst;
@@ -177,52 +312,114 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
         }
         K.gemm_papb(c, r0, rows, cols, D, apack.data(), wp, dst, ldd, false, wsp);
         for (int64_t r = 0; r < rows; ++r) {
-          const T* z = dst + r * ldd;
-          stats[size_t((r0 + r) * nVB + vb)] = K.block_stats(z, cols);
-          const int64_t y = a.targets[t0 + r0 + r] - v0;
+          T* z = dst + r * ldd;
+          if (bias || cap > 0.0) K.logit_epilogue(z, cols, bias ? bias + v0 : nullptr, cap);
+          const size_t si = size_t((r0 + r) * nVB + vb);
+          stats[si] = K.block_stats(z, cols, stats_w ? stats_w + v0 : nullptr);
+          if (want_pred) {
+            const T m = T(stats[si].max);
+            int32_t k = 0;  // the first maximum (logits that overflowed to NaN have none: 0)
+            while (k < cols && !(z[k] == m)) ++k;
+            blk_arg[si] = k < cols ? k : 0;
+          }
+          const int64_t y = target_of(t0 + r0 + r) - v0;
           if (y >= 0 && y < cols) ztarget[size_t(r0 + r)] = double(z[y]);
         }
       }
     }
 
-    // 2. merge block statistics in block order -> lse, loss; with gradients, d_logits in place.
+    // 2. merge block statistics in block order -> lse, the loss terms, the argmax; with
+    //    gradients, d_logits in place.
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < c; ++r) {
       const int64_t t = t0 + r;
       const kern::BlockStats* s = stats.data() + r * nVB;
       double m = s[0].max;
-      for (int64_t b = 1; b < nVB; ++b) m = s[b].max > m ? s[b].max : m;
+      int64_t mb = 0;
+      for (int64_t b = 1; b < nVB; ++b)
+        if (s[b].max > m) m = s[b].max, mb = b;
       double se = 0.0, sz = 0.0;
       for (int64_t b = 0; b < nVB; ++b) {
         se += s[b].sumexp * std::exp(s[b].max - m);
         sz += s[b].sumz;
       }
+      if (want_pred) pred[t] = mb * VB + blk_arg[size_t(r * nVB + mb)];
+      if (out.logit_sum) zsum[t] = sz;  // weighted by the class weights when given
+      if (out.target_logit) zy[t] = valid[t] ? ztarget[r] : std::nan("");
       // loss = (m - z_target) + log(se), not lse - z_target: the logit difference is formed
       // before the log is added, so equal logits give exactly log(V) whatever their value,
       // and a large max does not cancel against a large target logit.
       const double logse = std::log(se);
       const double l = m + logse;
       lse[t] = l;
-      double lt = 0.0;
+      double ct = 0.0, zt = 0.0, wy = 1.0;
+      int64_t y = 0;
       if (valid[t]) {
-        lt = (m - ztarget[r]) + logse;
-        if (eps > 0.0) lt = (1.0 - eps) * lt + eps * ((m - sz / double(V)) + logse);
+        y = target_of(t);
+        wy = cw ? double(cw[y]) : 1.0;
+        ct = (m - ztarget[r]) + logse;
+        if (cw) {
+          ct *= wy;
+          if (eps > 0.0) ct = (1.0 - eps) * ct + (eps / double(V)) * ((w_all * m - sz) + w_all * logse);
+        } else if (eps > 0.0) {
+          ct = (1.0 - eps) * ct + eps * ((m - sz / double(V)) + logse);
+        }
+        zt = zs * l * l;
       }
-      loss[t] = lt;
-      if (with_grad) {
-        T* g = logits + r * V;
-        double scale = 0.0;
-        if (valid[t]) {
-          if (a.reduction == Reduction::Mean) scale = 1.0 / double(n_valid);
-          else if (a.reduction == Reduction::Sum) scale = 1.0;
-          else scale = a.grad_output ? double(a.grad_output[t]) : 1.0;
-        }
-        if (scale == 0.0) {
+      ce[t] = ct;
+      zl[t] = zt;
+      if (!with_grad) continue;
+      T* g = logits + r * V;
+      // d loss / d z'_v = p_v * A - B * w_v - Ct * [v == y], p = softmax(z'):
+      //   A = s_ce ((1 - eps) w_y + (eps / V) sum_u w_u) + s_z 2 zs lse + grad_lse,
+      //   B = s_ce eps / V, Ct = s_ce (1 - eps) w_y,
+      // with s_ce, s_z the reduction's per-token scales; then times the cap's 1 - (z' / cap)^2.
+      double s_ce = 0.0, s_z = 0.0;
+      if (a.grad_coef) {
+        const T* k3 = a.grad_coef + 3 * t;
+        const double A = double(k3[0]), B = double(k3[1]), Ck = double(k3[2]);
+        if (A == 0.0 && B == 0.0 && Ck == 0.0) {
           std::memset(g, 0, sizeof(T) * size_t(V));
-        } else {
-          K.softmax_shift(g, V, l, eps / double(V), scale);
-          g[a.targets[t]] -= T((1.0 - eps) * scale);
+          continue;
         }
+        K.softmax_grad(g, V, l, A, B, cw, cap);
+        if (Ck != 0.0) {
+          const int64_t yk = target_of(t);
+          double f = 1.0;
+          if (cap > 0.0) {
+            const T tz = T(ztarget[r]) * T(1.0 / cap);
+            f = double((T(1) - tz) * (T(1) + tz));
+          }
+          g[yk] -= T(Ck * f);
+        }
+        continue;
+      }
+      if (valid[t]) {
+        if (a.reduction == Reduction::Mean) {
+          s_ce = w_sum != 0.0 ? a.grad_scale / w_sum : 0.0;
+          s_z = a.grad_scale / double(n_valid);
+        } else if (a.reduction == Reduction::Sum) {
+          s_ce = s_z = a.grad_scale;
+        } else {
+          s_ce = s_z = a.grad_output ? double(a.grad_output[t]) : 1.0;
+        }
+      }
+      const double A = s_ce * ((1.0 - eps) * wy + (eps / double(V)) * w_all) +
+                       s_z * 2.0 * zs * l + (a.grad_lse ? double(a.grad_lse[t]) : 0.0);
+      const double B = s_ce * eps / double(V);
+      const double Ct = s_ce * (1.0 - eps) * wy;
+      if (A == 0.0 && B == 0.0 && Ct == 0.0) {
+        std::memset(g, 0, sizeof(T) * size_t(V));
+        continue;
+      }
+      K.softmax_grad(g, V, l, A, B, stats_w ? cw : nullptr, cap);
+      if (Ct != 0.0) {
+        double f = 1.0;
+        if (cap > 0.0) {
+          const T tz = T(ztarget[r]) * T(1.0 / cap);
+          f = double((T(1) - tz) * (T(1) + tz));
+        }
+        g[y] -= T(Ct * f);
       }
     }
 
@@ -231,14 +428,27 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
     // 3. d_hidden rows of this chunk = G (c, V) @ W (V, D): one chain over v per cell. Items
     //    split D only; each call packs every W block once for all c rows.
     if (want_dh) {
+      T* dh = half_dh ? dh_rows.data() : static_cast<T*>(out.d_hidden) + t0 * D;
       const int64_t dt = tile_size(D, 16, 2 * nthreads, K.packed_b_max_cols());
       const int64_t n_dt = ceil_div(D, dt);
 #pragma omp parallel for schedule(dynamic)
       for (int64_t item = 0; item < n_dt; ++item) {
         const int tid = omp_get_thread_num();
         const int64_t d0 = item * dt, cols = D - d0 < dt ? D - d0 : dt;
-        K.gemm(c, cols, V, G, V, 1, a.weight + d0, D, 1, out.d_hidden + t0 * D + d0, D, false,
-               ws.data() + size_t(tid) * size_t(ws_elems));
+        T* wsp = ws.data() + size_t(tid) * size_t(ws_elems);
+        if (half_in)
+          K.gemm_bh[hk](c, cols, V, G, V, 1,
+                        reinterpret_cast<const uint16_t*>(weight + size_t(d0) * esz), D, 1,
+                        dh + d0, D, false, wsp);
+        else
+          K.gemm(c, cols, V, G, V, 1, reinterpret_cast<const T*>(weight) + d0, D, 1, dh + d0, D,
+                 false, wsp);
+      }
+      if (half_dh) {
+        uint16_t* o = static_cast<uint16_t*>(out.d_hidden) + t0 * D;
+        const int ok = half_kind(out.grad_elem);
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < c; ++r) K.narrow_h[ok](dh + r * D, o + r * D, D);
       }
     }
     // 4. d_weight (V, D) += G^T (V, c) @ Hc (c, D): each cell continues its chain over tokens
@@ -247,7 +457,12 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
 #pragma omp parallel for schedule(static)
       for (int64_t j = 0; j < n_dtiles; ++j) {
         const int64_t d0 = j * dtile_w, cols = D - d0 < dtile_w ? D - d0 : dtile_w;
-        K.pack_b_full(c, cols, Hc + d0, D, 1, hpack.data() + hpack_off[size_t(j)]);
+        if (half_in)
+          K.pack_b_full_h[hk](c, cols, reinterpret_cast<const uint16_t*>(Hc + size_t(d0) * esz),
+                              D, 1, hpack.data() + hpack_off[size_t(j)]);
+        else
+          K.pack_b_full(c, cols, reinterpret_cast<const T*>(Hc) + d0, D, 1,
+                        hpack.data() + hpack_off[size_t(j)]);
       }
       const int64_t VR = 4 * ROWS;
       const int64_t n_vr = ceil_div(V, VR);
@@ -263,13 +478,45 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
                   out.d_weight + v0 * D + d0, D, t0 > 0, ws.data() + size_t(tid) * size_t(ws_elems));
       }
     }
+    // 5. d_bias (V) += column sums of G, each cell one chain over tokens in token order.
+    if (want_db) {
+      const int64_t VC = 1024;
+#pragma omp parallel for schedule(static)
+      for (int64_t v0 = 0; v0 < V; v0 += VC) {
+        const int64_t v1 = std::min(V, v0 + VC);
+        T* db = out.d_bias;
+        for (int64_t r = 0; r < c; ++r) {
+          const T* gr = G + r * V;
+          for (int64_t v = v0; v < v1; ++v) db[v] += gr[v];
+        }
+      }
+    }
   }
 
   // Token-order reductions, serial: the only order that cannot depend on C or the threads.
+  int64_t correct = 0;
   for (int64_t t = 0; t < N; ++t) {
-    if (valid[t]) out.sum.add(loss[t]);
+    if (valid[t]) {
+      out.ce.add(ce[t]);
+      out.z.add(zl[t]);
+      if (want_pred) correct += pred[t] == target_of(t);
+    }
     if (out.lse) out.lse[t] = T(lse[t]);
-    if (out.loss_tok) out.loss_tok[t] = T(loss[t]);
+    if (out.loss_tok) out.loss_tok[t] = T(ce[t] + zl[t]);
+    if (out.z_tok) out.z_tok[t] = T(zl[t]);
+    if (want_pred) out.pred[t] = pred[t];
+    if (out.target_logit) out.target_logit[t] = T(zy[t]);
+    if (out.logit_sum) out.logit_sum[t] = T(zsum[t]);
+  }
+  out.weight_sum = w_sum;
+  out.weighted = cw != nullptr;
+  out.n_correct = correct;
+  if (is_half(out.grad_elem)) {
+    if constexpr (std::is_same<T, float>::value) {
+      const int ok = half_kind(out.grad_elem);
+      if (want_dw) narrow_in_place(out.d_weight, V * D, ok, K);
+      if (want_db) narrow_in_place(out.d_bias, V, ok, K);
+    }
   }
 }
 
@@ -277,6 +524,8 @@ template int fused_linear_ce_check<float>(const FusedArgs<float>&, std::string*)
 template int fused_linear_ce_check<double>(const FusedArgs<double>&, std::string*);
 template void fused_linear_ce<float>(const FusedArgs<float>&, FusedOut<float>&);
 template void fused_linear_ce<double>(const FusedArgs<double>&, FusedOut<double>&);
+template double FusedOut<float>::reduced(Reduction) const;
+template double FusedOut<double>::reduced(Reduction) const;
 
 // ---- the materialized reference ----------------------------------------------------------
 

@@ -18,8 +18,11 @@ namespace kern {
 struct BlockStats {
   double max;     // max_v z_v (exact: a max never rounds)
   double sumexp;  // sum_v exp(z_v - max), summed in a fixed lane order
-  double sumz;    // sum_v z_v (label smoothing needs the mean logit)
+  double sumz;    // sum_v z_v, or sum_v w_v z_v with class weights (label smoothing needs it)
 };
+
+// Half-precision element storage (bit patterns in uint16_t): bfloat16 or IEEE binary16.
+enum Half : int { HALF_BF16 = 0, HALF_F16 = 1 };
 
 template <class T>
 struct IsaOps {
@@ -45,11 +48,32 @@ struct IsaOps {
   void (*gemm_papb)(int64_t M, int64_t row0, int64_t m, int64_t N, int64_t K, const T* Ap,
                     const T* Bp, T* C, int64_t ldc, bool accumulate, T* ws);
   int64_t (*row_quantum)();
-  // Statistics of z[0..n).
-  BlockStats (*block_stats)(const T* z, int64_t n);
-  // z[v] <- (exp(z[v] - lse) - off) * scale for v in [0, n): softmax minus a uniform offset,
-  // the label-smoothed one-hot's background; the caller subtracts the target's own share.
-  void (*softmax_shift)(T* z, int64_t n, double lse, double off, double scale);
+  // Statistics of z[0..n); with w (n class weights) sumz is sum_v w[v] z[v].
+  BlockStats (*block_stats)(const T* z, int64_t n, const T* w);
+  // The logits' epilogue, on a tile while it is hot: z[v] += bias[v] (bias may be null), then
+  // with cap > 0 the soft cap z[v] = cap * tanh(z[v] / cap).
+  void (*logit_epilogue)(T* z, int64_t n, const T* bias, double cap);
+  // d_logits of one token from its (capped) logits, in place, for v in [0, n):
+  //   z[v] <- (exp(z[v] - lse) * a - b * (w ? w[v] : 1)) * (cap > 0 ? 1 - (z[v] / cap)^2 : 1)
+  // softmax scaled by a, minus the label-smoothed target's (class-weighted) background, through
+  // the soft cap's derivative; the caller subtracts the target's own share.
+  void (*softmax_grad)(T* z, int64_t n, double lse, double a, double b, const T* w, double cap);
+
+  // Half-precision sources (T = float only; null entries for double), indexed by Half: the same
+  // packing and GEMM with each source element widened exactly as it is packed, so a half input
+  // is never widened into a copy of itself.
+  void (*pack_b_full_h[2])(int64_t K, int64_t N, const uint16_t* B, int64_t rsb, int64_t csb,
+                           T* Bp);
+  void (*pack_a_rows_h[2])(int64_t M, int64_t K, int64_t r0, int64_t r1, const uint16_t* A,
+                           int64_t rsa, int64_t csa, T* Ap);
+  void (*gemm_bh[2])(int64_t M, int64_t N, int64_t K, const T* A, int64_t rsa, int64_t csa,
+                     const uint16_t* B, int64_t rsb, int64_t csb, T* C, int64_t ldc,
+                     bool accumulate, T* ws);
+  // dst[i] = src[i] rounded to the half format (to nearest even; past its range, infinity).
+  // src and dst may overlap only when dst <= src in bytes (the caller narrows front to back).
+  void (*narrow_h[2])(const T* src, uint16_t* dst, int64_t n);
+  // dst[i] = src[i] widened exactly.
+  void (*widen_h[2])(const uint16_t* src, T* dst, int64_t n);
 };
 
 struct IsaTable {

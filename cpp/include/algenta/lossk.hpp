@@ -84,39 +84,85 @@ struct LossSum {
 // ---- the fused loss ---------------------------------------------------------------------
 enum class Reduction { Mean, Sum, None };
 
+// Storage of hidden, weight and bias (and of gradients handed back narrowed). BF16/F16 inputs
+// compute in float32: FusedArgs<float>.
+enum class Elem : int { F32 = 0, F64 = 1, BF16 = 2, F16 = 3 };
+const char* elem_name(Elem e);
+
+// The loss of one token t, with z = hidden_t W^T + bias, z' = softcap * tanh(z / softcap) when a
+// soft cap is set (else z' = z), lse = log sum_v exp(z'_v), w the class weights (1 without), y its
+// target, eps the label smoothing and s the z-loss scale:
+//   ce_t = (1 - eps) w_y (lse - z'_y) + (eps / V) sum_v w_v (lse - z'_v)
+//   z_t  = s lse^2
+// Counted tokens only (not ignore_index, and with shift, not one of the last `shift` positions of
+// a sequence). Mean = sum_t ce_t / sum_t w_{y_t} + sum_t z_t / n_counted (PyTorch's weighted mean;
+// the z-loss averaged over counted tokens, as Liger-Kernel); Sum = sum_t (ce_t + z_t); None = the
+// per-token ce_t + z_t.
 template <class T>
 struct FusedArgs {
-  const T* hidden = nullptr;        // (N, D) row-major
-  const T* weight = nullptr;        // (V, D) row-major
-  const int64_t* targets = nullptr; // (N)
+  const void* hidden = nullptr;        // (N, D) row-major, `elem`
+  const void* weight = nullptr;        // (V, D) row-major, `elem`
+  const void* bias = nullptr;          // (V), `elem`, or null
+  Elem elem = sizeof(T) == 8 ? Elem::F64 : Elem::F32;  // F64 with T = double; F32/BF16/F16 else
+  const int64_t* targets = nullptr;    // (N): row r's target is targets[r + shift]
+  const T* class_weight = nullptr;     // (V) PyTorch's `weight`, or null
   int64_t n_tok = 0, d_model = 0, vocab = 0;
-  int64_t chunk = 0;                // tokens per chunk; must pass loss_chunk_check
+  int64_t chunk = 0;                   // tokens per chunk; must pass loss_chunk_check
   Reduction reduction = Reduction::Mean;
-  bool has_ignore = false;          // when false every target must be in [0, V)
+  bool has_ignore = false;             // when false every counted target must be in [0, V)
   int64_t ignore_index = -100;
-  double label_smoothing = 0.0;     // PyTorch's F.cross_entropy semantics, in [0, 1]
-  const T* grad_output = nullptr;   // (N) per-token upstream gradient, Reduction::None only
+  double label_smoothing = 0.0;        // PyTorch's F.cross_entropy semantics, in [0, 1]
+  bool has_softcap = false;            // cap the logits (Gemma 2) at softcap, which must be > 0
+  double softcap = 0.0;
+  double z_loss = 0.0;                 // s >= 0 (lse_square_scale)
+  int64_t shift = 0;                   // >= 0: score row r against targets[r + shift] ...
+  int64_t seq_len = 0;                 // ... within sequences of seq_len rows (shift < seq_len)
+  const T* grad_output = nullptr;      // (N) per-token upstream gradient, Reduction::None only
+  double grad_scale = 1.0;             // the upstream gradient of a Mean/Sum loss (finite)
+  const T* grad_lse = nullptr;         // (N) upstream gradient of the per-token lse, or null
+  // (N, 3) per-token (a, b, c), or null: the gradient is d/dz'_v = a softmax_v - b w_v - c [v == y]
+  // (times the cap's derivative) instead of the reduction's, for callers that combine passes
+  // over shards of the vocabulary (a then carries exp(lse_shard - lse_global)).
+  const T* grad_coef = nullptr;
 };
 
 template <class T>
 struct FusedOut {
-  T* lse = nullptr;        // (N) per-token log-sum-exp, or null
-  T* loss_tok = nullptr;   // (N) per-token loss (0 for ignored tokens), or null
-  T* d_hidden = nullptr;   // (N, D), or null: no gradient wanted
-  T* d_weight = nullptr;   // (V, D), or null
-  LossSum sum;             // valid tokens' losses in token order; sum.count is n_valid
+  T* lse = nullptr;        // (N) per-token log-sum-exp of the (capped) logits, or null
+  T* loss_tok = nullptr;   // (N) per-token ce_t + z_t (0 for tokens not counted), or null
+  T* z_tok = nullptr;      // (N) per-token z-loss, or null
+  int64_t* pred = nullptr; // (N) per-token argmax of the (capped) logits (first maximum), or null
+  T* target_logit = nullptr;  // (N) z'_y of counted tokens (NaN for the others), or null
+  T* logit_sum = nullptr;     // (N) sum_v w_v z'_v (w the class weights, or ones), or null
+  // Gradients of the reduced loss (times grad_output for None, plus grad_lse's share), each null
+  // when not wanted. d_hidden: (N, D) in grad_elem. d_weight: (V, D) T accumulator; d_bias: (V)
+  // T accumulator; with a half grad_elem both are narrowed in place at the end, their first
+  // V*D (V) uint16 holding the result.
+  void* d_hidden = nullptr;
+  T* d_weight = nullptr;
+  T* d_bias = nullptr;
+  Elem grad_elem = sizeof(T) == 8 ? Elem::F64 : Elem::F32;
+  // Results, summed in token order over the counted tokens.
+  LossSum ce, z;           // ce_t and z_t; ce.count is the number of counted tokens
+  double weight_sum = 0.0; // sum of the counted targets' class weights (count without weights)
+  int64_t n_correct = 0;   // counted tokens whose argmax is their target (when pred is set)
+  bool weighted = false;
+  double reduced(Reduction r) const;  // the loss the reduction asks for (NaN: mean of nothing)
 };
 
 // Every refusal of FusedArgs, in a fixed order (581/583/584 dims, 587 chunk, 585 non-finite
-// data or scalars, 586 targets), with the reason in *why. Reads the inputs, never allocates. Call before allocating
-// outputs; the compute functions below assume it returned LOSS_OK.
+// data or scalars, negative softcap or z-loss scale, 582 shift/seq_len, 586 targets), with the
+// reason in *why. Reads the inputs, never allocates. Call before allocating outputs; the compute
+// functions below assume it returned LOSS_OK.
 template <class T>
 int fused_linear_ce_check(const FusedArgs<T>& a, std::string* why = nullptr);
 
-// Forward (and, when out.d_hidden / out.d_weight are set, both gradients in the same pass).
-// Gradients are of the reduced loss: scaled by 1/n_valid for Mean, 1 for Sum, grad_output[t]
-// for None. Peak extra memory: one chunk of logits (C * V) when gradients are wanted, a few
-// numbers per (token, vocab block) otherwise. May throw std::bad_alloc (before any work).
+// Forward (and, when out.d_hidden / d_weight / d_bias are set, the gradients in the same pass).
+// Gradients are of the reduced loss: per token scaled by 1 / sum w_y (z-loss 1 / n_counted) for
+// Mean, 1 for Sum (both times grad_scale), grad_output[t] for None; plus grad_lse[t] times the
+// softmax. Peak extra memory:
+// one chunk of logits (C * V) when gradients are wanted, a few numbers per (token, vocab block)
+// otherwise. May throw std::bad_alloc (before any work).
 template <class T>
 void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out);
 

@@ -1,8 +1,10 @@
 """lossk.cross_entropy: cross-entropy fused with the output projection, a chunk at a time.
 
-``linear_cross_entropy`` is the NumPy-native entry point (float32/float64, PyTorch's
-``F.cross_entropy`` options). The ``*_flat`` functions are the seed's flat-list API; they are
-thin callers of the same C++ core and compute in float64.
+``linear_cross_entropy`` is the NumPy-native entry point: float32, float64, float16 and bfloat16
+(``ml_dtypes``) inputs, PyTorch's ``F.cross_entropy`` options (reduction, ignore_index,
+label_smoothing, class weights), a bias, a soft cap, the z-loss, next-token shift and token
+accuracy. The ``*_flat`` functions are the seed's flat-list API; they are thin callers of the
+same C++ core and compute in float64.
 
 Division of labour: this layer converts types (a wrong one is a ``TypeError``) and array shapes;
 every value refusal (sizes, lengths, chunk budget, non-finite data, targets, reduction) is the
@@ -53,9 +55,11 @@ ChunkInvariance = record_type(
 )
 LinearCrossEntropy = record_type(
     "LinearCrossEntropy",
-    ("loss", "lse", "n_valid", "d_hidden", "d_weight"),
+    ("loss", "lse", "n_valid", "d_hidden", "d_weight", "d_bias", "z_loss", "pred", "accuracy"),
     "Result of linear_cross_entropy: loss (scalar, or per token for reduction='none'), per-token "
-    "log-sum-exp, the count of non-ignored tokens, and the gradients when with_grad=True.",
+    "log-sum-exp, the count of counted tokens, the gradients asked for (else None), the z-loss "
+    "term reduced like the loss, and with return_accuracy the per-token argmax and the accuracy "
+    "over counted tokens (else None).",
 )
 
 _OK = _contract.LOSS_OK
@@ -83,12 +87,16 @@ def _targets(t) -> np.ndarray:
     return int_array(t, "targets", error=lambda m: _err(m, 586))
 
 
-def _run(hidden, weight, targets, n, d, v, chunk, *, reduction="mean", ignore_index=None,
-         label_smoothing=0.0, want_dh=False, want_dw=False, grad_output=None, want_loss_tok=False):
-    fn = _c.fused_linear_ce_f32 if hidden.dtype == np.float32 else _c.fused_linear_ce_f64
-    return fn(hidden, weight, targets, n, d, v, chunk, reduction, ignore_index is not None,
-              0 if ignore_index is None else ignore_index, label_smoothing, want_dh, want_dw,
-              grad_output, want_loss_tok)
+def _core_pass(hidden, weight, targets, n, d, v, chunk, **kw):
+    """One pass of the C++ core (every caller in this package goes through here)."""
+    return _c.fused_linear_ce(hidden, weight, targets, n, d, v, chunk, **kw)
+
+
+def _run(hidden, weight, targets, n, d, v, chunk, *, want_dh=False, want_dw=False,
+         want_loss_tok=False):
+    """One float64 pass for the flat API (mean loss)."""
+    return _core_pass(hidden, weight, targets, n, d, v, chunk, elem="f64", want_dh=want_dh,
+                      want_dw=want_dw, want_loss_tok=want_loss_tok)
 
 
 # ---- the seed's flat API ----------------------------------------------------------------------
@@ -223,81 +231,282 @@ def release_scratch() -> int:
 
 # ---- the NumPy-native entry point ------------------------------------------------------------
 
-def linear_cross_entropy(hidden, weight, targets, *, chunk=None, reduction="mean",
-                         ignore_index=None, label_smoothing=0.0, with_grad=False,
-                         grad_output=None) -> LinearCrossEntropy:
-    """Cross-entropy of ``hidden @ weight.T`` against ``targets`` without materializing the logits.
+class HalfBits:
+    """A bfloat16 or float16 array given by its 16-bit patterns (a uint16 or int16 array): how
+    bfloat16 data reaches :func:`linear_cross_entropy` without ``ml_dtypes``, and how
+    ``algenta.torch`` hands over half tensors without a copy. Gradients of HalfBits inputs come
+    back as HalfBits."""
 
-    hidden (n_tok, d_model) and weight (vocab, d_model): 2-D arrays of one dtype, float32 or
-    float64. targets (n_tok,): integers. ``chunk=None`` picks the largest chunk the logit budget
-    (2**27 cells) admits. ``reduction``, ``ignore_index`` and ``label_smoothing`` follow PyTorch's
-    ``F.cross_entropy``: "mean" averages over non-ignored tokens (NaN when every token is ignored,
-    as in PyTorch, with zero gradients), "sum" adds them, "none" returns the per-token losses (0
-    for ignored tokens). With ``ignore_index=None`` every target must be in [0, vocab): a negative
-    target is refused (586), never read as a mask.
+    __slots__ = ("bits", "dtype")
 
-    ``with_grad=True`` also returns ``d_hidden`` and ``d_weight`` (input dtype) of the reduced
-    loss, computed in the same pass; ``with_grad="hidden"`` or ``"weight"`` computes only that one
-    (the other is None), saving a third of the work for a frozen head or trunk. For "none",
-    ``grad_output`` (n_tok,) weights each token (default all ones). Peak extra memory is the
-    gradients plus one chunk of logits.
+    def __init__(self, bits, dtype: str):
+        if dtype not in ("bfloat16", "float16"):
+            raise TypeError(f"HalfBits dtype must be 'bfloat16' or 'float16', got {dtype!r}")
+        b = np.asarray(bits)
+        if b.dtype not in (np.uint16, np.int16):
+            raise TypeError(f"HalfBits holds 16-bit patterns, got dtype {b.dtype}")
+        self.bits, self.dtype = b, dtype
+
+    shape = property(lambda self: self.bits.shape)
+    ndim = property(lambda self: self.bits.ndim)
+
+    def __repr__(self):
+        return f"HalfBits(shape={self.shape}, dtype={self.dtype!r})"
+
+
+_ELEMS = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64", np.dtype(np.float16): "f16"}
+
+
+def _elem(a) -> tuple:
+    """(core element name, the array the core reads): bfloat16 goes as its bits."""
+    if isinstance(a, HalfBits):
+        return ("bf16" if a.dtype == "bfloat16" else "f16"), a.bits.view(np.uint16)
+    e = _ELEMS.get(a.dtype)
+    if e is not None:
+        return e, a
+    if a.dtype.name == "bfloat16" and a.dtype.itemsize == 2:  # ml_dtypes
+        return "bf16", a.view(np.uint16)
+    raise TypeError(f"expected float32, float64, float16 or bfloat16 data (ml_dtypes or "
+                    f"HalfBits), got dtype {a.dtype}")
+
+
+def _dtype_name(a) -> str:
+    return a.dtype if isinstance(a, HalfBits) else a.dtype.name
+
+
+def _grad_sets(with_grad, has_bias):
+    if isinstance(with_grad, (bool, np.bool_)):
+        return bool(with_grad), bool(with_grad), bool(with_grad) and has_bias
+    names = {with_grad} if isinstance(with_grad, str) else set(with_grad) \
+        if isinstance(with_grad, (list, tuple, set, frozenset)) else None
+    if not names or not names <= {"hidden", "weight", "bias"} or \
+            not all(isinstance(x, str) for x in names):
+        raise TypeError(f"with_grad must be a bool or any of 'hidden', 'weight', 'bias', got "
+                        f"{with_grad!r}")
+    if "bias" in names and not has_bias:
+        raise TypeError("with_grad asks for the bias gradient, but no bias was given")
+    return "hidden" in names, "weight" in names, "bias" in names
+
+
+def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=None, chunk=None,
+                         reduction="mean", ignore_index=None, label_smoothing=0.0, softcap=None,
+                         lse_square_scale=0.0, shift=0, return_accuracy=False, with_grad=False,
+                         grad_output=None, grad_lse=None, grad_dtype=None) -> LinearCrossEntropy:
+    """Cross-entropy of ``hidden @ weight.T + bias`` against ``targets`` without materializing the
+    logits.
+
+    hidden ``[..., d_model]`` and weight ``[vocab, d_model]``: arrays of one dtype, float32,
+    float64, float16 or bfloat16 (``ml_dtypes``; half inputs compute in float32 and are widened as
+    they are packed, never copied). targets ``hidden.shape[:-1]``: integers. ``chunk=None`` picks
+    the largest chunk the logit budget (2**27 cells) admits. With ``z = hidden @ weight.T + bias``
+    capped to ``softcap * tanh(z / softcap)`` when ``softcap`` is given, per counted token::
+
+        ce_t = (1 - eps) w[y] (lse - z_y) + (eps / V) sum_v w[v] (lse - z_v)
+        z_t  = lse_square_scale * lse**2
+
+    (``eps = label_smoothing``, ``w = class_weight`` or ones). ``reduction``: "mean" is
+    ``sum_t ce_t / sum_t w[y_t] + sum_t z_t / n_counted`` (PyTorch's weighted mean; NaN with zero
+    gradients when nothing is counted), "sum" adds ``ce_t + z_t``, "none" returns them per token.
+    ``ignore_index`` marks tokens that count for nothing; with ``ignore_index=None`` every target
+    must be in [0, vocab) (a negative one is refused, 586, never read as a mask). ``shift=k``
+    scores ``hidden[..., t, :]`` against ``targets[..., t + k]`` within each sequence (the
+    second-to-last axis; the whole array for 2-D hidden): the per-token outputs then have
+    ``seq - k`` positions, nothing is copied.
+
+    ``with_grad=True`` also returns ``d_hidden``, ``d_weight`` and (with a bias) ``d_bias`` of the
+    reduced loss, computed in the same pass; ``with_grad="hidden"`` (or "weight", "bias", or a
+    tuple of them) computes only those. Gradients come in the input dtype, or float32 for half
+    inputs with ``grad_dtype="float32"``. ``grad_output`` is the loss's upstream gradient: a
+    scalar for "mean"/"sum" (default 1), one per token (the loss's shape) for "none".
+    ``grad_lse`` (the per-token lse's shape) adds the gradient of ``sum_t grad_lse[t] * lse_t``. ``return_accuracy=True`` adds the per-token argmax of the (capped) logits (ties
+    to the lowest index) and the accuracy over counted tokens, from the forward's running maximum.
+    Peak extra memory is the gradients plus one chunk of logits.
     """
-    if not isinstance(hidden, np.ndarray) or not isinstance(weight, np.ndarray):
-        raise TypeError("hidden and weight must be NumPy arrays")
-    if hidden.dtype not in (np.float32, np.float64) or weight.dtype != hidden.dtype:
-        raise TypeError(f"hidden and weight must share one dtype, float32 or float64; got "
-                        f"{hidden.dtype} and {weight.dtype}")
+    if not isinstance(hidden, (np.ndarray, HalfBits)) or \
+            not isinstance(weight, (np.ndarray, HalfBits)):
+        raise TypeError("hidden and weight must be NumPy arrays (or HalfBits)")
+    elem, h = _elem(hidden)
+    welem, w = _elem(weight)
+    if welem != elem:
+        raise TypeError(f"hidden and weight must share one dtype; got {_dtype_name(hidden)} and "
+                        f"{_dtype_name(weight)}")
     # Any other reduction is the core's refusal (588), a non-string one named by its repr.
     reduction = reduction if isinstance(reduction, str) else repr(reduction)
-    if isinstance(with_grad, (bool, np.bool_)):
-        want_dh = want_dw = bool(with_grad)
-    elif with_grad in ("hidden", "weight"):
-        want_dh, want_dw = with_grad == "hidden", with_grad == "weight"
-    else:
-        raise TypeError(f"with_grad must be a bool, 'hidden' or 'weight', got {with_grad!r}")
+    want_dh, want_dw, want_db = _grad_sets(with_grad, bias is not None)
+    want_grad = want_dh or want_dw or want_db
     if targets is None or not isinstance(targets, (np.ndarray, list, tuple)) and \
             not hasattr(targets, "__array__"):
         raise TypeError(f"targets must be an array of integer class indices, got "
                         f"{type(targets).__name__}")
     t = _targets(targets)
-    if hidden.ndim != 2 or weight.ndim != 2:
-        raise _err(f"hidden and weight must be 2-D, got shapes {hidden.shape} and {weight.shape}", 582)
-    n, d = hidden.shape
-    v = weight.shape[0]
+    if hidden.ndim < 2 or weight.ndim != 2:
+        raise _err(f"hidden must be [..., d_model] with at least one token axis and weight "
+                   f"[vocab, d_model], got shapes {hidden.shape} and {weight.shape}", 582)
+    lead, d = hidden.shape[:-1], hidden.shape[-1]
+    n, v = math.prod(lead), weight.shape[0]
     if weight.shape[1] != d:
         raise _err(f"weight has d_model {weight.shape[1]}, hidden has {d}", 582)
-    if np.ndim(targets) != 1 or t.shape[0] != n:
-        raise _err(f"targets must have shape ({n},), got {np.shape(targets)}", 582)
+    if np.shape(targets) != lead:
+        raise _err(f"targets must have shape {lead} (hidden's leading axes), got "
+                   f"{np.shape(targets)}", 582)
+    k = as_int(shift, "shift")
+    seq = lead[-1]
     c = _chunk(chunk, n, v)
     ii = None if ignore_index is None else as_int(ignore_index, "ignore_index")
     if ii is not None and not I64_MIN <= ii <= I64_MAX:
         raise _err(f"ignore_index={ii} is beyond int64", 586)
     ls = as_float(label_smoothing, "label_smoothing")
-    go = None
-    if grad_output is not None:
-        if not with_grad or reduction != "none":
-            raise _err("grad_output is only used with with_grad=True and reduction='none'", 582)
-        go = _asarray(grad_output, "grad_output")
-        if go.dtype.kind not in "fiu":
-            raise TypeError(f"grad_output must hold real numbers, got dtype {go.dtype}")
-        if go.shape != (n,):
-            raise _err(f"grad_output must have shape ({n},), got {go.shape}", 582)
-        go = np.ascontiguousarray(go, dtype=hidden.dtype)
-    h = np.ascontiguousarray(hidden)
-    w = np.ascontiguousarray(weight)
-    r = _run(h, w, t, n, d, v, c, reduction=reduction, ignore_index=ii, label_smoothing=ls,
-             want_dh=want_dh, want_dw=want_dw, grad_output=go,
-             want_loss_tok=reduction == "none")
-    if reduction == "none":
-        loss = r["loss_tok"]
+    cap = None if softcap is None else as_float(softcap, "softcap")
+    zs = as_float(lse_square_scale, "lse_square_scale")
+    compute = np.float64 if elem == "f64" else np.float32
+    if grad_dtype is None or (elem == "f32" and np.dtype(grad_dtype) == np.float32) or \
+            (elem == "f64" and np.dtype(grad_dtype) == np.float64):
+        gelem = elem
+    elif elem in ("f16", "bf16") and np.dtype(grad_dtype) == np.float32:
+        gelem = "f32"
     else:
-        loss = hidden.dtype.type(r["mean"] if reduction == "mean" else r["total"])
-    return LinearCrossEntropy(loss=loss, lse=r["lse"], n_valid=r["n_valid"],
-                              d_hidden=r["d_hidden"], d_weight=r["d_weight"])
+        raise TypeError(f"grad_dtype must be None, the input dtype or float32 (for half inputs), "
+                        f"got {grad_dtype!r}")
+    b = None
+    if bias is not None:
+        if not isinstance(bias, (np.ndarray, HalfBits)):
+            raise TypeError("linear_bias must be a NumPy array (or HalfBits)")
+        if _dtype_name(bias) != _dtype_name(weight):
+            raise _err(f"linear_bias must have weight's dtype {_dtype_name(weight)}, got "
+                       f"{_dtype_name(bias)}", 582)
+        if bias.shape != (v,):
+            raise _err(f"linear_bias must have shape ({v},), got {bias.shape}", 582)
+        b = np.ascontiguousarray(_elem(bias)[1])
+    cw = None
+    if class_weight is not None:
+        cw = _asarray(class_weight, "class_weight")
+        if cw.dtype.kind not in "fiu":
+            raise TypeError(f"class_weight must hold real numbers, got dtype {cw.dtype}")
+        if cw.shape != (v,):
+            raise _err(f"class_weight must have shape ({v},), got {cw.shape}", 582)
+        cw = np.ascontiguousarray(cw, dtype=compute)
+    out_shape = lead[:-1] + (seq - k,) if 0 < k < seq else lead
+
+    def per_token_in(x, name):
+        """A per-token upstream gradient of the output's shape, as (n,) for the core (zeros at the
+        positions a shift leaves unscored)."""
+        if not want_grad:
+            raise _err(f"{name} is only used with with_grad", 582)
+        a = _asarray(x, name)
+        if a.dtype.kind not in "fiu":
+            raise TypeError(f"{name} must hold real numbers, got dtype {a.dtype}")
+        if a.shape != out_shape:
+            raise _err(f"{name} must have shape {out_shape}, got {a.shape}", 582)
+        if out_shape != lead:
+            full = np.zeros(lead, dtype=compute)
+            full[..., : seq - k] = a
+            a = full
+        return np.ascontiguousarray(a, dtype=compute).reshape(n)
+
+    go, gscale = None, 1.0
+    if grad_output is not None:
+        if reduction == "none":
+            go = per_token_in(grad_output, "grad_output")
+        elif not want_grad:
+            raise _err("grad_output is only used with with_grad", 582)
+        else:
+            gscale = as_float(grad_output, "grad_output (a scalar for mean and sum)")
+    gl = None if grad_lse is None else per_token_in(grad_lse, "grad_lse")
+    r = _core_pass(
+        np.ascontiguousarray(h).reshape(n, d), np.ascontiguousarray(w), t, n, d, v, c, elem=elem,
+        reduction=reduction, has_ignore=ii is not None, ignore_index=0 if ii is None else ii,
+        label_smoothing=ls, softcap=cap, z_loss=zs, shift=k, seq_len=seq if k else 0, bias=b,
+        class_weight=cw, want_dh=want_dh, want_dw=want_dw, want_db=want_db, grad_elem=gelem,
+        grad_output=go, grad_scale=gscale, grad_lse=gl, want_loss_tok=reduction == "none",
+        want_z_tok=reduction == "none" and zs != 0.0, want_pred=bool(return_accuracy))
+
+    def per_token(a):
+        a = a.reshape(lead)
+        return a[..., : seq - k] if out_shape != lead else a
+
+    def grad(a, shape):
+        if a is None:
+            return None
+        a = a.reshape(shape)
+        if gelem != elem or elem in ("f32", "f64"):
+            return a
+        if isinstance(hidden, HalfBits):
+            return HalfBits(a, hidden.dtype)
+        return a.view(hidden.dtype)
+
+    scalar = np.float64 if elem == "f64" else np.float32
+    if reduction == "none":
+        loss = per_token(r["loss_tok"])
+        zl = per_token(r["z_tok"]) if r["z_tok"] is not None else np.zeros(out_shape, scalar)
+    else:
+        loss = scalar(r["mean"] if reduction == "mean" else r["total"])
+        zl = scalar(r["z_mean"] if reduction == "mean" else r["z_total"])
+    pred = acc = None
+    if return_accuracy:
+        pred = per_token(r["pred"])
+        acc = r["n_correct"] / r["n_valid"] if r["n_valid"] else math.nan
+    return LinearCrossEntropy(
+        loss=loss, lse=per_token(r["lse"]), n_valid=r["n_valid"],
+        d_hidden=grad(r["d_hidden"], hidden.shape), d_weight=grad(r["d_weight"], weight.shape),
+        d_bias=grad(r["d_bias"], (v,)), z_loss=zl, pred=pred, accuracy=acc)
+
+
+ShardPass = record_type(
+    "ShardPass",
+    ("lse", "target_logit", "logit_sum", "d_hidden", "d_weight", "d_bias"),
+    "One pass over a shard of the vocabulary: per-token lse of the shard's (biased, capped) "
+    "logits, the target's logit and the class-weighted logit sum; with grad_coef, gradients.",
+)
+
+
+def vocab_shard_pass(hidden, weight_shard, local_targets, *, bias=None, class_weight=None,
+                     softcap=None, chunk=None, grad_coef=None, with_grad=False) -> ShardPass:
+    """One pass of the core over rows ``[s, s + rows)`` of the head, for losses that combine
+    shards of the vocabulary (``algenta.torch.vocab_parallel_linear_cross_entropy``).
+
+    hidden ``[n, d_model]`` and weight_shard ``[rows, d_model]`` of one dtype (bias and
+    class_weight the shard's parts, ``[rows]``); local_targets ``[n]`` in ``[0, rows)`` (the
+    caller knows which tokens the shard owns and puts any in-range index for the others).
+    Returns per token the lse of the shard's logits ``z'`` (biased, soft-capped), ``z'`` at the
+    local target, and ``sum_v w_v z'_v`` (w the class weights, or ones). With ``grad_coef``
+    ``[n, 3]`` per-token ``(a, b, c)`` and ``with_grad``, also the gradients of the scalar whose
+    derivative is ``d/dz'_v = a softmax_v - b w_v - c [v == target]`` (the softmax over this
+    shard: a carries ``exp(lse_shard - lse)`` to make it the global one).
+    """
+    if not isinstance(hidden, (np.ndarray, HalfBits)) or \
+            not isinstance(weight_shard, (np.ndarray, HalfBits)):
+        raise TypeError("hidden and weight_shard must be NumPy arrays (or HalfBits)")
+    elem, h = _elem(hidden)
+    welem, w = _elem(weight_shard)
+    if welem != elem or hidden.ndim != 2 or weight_shard.ndim != 2 or \
+            hidden.shape[1] != weight_shard.shape[1]:
+        raise _err(f"hidden [n, d_model] and weight_shard [rows, d_model] of one dtype, got "
+                   f"{hidden.shape} and {weight_shard.shape}", 582)
+    n, d = hidden.shape
+    v = weight_shard.shape[0]
+    t = _targets(local_targets)
+    if t.shape != (n,):
+        raise _err(f"local_targets must have shape ({n},), got {t.shape}", 582)
+    want_dh, want_dw, want_db = _grad_sets(with_grad, bias is not None)
+    compute = np.float64 if elem == "f64" else np.float32
+    cw = None if class_weight is None else np.ascontiguousarray(class_weight, dtype=compute)
+    gc = None
+    if grad_coef is not None:
+        gc = np.ascontiguousarray(grad_coef, dtype=compute)
+        if gc.shape != (n, 3):
+            raise _err(f"grad_coef must have shape ({n}, 3), got {gc.shape}", 582)
+    r = _core_pass(np.ascontiguousarray(h), np.ascontiguousarray(w), t, n, d, v,
+                   _chunk(chunk, n, v), elem=elem, reduction="none",
+                   softcap=None if softcap is None else as_float(softcap, "softcap"),
+                   bias=None if bias is None else np.ascontiguousarray(_elem(bias)[1]),
+                   class_weight=cw, want_dh=want_dh, want_dw=want_dw, want_db=want_db,
+                   grad_coef=gc, want_shard_stats=True)
+    return ShardPass(lse=r["lse"], target_logit=r["target_logit"], logit_sum=r["logit_sum"],
+                     d_hidden=r["d_hidden"], d_weight=r["d_weight"], d_bias=r["d_bias"])
 
 
 __all__ = [
     "ce_from_logits_flat", "fused_linear_ce_flat", "fused_linear_ce_bwd_flat", "ce_peak_logit_cells",
     "ce_chunk_invariance_flat", "ce_grad_logits_flat", "CEAccumulator", "linear_cross_entropy",
-    "release_scratch",
+    "HalfBits", "vocab_shard_pass", "release_scratch",
 ]

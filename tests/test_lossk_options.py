@@ -1,0 +1,354 @@
+"""The fused loss's options through the NumPy API, against the independent float64 reference
+(tests/lossk_reference.py reference_full) and, where installed, PyTorch on materialized logits:
+bias, soft cap, z-loss, class weights (with label smoothing), next-token shift, half-precision
+inputs, token accuracy, the lse's own upstream gradient; their refusals; and the exactness
+sweep (every chunk size, several thread counts, SHA-256 of every output) with options on."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import algenta
+from algenta import LossError
+from algenta.lossk import contract as C
+from algenta.lossk import cross_entropy as ce
+from algenta.lossk.cross_entropy import HalfBits
+
+from lossk_reference import reference_full
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+lce = algenta.linear_cross_entropy
+
+
+def problem(shape, d, v, dtype=np.float64, seed=0, scale=2.0, ignore=None):
+    rng = np.random.default_rng(seed)
+    h = (rng.standard_normal(shape + (d,)) * scale).astype(dtype)
+    w = (rng.standard_normal((v, d)) * scale / math.sqrt(d)).astype(dtype)
+    t = rng.integers(0, v, shape)
+    if ignore is not None:
+        t.reshape(-1)[1::5] = ignore
+    b = rng.standard_normal(v).astype(dtype)
+    cw = rng.uniform(0.2, 3.0, v)
+    return h, w, t, b, cw
+
+
+OPTION_SETS = {
+    "bias": dict(bias=True),
+    "softcap": dict(softcap=3.0),
+    "zloss": dict(lse_square_scale=1e-2),
+    "weights": dict(class_weight=True),
+    "weights_smooth": dict(class_weight=True, label_smoothing=0.15),
+    "shift": dict(shift=1),
+    "shift2_ignore": dict(shift=2, ignore_index=-100),
+    "all": dict(bias=True, softcap=2.5, lse_square_scale=3e-3, class_weight=True,
+                label_smoothing=0.1, shift=1, ignore_index=-100),
+}
+
+
+def call(h, w, t, b, cw, opts, **kw):
+    o = dict(opts)
+    use_b, use_cw = o.pop("bias", False), o.pop("class_weight", False)
+    r = lce(h, w, t, bias=b if use_b else None, class_weight=cw if use_cw else None, **o, **kw)
+    ref = reference_full(h, w, t, bias=b if use_b else None, class_weight=cw if use_cw else None,
+                         reduction=kw.get("reduction", "mean"), ignore_index=o.get("ignore_index"),
+                         label_smoothing=o.get("label_smoothing", 0.0), softcap=o.get("softcap"),
+                         z_scale=o.get("lse_square_scale", 0.0), shift=o.get("shift", 0),
+                         grad_output=kw.get("grad_output"), grad_lse=kw.get("grad_lse"))
+    return r, ref
+
+
+def close(a, b, tol, what):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert a.shape == b.shape, (what, a.shape, b.shape)
+    both_nan = np.isnan(a) & np.isnan(b)
+    err = np.max(np.where(both_nan, 0.0, np.abs(a - b)), initial=0.0)
+    assert err <= tol, f"{what}: max deviation {err:.3g} > {tol:.3g}"
+
+
+@pytest.mark.parametrize("name", sorted(OPTION_SETS))
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_options_match_the_reference(name, reduction, dtype):
+    opts = OPTION_SETS[name]
+    h, w, t, b, cw = problem((3, 11), 24, 1031, dtype=dtype, seed=hash(name) % 1000,
+                             ignore=opts.get("ignore_index"))
+    rng = np.random.default_rng(5)
+    k = opts.get("shift", 0)
+    go = rng.standard_normal((3, 11 - k)) if reduction == "none" else None
+    r, ref = call(h, w, t, b, cw.astype(dtype), opts, reduction=reduction, chunk=7,
+                  with_grad=True, grad_output=go, return_accuracy=True)
+    if dtype == np.float64:
+        tol, gtol = 1e-11, 1e-12
+    else:
+        tol = C.loss_tol_for(float(np.max(np.abs(ref["lse"]))), 24) * 4
+        gtol = C.loss_tol_for(1.0, 1031) * 4 * (1 if go is None else float(np.abs(go).max()))
+        if reduction != "mean":
+            gtol *= 10
+    n_scored = 3 * (11 - k)
+    close(r.loss, ref["loss"], tol * (n_scored if reduction == "sum" else 1), "loss")
+    close(r.lse, ref["lse"], tol, "lse")
+    close(r.z_loss, ref["z"], tol * (n_scored if reduction == "sum" else 1), "z_loss")
+    assert r.n_valid == ref["n_valid"]
+    close(r.d_hidden, ref["d_hidden"], gtol, "d_hidden")
+    close(r.d_weight, ref["d_weight"], gtol * 3, "d_weight")
+    if opts.get("bias"):
+        close(r.d_bias, ref["d_bias"], gtol * 3, "d_bias")
+    else:
+        assert r.d_bias is None
+    assert np.array_equal(r.pred, ref["pred"]) or dtype == np.float32
+    assert r.accuracy == pytest.approx(ref["accuracy"], abs=0.1 if dtype == np.float32 else 0,
+                                       nan_ok=True)
+
+
+def test_gradient_of_the_lse_and_upstream_scalar():
+    h, w, t, b, cw = problem((2, 9), 16, 300, seed=3, ignore=-100)
+    gl = np.random.default_rng(1).standard_normal((2, 9))
+    for red, go in (("mean", 0.7), ("sum", -1.5), ("none", np.arange(18.0).reshape(2, 9))):
+        r, ref = call(h, w, t, b, cw, dict(bias=True, softcap=4.0, lse_square_scale=1e-3,
+                                           ignore_index=-100),
+                      reduction=red, with_grad=True, grad_output=go, grad_lse=gl)
+        close(r.d_hidden, ref["d_hidden"], 1e-12, f"d_hidden {red}")
+        close(r.d_weight, ref["d_weight"], 1e-12, f"d_weight {red}")
+        close(r.d_bias, ref["d_bias"], 1e-12, f"d_bias {red}")
+
+
+def test_central_differences_through_softcap_bias_weights_and_zloss():
+    h, w, t, b, cw = problem((1, 6), 5, 40, seed=4)
+    kw = dict(bias=b, class_weight=cw, softcap=1.5, lse_square_scale=0.05, label_smoothing=0.2,
+              shift=1)
+    r = lce(h, w, t, with_grad=True, **kw)
+    eps = 1e-6
+    for arr, grad in ((h, r.d_hidden), (w, r.d_weight), (b, r.d_bias)):
+        flat, gflat = arr.reshape(-1), grad.reshape(-1)
+        for i in range(0, flat.size, max(1, flat.size // 7)):
+            keep = flat[i]
+            flat[i] = keep + eps
+            up = lce(h, w, t, **kw).loss
+            flat[i] = keep - eps
+            dn = lce(h, w, t, **kw).loss
+            flat[i] = keep
+            assert (up - dn) / (2 * eps) == pytest.approx(gflat[i], abs=1e-7), (arr.shape, i)
+
+
+def test_shift_copies_nothing_and_scores_within_sequences():
+    h, w, t, _, _ = problem((4, 8), 12, 97, seed=6)
+    r = lce(h, w, t, shift=1, reduction="none", with_grad=True)
+    assert r.loss.shape == r.lse.shape == (4, 7)
+    # the same as shifting by hand (what transformers does to logits and labels)
+    manual = lce(np.ascontiguousarray(h[:, :-1]), w, np.ascontiguousarray(t[:, 1:]),
+                 reduction="none", with_grad=True)
+    close(r.loss, manual.loss, 1e-13, "per token")
+    assert not r.d_hidden[:, -1].any()
+    close(r.d_hidden[:, :-1], manual.d_hidden, 1e-13, "d_hidden")
+    # 2-D hidden is one sequence
+    r2 = lce(h[0], w, t[0], shift=3, reduction="none")
+    assert r2.loss.shape == (5,)
+
+
+def test_token_accuracy_and_first_maximum():
+    h, w, t, _, _ = problem((30,), 8, 50, seed=7, ignore=-100)
+    w[17] = w[3]  # rows 3 and 17 tie on every token: argmax must say 3
+    r = lce(h, w, t, ignore_index=-100, return_accuracy=True)
+    z = h.astype(np.float64) @ w.T
+    assert np.array_equal(r.pred, z.argmax(axis=1))
+    assert 17 not in set(r.pred.tolist())
+    valid = t != -100
+    assert r.accuracy == (r.pred == t)[valid].mean()
+    t[:] = -100
+    assert math.isnan(lce(h, w, t, ignore_index=-100, return_accuracy=True).accuracy)
+
+
+def test_class_weights_all_ignored_and_zero_weight_targets():
+    h, w, t, _, cw = problem((6,), 4, 20, seed=8)
+    t[:] = -100
+    r = lce(h, w, t, class_weight=cw, ignore_index=-100, with_grad=True)
+    assert math.isnan(r.loss) and not r.d_hidden.any()
+    t[:] = 3
+    cw[3] = 0.0  # every counted target weighs nothing: PyTorch's 0/0
+    r = lce(h, w, t, class_weight=cw, with_grad=True)
+    assert math.isnan(r.loss) and not r.d_hidden.any()
+
+
+@pytest.mark.parametrize("kind", ["f16", "bf16"])
+def test_half_inputs_against_float64_of_the_same_values(kind):
+    h64, w64, t, b64, cw = problem((5, 13), 32, 777, seed=9, scale=1.0)
+    if kind == "f16":
+        h, w, b = h64.astype(np.float16), w64.astype(np.float16), b64.astype(np.float16)
+        exact = [a.astype(np.float64) for a in (h, w, b)]
+    else:
+        def bits(a):
+            u = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+            return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+        hb, wb, bb = bits(h64), bits(w64), bits(b64)
+        h, w, b = HalfBits(hb, "bfloat16"), HalfBits(wb, "bfloat16"), HalfBits(bb, "bfloat16")
+        exact = [(x.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+                 for x in (hb, wb, bb)]
+    opts = dict(softcap=20.0, lse_square_scale=1e-4, label_smoothing=0.05)
+    r = lce(h, w, t, bias=b, class_weight=cw, with_grad=True, chunk=16, **opts)
+    ref = reference_full(*exact[:2], t, bias=exact[2], class_weight=cw,
+                         label_smoothing=0.05, softcap=20.0, z_scale=1e-4)
+    # float32 accumulation of exactly the half values: float32 rounding, nothing more
+    assert np.asarray(r.loss).dtype == np.float32 and r.lse.dtype == np.float32
+    close(r.loss, ref["loss"], 2e-5, "loss")
+    close(r.lse, ref["lse"], 2e-5, "lse")
+    g = r.d_hidden.bits if kind == "bf16" else r.d_hidden
+    assert g.dtype == (np.uint16 if kind == "bf16" else np.float16) and g.shape == h64.shape
+    widen = (lambda x: (x.bits.astype(np.uint32) << 16).view(np.float32)) if kind == "bf16" \
+        else (lambda x: x.astype(np.float32))
+    # the gradient rounded once to the half format
+    half_ulp = 2.0 ** (-8 if kind == "bf16" else -11)
+    for got, want in ((r.d_hidden, ref["d_hidden"]), (r.d_weight, ref["d_weight"]),
+                      (r.d_bias, ref["d_bias"])):
+        got = widen(got).astype(np.float64)
+        assert np.all(np.abs(got - want) <= half_ulp * np.abs(want) + 1e-6), kind
+    # float32 gradients on request: the accumulator itself, unrounded
+    r32 = lce(h, w, t, bias=b, class_weight=cw, with_grad=True, chunk=16, grad_dtype="float32",
+              **opts)
+    assert r32.d_weight.dtype == np.float32
+    close(r32.d_weight, ref["d_weight"], 1e-5, "d_weight f32")
+    close(r32.d_hidden, ref["d_hidden"], 1e-5, "d_hidden f32")
+
+
+def test_half_gradients_own_exactly_their_memory():
+    h, w, t, _, _ = problem((8,), 16, 600, dtype=np.float16, seed=10)
+    r = lce(h, w, t, with_grad=True)
+    # the float32 accumulator was narrowed in place and shrunk: the array owns 2 bytes a value
+    base = r.d_weight if r.d_weight.base is None else r.d_weight.base
+    assert r.d_weight.dtype == np.float16 and r.d_weight.shape == (600, 16)
+    assert getattr(base, "nbytes", r.d_weight.nbytes) <= 600 * 16 * 2 + 64 or \
+        not isinstance(base, np.ndarray)
+
+
+def test_ml_dtypes_bfloat16_when_installed():
+    ml = pytest.importorskip("ml_dtypes")
+    h, w, t, _, _ = problem((6,), 8, 100, seed=11)
+    hb, wb = h.astype(ml.bfloat16), w.astype(ml.bfloat16)
+    r = lce(hb, wb, t, with_grad=True)
+    bits = lce(HalfBits(hb.view(np.uint16), "bfloat16"), HalfBits(wb.view(np.uint16), "bfloat16"),
+               t, with_grad=True)
+    assert r.loss == bits.loss and r.d_hidden.dtype == ml.bfloat16
+    assert np.array_equal(r.d_hidden.view(np.uint16), bits.d_hidden.bits)
+
+
+def test_only_requested_gradients_are_computed(monkeypatch):
+    calls = []
+    real = ce._core_pass
+
+    def spy(*a, **kw):
+        calls.append({k: kw.get(k) for k in ("want_dh", "want_dw", "want_db")})
+        return real(*a, **kw)
+
+    monkeypatch.setattr(ce, "_core_pass", spy)
+    h, w, t, b, _ = problem((5,), 6, 50, seed=12)
+    full = lce(h, w, t, bias=b, with_grad=True)
+    only_b = lce(h, w, t, bias=b, with_grad="bias")
+    hw = lce(h, w, t, bias=b, with_grad=("hidden", "weight"))
+    assert calls == [dict(want_dh=True, want_dw=True, want_db=True),
+                     dict(want_dh=False, want_dw=False, want_db=True),
+                     dict(want_dh=True, want_dw=True, want_db=False)]
+    assert np.array_equal(only_b.d_bias, full.d_bias) and only_b.d_hidden is None
+    assert np.array_equal(hw.d_hidden, full.d_hidden) and hw.d_bias is None
+    with pytest.raises(TypeError):
+        lce(h, w, t, with_grad="bias")  # no bias given
+
+
+# ---- refusals ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw,status", [
+    (dict(softcap=-1.0), 585), (dict(softcap=0.0), 585), (dict(softcap=float("nan")), 585),
+    (dict(softcap=float("inf")), 585), (dict(lse_square_scale=-1e-4), 585),
+    (dict(lse_square_scale=float("nan")), 585), (dict(class_weight=np.ones(49)), 582),
+    (dict(class_weight=np.r_[np.ones(49), np.nan]), 585), (dict(bias=np.ones(50, np.float32)), 582),
+    (dict(bias=np.ones(49)), 582), (dict(bias=np.r_[np.ones(49), np.inf]), 585),
+    (dict(shift=6), 582), (dict(shift=-1), 582), (dict(grad_lse=np.ones((2, 6))), 582),
+])
+def test_bad_option_values_are_refused_before_work(kw, status):
+    h, w, t, _, _ = problem((2, 6), 4, 50, seed=13)
+    if "grad_lse" in kw:
+        kw = dict(kw, with_grad=False)
+    with pytest.raises(LossError) as e:
+        lce(h, w, t, **kw)
+    assert e.value.status == status, e.value
+
+
+def test_option_types_are_type_errors():
+    h, w, t, _, _ = problem((4,), 4, 10, seed=14)
+    for kw in (dict(softcap="1"), dict(lse_square_scale=None), dict(shift=1.0),
+               dict(class_weight=np.array(["a"] * 10)), dict(grad_dtype=np.int32),
+               dict(bias=[0.0] * 10)):
+        with pytest.raises(TypeError):
+            lce(h, w, t, **kw)
+
+
+# ---- PyTorch on the materialized logits, where installed -----------------------------------
+
+def test_against_pytorch_materialized():
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    h, w, t, b, cw = problem((3, 10), 20, 401, seed=15, ignore=-100)
+    for ls in (0.0, 0.1):
+        for red in ("mean", "sum", "none"):
+            r = lce(h, w, t, bias=b, class_weight=cw, label_smoothing=ls, ignore_index=-100,
+                    reduction=red, softcap=6.0, with_grad=True,
+                    grad_output=np.ones((3, 10)) if red == "none" else None)
+            H = torch.tensor(h, requires_grad=True)
+            W = torch.tensor(w, requires_grad=True)
+            B = torch.tensor(b, requires_grad=True)
+            z = F.linear(H, W, B)
+            z = 6.0 * torch.tanh(z / 6.0)
+            loss = F.cross_entropy(z.reshape(-1, 401), torch.tensor(t).reshape(-1),
+                                   weight=torch.tensor(cw), ignore_index=-100, reduction=red,
+                                   label_smoothing=ls)
+            loss.sum().backward()
+            close(r.loss, loss.detach().numpy().reshape(np.shape(r.loss)), 1e-11, f"loss {red}")
+            close(r.d_hidden, H.grad.numpy(), 1e-12, "d_hidden")
+            close(r.d_weight, W.grad.numpy(), 1e-12, "d_weight")
+            close(r.d_bias, B.grad.numpy(), 1e-12, "d_bias")
+
+
+# ---- exactness: every chunk size and thread count, options on ---------------------------------
+
+_SWEEP = textwrap.dedent("""
+    import sys, hashlib, numpy as np
+    sys.path.insert(0, {here!r})
+    from test_lossk_options import problem
+    import algenta
+    from algenta.lossk.cross_entropy import HalfBits
+    out = []
+    for dtype in (np.float64, np.float32, np.float16):
+        h, w, t, b, cw = problem((3, 7), 10, 600, dtype=dtype, seed=21, ignore=-100)
+        for chunk in {chunks}:
+            r = algenta.linear_cross_entropy(
+                h, w, t, bias=b, class_weight=cw, softcap=3.0, lse_square_scale=1e-3,
+                label_smoothing=0.1, shift=1, ignore_index=-100, chunk=chunk, with_grad=True,
+                return_accuracy=True, reduction="none", grad_output=np.ones((3, 6)))
+            m = hashlib.sha256()
+            for a in (r.loss, r.lse, r.z_loss, r.pred, r.d_hidden, r.d_weight, r.d_bias):
+                m.update(np.ascontiguousarray(a).tobytes())
+            out.append(m.hexdigest())
+    print(" ".join(out))
+""")
+
+
+def test_bit_identical_for_every_chunk_and_thread_count_with_options():
+    digests = set()
+    for threads in ("1", "2", "3"):
+        code = _SWEEP.format(here=HERE, chunks=list(range(1, 22)))
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=600, env=dict(os.environ, OMP_NUM_THREADS=threads))
+        assert r.returncode == 0, r.stderr
+        per = r.stdout.split()
+        assert len(per) == 3 * 21
+        for k in range(3):  # within each dtype, every chunk gives the same digest
+            assert len(set(per[21 * k: 21 * (k + 1)])) == 1, (threads, k)
+        digests.add(tuple(per[::21]))
+    assert len(digests) == 1  # and every thread count the same bits
