@@ -7,7 +7,12 @@ torch is installed. Every result is validated against a float64 reference before
 Reports the minimum of several interleaved runs and ratios to the GEMM measured in the same
 rounds.
 
-    python perf/bench_lossk.py [--n 512 --d 1024 --v 32768 --reps 5]
+    python perf/bench_lossk.py [--n 512 --d 1024 --v 32768 --reps 5] [--options]
+
+--options adds, in the same interleaved rounds, forward+backward with each option of the loss
+(bias, soft cap, z-loss, class weights with label smoothing, next-token shift, token accuracy,
+all of them) and with bfloat16 / float16 inputs, each as a ratio to the plain float32
+forward+backward (target: an option costs at most 5%; half inputs no slower than float32).
 """
 
 from __future__ import annotations
@@ -37,6 +42,59 @@ def best_of(fns: dict, reps: int) -> dict:
     return out
 
 
+OPTION_ROWS = (
+    ("opt_bias", "f+b with a bias (and its gradient)"),
+    ("opt_softcap", "f+b with softcap=30"),
+    ("opt_zloss", "f+b with lse_square_scale=1e-4"),
+    ("opt_weights", "f+b with class weights + smoothing 0.1"),
+    ("opt_shift", "f+b with shift=1"),
+    ("opt_accuracy", "f+b with return_accuracy"),
+    ("opt_all", "f+b with all of the above"),
+    ("bf16_fwd", "forward, bfloat16 inputs"),
+    ("bf16_fwd_bwd", "f+b, bfloat16 inputs (bf16 gradients)"),
+    ("f16_fwd_bwd", "f+b, float16 inputs (f16 gradients)"),
+)
+
+
+def option_fns(h, w, t):
+    """forward+backward with each option, validated against float64 first where it is cheap."""
+    from algenta.lossk.cross_entropy import HalfBits
+
+    lce = algenta.linear_cross_entropy
+    n, v = h.shape[0], w.shape[0]
+    rng = np.random.default_rng(1)
+    b = rng.standard_normal(v).astype(h.dtype)
+    cw = rng.uniform(0.5, 2.0, v)
+    seq = 256 if n % 256 == 0 else n
+    h3, t3 = h.reshape(-1, seq, h.shape[1]), t.reshape(-1, seq)
+
+    def bits(a):
+        u = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+    hb, wb = HalfBits(bits(h), "bfloat16"), HalfBits(bits(w), "bfloat16")
+    hf, wf = h.astype(np.float16), w.astype(np.float16)
+    # half inputs: the same loss as float32 on the rounded values, to float32 rounding
+    exact = lce((hb.bits.astype(np.uint32) << 16).view(np.float32),
+                (wb.bits.astype(np.uint32) << 16).view(np.float32), t).loss
+    assert abs(float(lce(hb, wb, t).loss) - float(exact)) <= 1e-4 * max(1.0, abs(float(exact)))
+    full = dict(bias=b, class_weight=cw, label_smoothing=0.1, softcap=30.0,
+                lse_square_scale=1e-4, return_accuracy=True)
+    return {
+        "opt_bias": lambda: lce(h, w, t, bias=b, with_grad=True),
+        "opt_softcap": lambda: lce(h, w, t, softcap=30.0, with_grad=True),
+        "opt_zloss": lambda: lce(h, w, t, lse_square_scale=1e-4, with_grad=True),
+        "opt_weights": lambda: lce(h, w, t, class_weight=cw, label_smoothing=0.1,
+                                   with_grad=True),
+        "opt_shift": lambda: lce(h3, w, t3, shift=1, with_grad=True),
+        "opt_accuracy": lambda: lce(h, w, t, return_accuracy=True, with_grad=True),
+        "opt_all": lambda: lce(h3, w, t3, shift=1, with_grad=True, **full),
+        "bf16_fwd": lambda: lce(hb, wb, t),
+        "bf16_fwd_bwd": lambda: lce(hb, wb, t, with_grad=True),
+        "f16_fwd_bwd": lambda: lce(hf, wf, t, with_grad=True),
+    }
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=512)
@@ -44,6 +102,8 @@ def main():
     ap.add_argument("--v", type=int, default=32768)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--options", action="store_true",
+                    help="time each option of the loss against plain float32 forward+backward")
     a = ap.parse_args()
     n, d, v = a.n, a.d, a.v
     try:
@@ -111,6 +171,8 @@ def main():
             fns["torch_mat_fwd"] = no_grad(lambda: F.cross_entropy(F.linear(th, tw), tt))
             fns["torch_mat_fwd_bwd"] = lambda: torch_fb(
                 lambda x, y: F.cross_entropy(F.linear(x, y), tt))
+        if a.options and dtype == np.float32:
+            fns.update(option_fns(h, w, t))
         row = {"dtype": np.dtype(dtype).name, **best_of(fns, a.reps)}
         rows.append(row)
 
@@ -124,6 +186,13 @@ def main():
                            ("torch_mat_fwd_bwd", "torch CE(linear) f+b")):
             if key in row:
                 print(f"{row['dtype']:8} {label:30} {row[key]:9.4f} {row[key] / row['gemm']:8.2f}")
+        print()
+    if a.options:
+        row = rows[0]
+        print(f"options (float32 inputs unless named; n_tok={n}, seq 256 for the shift):")
+        print(f"{'what':40} {'seconds':>9} {'x plain f+b':>12}")
+        for key, label in OPTION_ROWS:
+            print(f"{label:40} {row[key]:9.4f} {row[key] / row['fwd_bwd']:12.3f}")
         print()
     for row in rows:
         verdict = [f"fwd {row['fwd'] / row['gemm']:.2f}x GEMM (target <= 1.15)",

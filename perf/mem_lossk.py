@@ -4,7 +4,10 @@
 resident-set high-water mark above the inputs: the peak is reset (/proc/self/clear_refs) once
 the inputs exist, so only what the call itself holds counts. Compared with one chunk of logits
 (256 x 151,936 x 8 bytes = 311 MB), with the gradients it must return, and with PyTorch's
-materialized F.cross_entropy(F.linear(...)) when torch is installed.
+materialized F.cross_entropy(F.linear(...)) when torch is installed. Two more variants: every
+option at once (bias, class weights, label smoothing, soft cap, z-loss, shift, accuracy;
+float64), and bfloat16 inputs, whose gradients accumulate in float32 (the reference there is
+float32 gradients plus a float32 chunk).
 
     python perf/mem_lossk.py
 """
@@ -41,6 +44,12 @@ if what.startswith("torch"):
 else:
     import algenta
     algenta.linear_cross_entropy(h[:2], w[:300], t[:2] %% 300)  # load the module, spin up threads
+if what == "bf16_fwd_bwd":
+    from algenta.lossk.cross_entropy import HalfBits
+    def bits(a):
+        u = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    h, w = HalfBits(bits(h), "bfloat16"), HalfBits(bits(w), "bfloat16")
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # reset the peak: only what the call holds counts from here
 base = status("VmRSS:")
@@ -48,6 +57,16 @@ if what == "fwd":
     r = algenta.linear_cross_entropy(h, w, t, chunk=CHUNK)
     loss = float(r.loss)
 elif what == "fwd_bwd":
+    r = algenta.linear_cross_entropy(h, w, t, chunk=CHUNK, with_grad=True)
+    loss = float(r.loss)
+elif what == "opts_fwd_bwd":
+    b, cw = rng.standard_normal(V), rng.uniform(0.5, 2.0, V)
+    r = algenta.linear_cross_entropy(h.reshape(8, N // 8, D), w, t.reshape(8, N // 8),
+                                     chunk=CHUNK, with_grad=True, bias=b, class_weight=cw,
+                                     label_smoothing=0.1, softcap=30.0, lse_square_scale=1e-4,
+                                     shift=1, return_accuracy=True)
+    loss = float(r.loss)
+elif what == "bf16_fwd_bwd":
     r = algenta.linear_cross_entropy(h, w, t, chunk=CHUNK, with_grad=True)
     loss = float(r.loss)
 elif what == "torch_fwd":
@@ -75,24 +94,29 @@ def main():
     grads = (N * D + V * D) * 8
     try:
         import torch  # noqa: F401
-        variants = ["fwd", "fwd_bwd", "torch_fwd", "torch_fwd_bwd"]
+        variants = ["fwd", "fwd_bwd", "opts_fwd_bwd", "bf16_fwd_bwd", "torch_fwd", "torch_fwd_bwd"]
     except ImportError:
-        variants = ["fwd", "fwd_bwd"]
+        variants = ["fwd", "fwd_bwd", "opts_fwd_bwd", "bf16_fwd_bwd"]
     out = {v: run(v) for v in variants}
-    losses = [r["loss"] for r in out.values()]
+    losses = [r["loss"] for k, r in out.items() if k not in ("opts_fwd_bwd", "bf16_fwd_bwd")]
     assert max(losses) - min(losses) < 1e-9, losses  # every variant computed the same loss
     mb = 1 / 1e6
     print(f"n_tok={N} vocab={V} d_model={D} float64 chunk={CHUNK}; loss {losses[0]:.12f}")
     print(f"one chunk of logits: {chunk_bytes * mb:.1f} MB; gradients: {grads * mb:.1f} MB; "
           f"materialized logits: {N * V * 8 * mb:.1f} MB\n")
-    print(f"{'variant':22} {'peak above inputs':>18} {'ratio':>8}  reference")
+    print(f"{'variant':26} {'peak above inputs':>18} {'ratio':>8}  reference")
     ref = {"fwd": chunk_bytes, "fwd_bwd": chunk_bytes + grads,
+           "opts_fwd_bwd": chunk_bytes + grads + V * 8,
+           "bf16_fwd_bwd": chunk_bytes // 2 + grads // 2,
            "torch_fwd": chunk_bytes, "torch_fwd_bwd": chunk_bytes + grads}
     label = {"fwd": "algenta forward", "fwd_bwd": "algenta fwd+bwd",
+             "opts_fwd_bwd": "algenta f+b, all options", "bf16_fwd_bwd": "algenta f+b, bf16 in",
              "torch_fwd": "torch CE(linear) fwd", "torch_fwd_bwd": "torch CE(linear) f+b"}
     for k, r in out.items():
         refname = "one chunk" if k.endswith("fwd") else "grads + one chunk"
-        print(f"{label[k]:22} {r['extra_bytes'] * mb:15.1f} MB {r['extra_bytes'] / ref[k]:8.2f}  {refname}")
+        if k == "bf16_fwd_bwd":
+            refname = "float32 grads + one float32 chunk"
+        print(f"{label[k]:26} {r['extra_bytes'] * mb:15.1f} MB {r['extra_bytes'] / ref[k]:8.2f}  {refname}")
 
 
 if __name__ == "__main__":

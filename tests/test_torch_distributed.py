@@ -40,6 +40,17 @@ CASES = [
     # Logits of size ~100: one shard holds nearly all the probability of each token, and the
     # log-sum-exps are large next to the losses.
     dict(name="f32-peaked", dtype="float32", vocab="small", reduction="sum", scale=30.0),
+    # The options, each shard holding its rows of the bias and of the class weights.
+    dict(name="f64-bias", dtype="float64", vocab="small", reduction="mean", bias=True),
+    dict(name="f64-softcap", dtype="float64", vocab="blocks", reduction="sum", softcap=2.0),
+    dict(name="f64-zloss", dtype="float64", vocab="small", reduction="mean",
+         lse_square_scale=1e-2),
+    dict(name="f64-weights-ls", dtype="float64", vocab="blocks", reduction="mean", weights=True,
+         label_smoothing=0.1),
+    dict(name="f64-everything", dtype="float64", vocab="blocks", reduction="none", bias=True,
+         weights=True, softcap=3.0, lse_square_scale=1e-3, label_smoothing=0.2),
+    dict(name="f32-everything", dtype="float32", vocab="small", reduction="mean", bias=True,
+         weights=True, softcap=3.0, lse_square_scale=1e-3, label_smoothing=0.2),
 ]
 
 
@@ -55,11 +66,16 @@ def _inputs(case):
     t.view(-1)[[2, 9]] = ii
     if case.get("all_ignored"):
         t.fill_(ii)
-    return h, w, t
+    b = torch.randn(vocab, generator=g, dtype=torch.float64).to(dtype) if case.get("bias") \
+        else None
+    cw = (torch.rand(vocab, generator=g, dtype=torch.float64) + 0.5).to(dtype) \
+        if case.get("weights") else None
+    return h, w, t, b, cw
 
 
 def _kw(case):
-    return {k: case[k] for k in ("reduction", "ignore_index", "label_smoothing") if k in case}
+    return {k: case[k] for k in ("reduction", "ignore_index", "label_smoothing", "softcap",
+                                 "lse_square_scale") if k in case}
 
 
 def _upstream(case, loss):
@@ -79,17 +95,20 @@ def _worker(rank, port, outdir):
     out = {}
     try:
         for case in CASES:
-            h, w, t = _inputs(case)
+            h, w, t, b, cw = _inputs(case)
             vocab, rows0 = VOCABS[case["vocab"]]
             lo, hi = (0, rows0) if rank == 0 else (rows0, vocab)
             h = h.requires_grad_(case.get("hidden_grad", True))
             ws = w[lo:hi].clone().requires_grad_(True)
-            loss = algenta.torch.vocab_parallel_linear_cross_entropy(h, ws, t, vocab_start=lo,
-                                                                     **_kw(case))
+            bs = None if b is None else b[lo:hi].clone().requires_grad_(True)
+            loss = algenta.torch.vocab_parallel_linear_cross_entropy(
+                h, ws, t, vocab_start=lo, linear_bias=bs,
+                weight=None if cw is None else cw[lo:hi], **_kw(case))
             loss.backward(_upstream(case, loss))
-            out[case["name"]] = (loss.detach(), None if h.grad is None else h.grad, ws.grad)
+            out[case["name"]] = (loss.detach(), None if h.grad is None else h.grad, ws.grad,
+                                 None if bs is None else bs.grad)
         # Refusals raise on every rank (none waits for a collective the other skipped).
-        h, w, t = _inputs(CASES[0])
+        h, w, t, _, _ = _inputs(CASES[0])
         for name, start, bad_rows in (("gap", 0 if rank == 0 else 20, False),
                                       ("nan", 0 if rank == 0 else 19, True)):
             ws = w[:19] if rank == 0 else w[19:].clone()
@@ -153,19 +172,42 @@ def _close(a, b, tol):
         assert err <= tol * max(1.0, float(b[m].double().abs().max())), err
 
 
+def _reference(case, h, w, t, b, cw):
+    vocab, _ = VOCABS[case["vocab"]]
+    ii = case.get("ignore_index", -100)
+    z = F.linear(h, w, b).reshape(-1, vocab)
+    cap = case.get("softcap")
+    if cap:
+        z = cap * torch.tanh(z / cap)
+    tf = t.reshape(-1)
+    red = case["reduction"]
+    ref = F.cross_entropy(z, tf, weight=cw, ignore_index=ii, reduction=red,
+                          label_smoothing=case.get("label_smoothing", 0.0))
+    zs = case.get("lse_square_scale", 0.0)
+    if zs:
+        lse = torch.logsumexp(z, -1)
+        valid = tf != ii
+        zl = torch.where(valid, zs * lse * lse, torch.zeros_like(lse))
+        ref = ref + (zl.sum() / valid.sum() if red == "mean" else zl.sum() if red == "sum"
+                     else zl)
+    return ref.reshape(t.shape) if red == "none" else ref
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_matches_unsharded(results, case):
-    h, w, t = _inputs(case)
+    h, w, t, b, cw = _inputs(case)
     vocab, rows0 = VOCABS[case["vocab"]]
     h = h.requires_grad_(True)
     w = w.requires_grad_(True)
-    z = F.linear(h, w).reshape(-1, vocab)
-    ref = F.cross_entropy(z, t.reshape(-1), **_kw(case))
-    if case["reduction"] == "none":
-        ref = ref.reshape(t.shape)
+    if b is not None:
+        b = b.requires_grad_(True)
+    ref = _reference(case, h, w, t, b, cw)
     ref.backward(_upstream(case, ref))
     tol = 1e-12 if case["dtype"] == "float64" else 3e-5
-    (l0, dh0, dw0), (l1, dh1, dw1) = results[0][case["name"]], results[1][case["name"]]
+    (l0, dh0, dw0, db0), (l1, dh1, dw1, db1) = results[0][case["name"]], results[1][case["name"]]
+    if b is not None:
+        _close(db0, b.grad[:rows0], tol)
+        _close(db1, b.grad[rows0:], tol)
     # Every rank holds the same loss, to the bit.
     torch.testing.assert_close(l0, l1, rtol=0, atol=0, equal_nan=True)
     _close(l0, ref.detach(), tol)
@@ -178,7 +220,9 @@ def test_matches_unsharded(results, case):
     _close(dw1, w.grad[rows0:], tol)
     if case["dtype"] == "float64":
         # ...and the fused single-process op on the whole head.
-        single = algenta.torch.linear_cross_entropy(h.detach(), w.detach(), t, **_kw(case))
+        single = algenta.torch.linear_cross_entropy(
+            h.detach(), w.detach(), t, linear_bias=None if b is None else b.detach(), weight=cw,
+            **_kw(case))
         _close(l0, single, 1e-12)
 
 

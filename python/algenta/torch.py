@@ -1,19 +1,30 @@
-"""algenta.torch: the fused linear + cross-entropy loss as a PyTorch autograd op.
+"""algenta.torch: the fused linear + cross-entropy loss as a PyTorch op.
 
-``linear_cross_entropy(input, linear_weight, target)`` equals
-``F.cross_entropy(F.linear(input, linear_weight), target)`` (every reduction, ``ignore_index``,
-``label_smoothing``) and its gradients with respect to ``input`` and ``linear_weight``, computed
-by the C++ core a chunk of tokens at a time: the ``[n_tok, vocab]`` logits never exist, in the
-forward or the backward. ``vocab_parallel_linear_cross_entropy`` is the same loss when the rows of
+``linear_cross_entropy(input, linear_weight, target)`` takes the keywords of PyTorch's own
+``F.linear_cross_entropy`` (``linear_bias``, ``weight`` for class weights, ``reduction``,
+``ignore_index``, ``label_smoothing``) and equals ``F.cross_entropy(F.linear(input,
+linear_weight, linear_bias), target, ...)`` and its gradients, computed by the C++ core a chunk
+of tokens at a time: the ``[n_tok, vocab]`` logits never exist, in the forward or the backward.
+Beyond PyTorch's options, keyword-only: ``softcap`` (Gemma 2's logit soft cap), the z-loss
+(``lse_square_scale``, its term returned with ``return_z_loss``), next-token ``shift``, the
+per-token ``lse`` as a differentiable output (``return_lse``) and token accuracy
+(``return_accuracy``). ``vocab_parallel_linear_cross_entropy`` is the same loss when the rows of
 the head are sharded over the ranks of a ``torch.distributed`` group.
 
-Tensors go to the core as zero-copy NumPy views (``tensor.detach().numpy()``); a non-contiguous
-tensor is made contiguous once. The gradients the core returns become tensors without a copy.
+The op is registered with ``torch.library`` (``algenta::lce_fwd`` and ``algenta::lce_grad``, each
+with a fake implementation, autograd registered), so ``torch.compile(fullgraph=True)`` keeps it
+in the graph. float32, float64, bfloat16 and float16 tensors are accepted; half precision
+computes in float32 (inputs widened as the core packs them, never copied), returns a float32 loss
+and gradients in the input dtype. Under ``torch.autocast`` the inputs are cast to the autocast
+dtype first, as ``F.linear`` is, and the loss is float32, as ``F.cross_entropy``'s under autocast.
 
-Limits: CPU tensors of float32 or float64 only (a CUDA tensor or another dtype is refused, not
-moved or cast behind the caller's back); class-index targets only (no probability targets, no
-per-class ``weight``); double backward is not supported. Inputs the core refuses (NaN/inf,
-targets out of range, empty or oversized shapes) raise ``algenta.LossError`` with its status.
+Tensors go to the core as zero-copy NumPy views; a non-contiguous tensor is made contiguous once.
+The gradients the core returns become tensors without a copy.
+
+Limits: CPU tensors only (a CUDA tensor is refused, not moved behind the caller's back);
+class-index targets only (no probability targets); double backward is not supported. Inputs the
+core refuses (NaN/inf, targets out of range, empty or oversized shapes, a negative soft cap) raise
+``algenta.LossError`` with its status.
 
 This module imports torch; ``import algenta`` does not import it.
 """
@@ -21,23 +32,40 @@ This module imports torch; ``import algenta`` does not import it.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ._convert import I64_MAX, I64_MIN, as_float, as_int
 from .errors import LossError
+from .lossk.cross_entropy import HalfBits, vocab_shard_pass
 from .lossk.cross_entropy import linear_cross_entropy as _np_linear_cross_entropy
 
-__all__ = ["linear_cross_entropy", "LinearCrossEntropyLoss", "vocab_parallel_linear_cross_entropy"]
+__all__ = ["linear_cross_entropy", "LinearCrossEntropyLoss", "LinearCrossEntropyOutput",
+           "vocab_parallel_linear_cross_entropy"]
 
 _REDUCTIONS = ("mean", "sum", "none")
-_FLOATS = (torch.float32, torch.float64)
+_FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+_HALF = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 # Tokens per step of the small gathers done next to the core (target rows of the head in the
 # vocab-parallel backward): bounds their temporaries at this many rows of d_model.
 _GATHER_ROWS = 4096
+
+
+class LinearCrossEntropyOutput(NamedTuple):
+    """What linear_cross_entropy returns when any return_* flag is set: each field the flag
+    asked for (else None). lse is differentiable; z_loss (already part of loss), pred and
+    accuracy are not."""
+
+    loss: Tensor
+    lse: Optional[Tensor]
+    z_loss: Optional[Tensor]
+    pred: Optional[Tensor]
+    accuracy: Optional[Tensor]
 
 
 # ---- argument checks ----------------------------------------------------------------------------
@@ -51,13 +79,15 @@ def _float_tensor(x, name: str) -> None:
     if x.layout != torch.strided:
         raise ValueError(f"{name} must be a dense (strided) tensor, got layout {x.layout}")
     if x.dtype not in _FLOATS:
-        raise TypeError(f"{name} must be float32 or float64, got {x.dtype}")
+        raise TypeError(f"{name} must be float32, float64, bfloat16 or float16, got {x.dtype}")
 
 
-def _check(input, weight, target, reduction, ignore_index, label_smoothing, chunk):
-    """Validates what torch-side code must know before the core sees anything; returns
-    (n_tok, d_model, vocab, options). Value checks the core makes itself (NaN/inf, target range,
-    label_smoothing range, chunk budget) are left to it so their status codes are the core's."""
+def _check(input, weight, target, bias, class_weight, reduction, ignore_index, label_smoothing,
+           softcap, lse_square_scale, shift, chunk):
+    """Validates what torch-side code must know before the core sees anything (types, devices,
+    shapes); returns the options. Value checks the core makes itself (NaN/inf, target range,
+    label_smoothing, soft cap and z-loss ranges, chunk budget, shift) are left to it so their
+    status codes are the core's."""
     _float_tensor(input, "input")
     _float_tensor(weight, "linear_weight")
     if weight.dtype != input.dtype:
@@ -72,10 +102,13 @@ def _check(input, weight, target, reduction, ignore_index, label_smoothing, chun
                         "(probability targets are not supported)")
     if not isinstance(reduction, str) or reduction not in _REDUCTIONS:
         raise LossError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}", 588)
-    ii = as_int(ignore_index, "ignore_index")
+    ii = -100 if ignore_index is None else as_int(ignore_index, "ignore_index")
     if not I64_MIN <= ii <= I64_MAX:
         raise LossError(f"ignore_index={ii} is beyond int64", 586)
     ls = as_float(label_smoothing, "label_smoothing")
+    cap = None if softcap is None else as_float(softcap, "softcap")
+    zs = as_float(lse_square_scale, "lse_square_scale")
+    k = as_int(shift, "shift")
     if chunk is not None:
         chunk = as_int(chunk, "chunk")
     if input.dim() < 1 or weight.dim() != 2:
@@ -87,119 +120,249 @@ def _check(input, weight, target, reduction, ignore_index, label_smoothing, chun
     if tuple(target.shape) != tuple(input.shape[:-1]):
         raise LossError(f"target must have shape {tuple(input.shape[:-1])} (input's leading "
                         f"dimensions), got {tuple(target.shape)}", 582)
-    n = math.prod(input.shape[:-1])
-    v = weight.shape[0]
-    return n, d, v, (reduction, ii, ls, chunk)
+    if k and input.dim() < 2:
+        raise LossError("shift needs input [..., seq, d_model]", 582)
+    if bias is not None:
+        _float_tensor(bias, "linear_bias")
+        if bias.dtype != weight.dtype:
+            raise LossError(f"linear_bias must have linear_weight's dtype {weight.dtype}, got "
+                            f"{bias.dtype}", 582)
+        if tuple(bias.shape) != (weight.shape[0],):
+            raise LossError(f"linear_bias must have shape ({weight.shape[0]},), got "
+                            f"{tuple(bias.shape)}", 582)
+    if class_weight is not None:
+        _float_tensor(class_weight, "weight")
+        if tuple(class_weight.shape) != (weight.shape[0],):
+            raise LossError(f"weight (class weights) must have shape ({weight.shape[0]},), got "
+                            f"{tuple(class_weight.shape)}", 582)
+    return reduction, ii, ls, cap, zs, k, chunk
 
 
-def _np2d(x: torch.Tensor, n: int, d: int) -> np.ndarray:
-    """(n, d) C-contiguous NumPy view of x's data: a copy only when x is not contiguous."""
-    x = x.detach().reshape(n, d)
+# ---- tensors <-> the NumPy core -----------------------------------------------------------------
+
+def _core_view(x: Tensor):
+    """x's data for the core without a copy (contiguous first if it is not): a NumPy array, or
+    HalfBits for bfloat16."""
+    x = x.detach()
     if not x.is_contiguous():
         x = x.contiguous()
+    if x.dtype == torch.bfloat16:
+        return HalfBits(x.view(torch.int16).numpy(), "bfloat16")
     return x.numpy()
 
 
-def _targets_i64(target: torch.Tensor, n: int) -> torch.Tensor:
-    t = target.detach().reshape(n)
-    return t.contiguous() if t.dtype == torch.int64 else t.to(torch.int64).contiguous()
+def _tensor(a, dtype) -> Tensor:
+    """A core result as a tensor of `dtype`, without a copy."""
+    if isinstance(a, HalfBits):
+        return torch.from_numpy(a.bits).view(dtype)
+    return torch.from_numpy(np.ascontiguousarray(a))
 
 
-def _fused(h: np.ndarray, w: np.ndarray, t: np.ndarray, *, chunk, reduction, ignore_index,
-           label_smoothing, want_dh=False, want_dw=False, grad_output=None):
-    """One pass of the core through the NumPy API; only the gradients asked for are computed
-    (a frozen head or trunk saves a third of the work)."""
-    with_grad = (want_dh and want_dw) or ("hidden" if want_dh else "weight" if want_dw else False)
-    return _np_linear_cross_entropy(h, w, t, chunk=chunk, reduction=reduction,
-                                    ignore_index=ignore_index, label_smoothing=label_smoothing,
-                                    with_grad=with_grad, grad_output=grad_output)
+def _run(input, weight, target, bias, class_weight, reduction, ii, ls, cap, zs, shift, chunk,
+         need, grad_output=None, grad_lse=None, want_pred=False):
+    """One pass of the core through the NumPy API on tensors' data; only the gradients in
+    `need` (a subset of hidden, weight, bias) are computed."""
+    t = target.detach()
+    t = t.contiguous() if t.dtype == torch.int64 else t.to(torch.int64).contiguous()
+    cw = None
+    if class_weight is not None:
+        cw = class_weight.detach().to(torch.float64 if input.dtype == torch.float64
+                                      else torch.float32).contiguous().numpy()
+    return _np_linear_cross_entropy(
+        _core_view(input), _core_view(weight), t.numpy(),
+        bias=None if bias is None else _core_view(bias), class_weight=cw, chunk=chunk,
+        reduction=reduction, ignore_index=ii, label_smoothing=ls, softcap=cap,
+        lse_square_scale=zs, shift=shift, return_accuracy=want_pred,
+        with_grad=tuple(need) if need else False,
+        grad_output=grad_output.detach().contiguous().numpy()
+        if isinstance(grad_output, Tensor) else grad_output,
+        grad_lse=None if grad_lse is None else grad_lse.detach().contiguous().numpy())
 
 
-def _scale(g: torch.Tensor | None, up: torch.Tensor) -> torch.Tensor | None:
-    if g is None:
-        return None
-    # An upstream gradient of exactly 1 (loss.backward()) returns the forward's gradient as is;
-    # autograd copies it before accumulating because ctx still holds a reference.
-    return g if bool(up == 1) else g * up.to(g.dtype)
+def _loss_dtype(dtype):
+    return torch.float32 if dtype in _HALF else dtype
 
 
-# ---- single process -----------------------------------------------------------------------------
-
-class _LinearCrossEntropyFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, input, weight, target, n, d, opts, need_dh, need_dw):
-        reduction, ii, ls, chunk = opts
-        h, w = _np2d(input, n, d), _np2d(weight, weight.shape[0], d)
-        t = _targets_i64(target, n)
-        ctx.shape, ctx.opts, ctx.n, ctx.d = input.shape, opts, n, d
-        if reduction == "none":
-            r = _fused(h, w, t.numpy(), chunk=chunk, reduction="none", ignore_index=ii,
-                       label_smoothing=ls)
-            # The per-token upstream gradient is only known in backward: keep the inputs (not
-            # their contiguous copies) and run the core again there with grad_output.
-            if need_dh or need_dw:
-                ctx.save_for_backward(input, weight, t)
-            return torch.from_numpy(r.loss).reshape(target.shape)
-        r = _fused(h, w, t.numpy(), chunk=chunk, reduction=reduction, ignore_index=ii,
-                   label_smoothing=ls, want_dh=need_dh, want_dw=need_dw)
-        # Gradients of the reduced loss come out of the same pass as the loss; backward only
-        # scales them by the upstream scalar.
-        dh = torch.from_numpy(r.d_hidden).reshape(input.shape) if need_dh else None
-        dw = torch.from_numpy(r.d_weight) if need_dw else None
-        ctx.save_for_backward(dh, dw)
-        return torch.tensor(r.loss, dtype=input.dtype)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out):
-        reduction, ii, ls, chunk = ctx.opts
-        need_dh, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        if reduction != "none":
-            dh, dw = ctx.saved_tensors
-            return (_scale(dh, grad_out) if need_dh else None,
-                    _scale(dw, grad_out) if need_dw else None, None, None, None, None, None, None)
-        input, weight, t = ctx.saved_tensors
-        n, d = ctx.n, ctx.d
-        go = grad_out.detach().reshape(n).to(input.dtype).contiguous().numpy()
-        r = _fused(_np2d(input, n, d), _np2d(weight, weight.shape[0], d), t.numpy(), chunk=chunk,
-                   reduction="none", ignore_index=ii, label_smoothing=ls, want_dh=need_dh,
-                   want_dw=need_dw, grad_output=go)
-        dh = torch.from_numpy(r.d_hidden).reshape(ctx.shape) if need_dh else None
-        dw = torch.from_numpy(r.d_weight) if need_dw else None
-        return dh, dw, None, None, None, None, None, None
+def _out_shape(input: Tensor, shift: int):
+    lead = tuple(input.shape[:-1])
+    return lead[:-1] + (lead[-1] - shift,) if shift else lead
 
 
-def linear_cross_entropy(input, linear_weight, target, *, reduction="mean", ignore_index=-100,
-                         label_smoothing=0.0, chunk=None):
-    """``F.cross_entropy(F.linear(input, linear_weight), target, ...)`` without the logits.
+# ---- the ops --------------------------------------------------------------------------------------
 
-    input ``[..., d_model]`` and linear_weight ``[vocab, d_model]``: CPU tensors of one dtype,
-    float32 or float64 (any strides). target ``[...]``: integer class indices, ``ignore_index``
-    marking tokens that count for nothing ("mean" divides by the other tokens; NaN with zero
-    gradients when every token is ignored, as in PyTorch). ``reduction="none"`` returns the
-    per-token losses with target's shape. ``chunk`` (tokens per pass, default the largest the
-    logit budget admits) changes neither the loss nor the gradients by a single bit.
+@torch.library.custom_op("algenta::lce_fwd", mutates_args=())
+def _lce_fwd(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor],
+             class_weight: Optional[Tensor], reduction: str, ignore_index: int,
+             label_smoothing: float, softcap: Optional[float], lse_square_scale: float,
+             shift: int, chunk: Optional[int], need_dh: bool, need_dw: bool, need_db: bool,
+             want_pred: bool, lse_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
+                                                       Tensor, Tensor, Tensor]:
+    """(loss, lse, z_loss, pred, accuracy, d_input, d_weight, d_bias): the gradients of a
+    mean/sum loss are computed in this same pass (when the lse needs none of its own)."""
+    need = [n for n, f in (("hidden", need_dh), ("weight", need_dw), ("bias", need_db)) if f]
+    if reduction == "none" or lse_grad:
+        need = []  # the upstream gradients are only known in backward
+    r = _run(input, weight, target, bias, class_weight, reduction, ignore_index,
+             label_smoothing, softcap, lse_square_scale, shift, chunk, need, want_pred=want_pred)
+    ldt = _loss_dtype(input.dtype)
+    empty = torch.empty(0, dtype=input.dtype)
+    return (torch.as_tensor(r.loss, dtype=ldt).clone(), _tensor(r.lse, ldt),
+            torch.as_tensor(r.z_loss, dtype=ldt).clone(),
+            _tensor(r.pred, torch.int64) if want_pred else torch.empty(0, dtype=torch.int64),
+            torch.tensor(r.accuracy if want_pred else math.nan, dtype=torch.float32),
+            _tensor(r.d_hidden, input.dtype) if r.d_hidden is not None else empty,
+            _tensor(r.d_weight, input.dtype) if r.d_weight is not None else empty.clone(),
+            _tensor(r.d_bias, input.dtype) if r.d_bias is not None else empty.clone())
 
-    Gradients for "mean"/"sum" are computed in the forward pass, in the same sweep as the loss,
-    and scaled by the upstream gradient in backward; only the inputs that require grad (with grad
-    mode on) get one. For "none" the backward makes a second pass with the per-token upstream
-    gradient. The loss is bit-identical for every chunk size and thread count.
+
+@_lce_fwd.register_fake
+def _(input, weight, target, bias, class_weight, reduction, ignore_index, label_smoothing,
+      softcap, lse_square_scale, shift, chunk, need_dh, need_dw, need_db, want_pred, lse_grad):
+    ldt = _loss_dtype(input.dtype)
+    per = _out_shape(input, shift)
+    loss_shape = per if reduction == "none" else ()
+    pre = reduction != "none" and not lse_grad
+    return (input.new_empty(loss_shape, dtype=ldt), input.new_empty(per, dtype=ldt),
+            input.new_empty(loss_shape, dtype=ldt),
+            input.new_empty(per if want_pred else (0,), dtype=torch.int64),
+            input.new_empty((), dtype=torch.float32),
+            input.new_empty(input.shape if pre and need_dh else (0,)),
+            input.new_empty(weight.shape if pre and need_dw else (0,)),
+            input.new_empty(bias.shape if pre and need_db and bias is not None else (0,)))
+
+
+@torch.library.custom_op("algenta::lce_grad", mutates_args=())
+def _lce_grad(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor],
+              class_weight: Optional[Tensor], grad_loss: Tensor, grad_lse: Optional[Tensor],
+              reduction: str, ignore_index: int, label_smoothing: float,
+              softcap: Optional[float], lse_square_scale: float, shift: int,
+              chunk: Optional[int], need_dh: bool, need_dw: bool,
+              need_db: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward's own pass of the core, for what the forward could not precompute: the
+    per-token upstream gradient of reduction='none', and the gradient of a used lse."""
+    need = [n for n, f in (("hidden", need_dh), ("weight", need_dw), ("bias", need_db)) if f]
+    ldt = _loss_dtype(input.dtype)
+    go = grad_loss.to(ldt) if reduction == "none" else float(grad_loss)
+    empty = torch.empty(0, dtype=input.dtype)
+    if not need:
+        return empty, empty.clone(), empty.clone()
+    r = _run(input, weight, target, bias, class_weight, reduction, ignore_index,
+             label_smoothing, softcap, lse_square_scale, shift, chunk, need, grad_output=go,
+             grad_lse=None if grad_lse is None else grad_lse.to(ldt))
+    return (_tensor(r.d_hidden, input.dtype) if need_dh else empty,
+            _tensor(r.d_weight, input.dtype) if need_dw else empty.clone(),
+            _tensor(r.d_bias, input.dtype) if need_db else empty.clone())
+
+
+@_lce_grad.register_fake
+def _(input, weight, target, bias, class_weight, grad_loss, grad_lse, reduction, ignore_index,
+      label_smoothing, softcap, lse_square_scale, shift, chunk, need_dh, need_dw, need_db):
+    return (input.new_empty(input.shape if need_dh else (0,)),
+            input.new_empty(weight.shape if need_dw else (0,)),
+            input.new_empty(bias.shape if need_db and bias is not None else (0,)))
+
+
+def _setup_fwd(ctx, inputs, output):
+    (input, weight, target, bias, class_weight, reduction, ii, ls, cap, zs, shift, chunk,
+     need_dh, need_dw, need_db, want_pred, lse_grad) = inputs
+    loss, lse, z, pred, acc, dh, dw, db = output
+    ctx.mark_non_differentiable(z, pred, acc, dh, dw, db)
+    if not lse_grad:
+        ctx.mark_non_differentiable(lse)
+    ctx.opts = (reduction, ii, ls, cap, zs, shift, chunk)
+    ctx.precomputed = reduction != "none" and not lse_grad
+    ctx.lse_grad = lse_grad
+    ctx.save_for_backward(input, weight, target, bias, class_weight, dh, dw, db)
+
+
+def _backward_fwd(ctx, g_loss, g_lse, *_unused):
+    input, weight, target, bias, class_weight, dh, dw, db = ctx.saved_tensors
+    need_dh, need_dw, _, need_db = ctx.needs_input_grad[:4]
+    if ctx.precomputed:  # the forward's gradients of the loss, times the upstream scalar
+        gdh = dh * g_loss if need_dh else None
+        gdw = dw * g_loss if need_dw else None
+        gdb = db * g_loss if need_db else None
+    else:
+        gdh, gdw, gdb = _lce_grad(input, weight, target, bias, class_weight, g_loss,
+                                  g_lse if ctx.lse_grad else None, *ctx.opts, need_dh, need_dw,
+                                  need_db)
+        gdh, gdw, gdb = (gdh if need_dh else None, gdw if need_dw else None,
+                         gdb if need_db else None)
+    return (gdh, gdw, None, gdb) + (None,) * 13
+
+
+_lce_fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)
+
+
+def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weight=None,
+                         reduction="mean", ignore_index=None, label_smoothing=0.0, softcap=None,
+                         lse_square_scale=0.0, shift=0, return_lse=False, return_z_loss=False,
+                         return_accuracy=False, chunk=None):
+    """``F.cross_entropy(F.linear(input, linear_weight, linear_bias), target, weight=weight,
+    ...)`` without the logits; the signature of PyTorch's ``F.linear_cross_entropy``.
+
+    input ``[..., d_model]`` and linear_weight ``[vocab, d_model]``: CPU tensors of one dtype
+    (float32, float64, bfloat16, float16; any strides). target ``[...]``: integer class indices,
+    ``ignore_index`` (default -100, as PyTorch maps None) marking tokens that count for nothing.
+    ``linear_bias [vocab]`` (linear_weight's dtype) and ``weight [vocab]`` (class weights,
+    PyTorch's semantics: the mean divides by the counted targets' weights) are optional.
+    ``reduction="none"`` returns the per-token losses with target's shape (minus ``shift``
+    positions of the last axis). Keyword-only extras: ``softcap=c`` caps each logit to
+    ``c * tanh(z / c)``; ``lse_square_scale=s`` adds ``s * lse**2`` per counted token (the
+    z-loss, averaged over counted tokens for "mean"); ``shift=k`` scores ``input[..., t, :]``
+    against ``target[..., t + k]`` within each sequence (the second-to-last axis), nothing
+    copied. ``return_lse`` / ``return_z_loss`` / ``return_accuracy`` make the result a
+    :class:`LinearCrossEntropyOutput` (the per-token lse is differentiable). ``chunk`` (tokens per
+    pass, default the largest the logit budget admits) changes no result by a single bit.
+
+    For "mean"/"sum" the gradients are computed in the forward pass, in the same sweep as the
+    loss, and scaled by the upstream gradient in backward; only the inputs that require grad
+    (with grad mode on) get one. For "none", or when the lse is returned, the backward makes its
+    own pass with the upstream gradients. Loss, lse and gradients are bit-identical for every
+    chunk size and thread count.
     """
-    n, d, _, opts = _check(input, linear_weight, target, reduction, ignore_index,
-                           label_smoothing, chunk)
+    reduction, ii, ls, cap, zs, k, chunk = _check(
+        input, linear_weight, target, linear_bias, weight, reduction, ignore_index,
+        label_smoothing, softcap, lse_square_scale, shift, chunk)
+    if torch.is_autocast_enabled("cpu"):
+        # As F.linear under autocast: the projection's operands in the autocast dtype (the
+        # casts are part of the graph, so float32 parameters get float32 gradients).
+        low = torch.get_autocast_dtype("cpu")
+        input, linear_weight = input.to(low), linear_weight.to(low)
+        if linear_bias is not None:
+            linear_bias = linear_bias.to(low)
+    unbatched = input.dim() == 1
+    if unbatched:
+        input, target = input.unsqueeze(0), target.unsqueeze(0)
     grad_on = torch.is_grad_enabled()
     need_dh = grad_on and input.requires_grad
     need_dw = grad_on and linear_weight.requires_grad
-    return _LinearCrossEntropyFn.apply(input, linear_weight, target, n, d, opts, need_dh, need_dw)
+    need_db = grad_on and linear_bias is not None and linear_bias.requires_grad
+    lse_grad = bool(return_lse) and (need_dh or need_dw or need_db)
+    loss, lse, z, pred, acc, _, _, _ = _lce_fwd(
+        input, linear_weight, target, linear_bias, weight, reduction, ii, ls, cap, zs, k, chunk,
+        need_dh, need_dw, need_db, bool(return_accuracy), lse_grad)
+    if unbatched:
+        lse, pred = lse.squeeze(0), pred.squeeze(0) if return_accuracy else pred
+        if reduction == "none":
+            loss, z = loss.squeeze(0), z.squeeze(0)
+    if not (return_lse or return_z_loss or return_accuracy):
+        return loss
+    return LinearCrossEntropyOutput(loss, lse if return_lse else None,
+                                    z if return_z_loss else None,
+                                    pred if return_accuracy else None,
+                                    acc if return_accuracy else None)
 
 
 class LinearCrossEntropyLoss(torch.nn.Module):
-    """Module form of :func:`linear_cross_entropy`: ``loss_fn(hidden, weight, target)``.
+    """Module form of :func:`linear_cross_entropy`: ``loss_fn(hidden, linear_weight, target,
+    linear_bias=None)``.
 
     It holds no parameters: the head's weight is passed in, so it can be tied to an embedding or
-    live in another module."""
+    live in another module; class weights (``weight=``) are a buffer."""
 
-    def __init__(self, ignore_index=-100, reduction="mean", label_smoothing=0.0, chunk=None):
+    def __init__(self, ignore_index=-100, reduction="mean", label_smoothing=0.0, chunk=None, *,
+                 weight=None, softcap=None, lse_square_scale=0.0, shift=0):
         super().__init__()
         if reduction not in _REDUCTIONS:
             raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
@@ -207,40 +370,58 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         self.reduction = reduction
         self.label_smoothing = as_float(label_smoothing, "label_smoothing")
         self.chunk = None if chunk is None else as_int(chunk, "chunk")
+        self.softcap = None if softcap is None else as_float(softcap, "softcap")
+        self.lse_square_scale = as_float(lse_square_scale, "lse_square_scale")
+        self.shift = as_int(shift, "shift")
+        self.register_buffer("weight", weight)
 
-    def forward(self, hidden, weight, target):
-        return linear_cross_entropy(hidden, weight, target, reduction=self.reduction,
+    def forward(self, hidden, linear_weight, target, linear_bias=None):
+        return linear_cross_entropy(hidden, linear_weight, target, linear_bias=linear_bias,
+                                    weight=self.weight, reduction=self.reduction,
                                     ignore_index=self.ignore_index,
-                                    label_smoothing=self.label_smoothing, chunk=self.chunk)
+                                    label_smoothing=self.label_smoothing, softcap=self.softcap,
+                                    lse_square_scale=self.lse_square_scale, shift=self.shift,
+                                    chunk=self.chunk)
 
     def extra_repr(self) -> str:
         return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
-                f"label_smoothing={self.label_smoothing}, chunk={self.chunk}")
+                f"label_smoothing={self.label_smoothing}, chunk={self.chunk}, "
+                f"softcap={self.softcap}, lse_square_scale={self.lse_square_scale}, "
+                f"shift={self.shift}")
+
+
+def _targets_i64(target: torch.Tensor, n: int) -> torch.Tensor:
+    t = target.detach().reshape(n)
+    return t.contiguous() if t.dtype == torch.int64 else t.to(torch.int64).contiguous()
 
 
 # ---- vocab-parallel over torch.distributed ------------------------------------------------------
 #
-# Rank k holds rows [s_k, s_k + V_k) of the head and the same hidden and target as every other
-# rank. With z = h @ W^T over the full vocabulary V:
+# Rank k holds rows [s_k, s_k + V_k) of the head (and of the bias and the class weights) and the
+# same hidden and target as every other rank. z' are the biased, soft-capped logits over the full
+# vocabulary V, w the class weights (ones without), W = sum_v w_v:
 #
-#   lse_t  = log sum_k exp(lse_t^k)            lse_t^k: the shard's log-sum-exp (the core's .lse)
-#   loss_t = (1 - eps) (lse_t - z_t,y) + eps (lse_t - sum_v z_t,v / V)
+#   lse_t = log sum_k exp(lse_t^k)                  lse_t^k: the shard's log-sum-exp
+#   ce_t  = (1 - eps) w_y (lse_t - z'_y) + (eps / V) (W lse_t - sum_v w_v z'_v)
+#   z_t   = s lse_t^2
 #
-# The core on the shard, with targets outside the shard replaced by local id 0, gives lse^k and
-# loss_tok^k = lse^k - z_y for the rank that owns y. So with M = max_k lse^k and
-# S = sum_k exp(lse^k - M):  lse_t - z_y = log S + (loss_tok^owner + M - lse^owner), a sum of
-# non-negative terms: no large logit cancels against another, even when one shard holds nearly
-# all the probability. sum_v z_v = h . sum_v W_v needs only a d_model vector per shard.
+# One core pass over the shard (lossk.cross_entropy.vocab_shard_pass) gives lse^k, z'_y (right on
+# the rank that owns y) and sum_{v in shard} w_v z'_v. With M = max_k lse^k and
+# S = sum_k exp(lse^k - M): lse_t - z'_y = log S + (M - z'_y), a sum of non-negative terms, so no
+# large logit cancels against another even when one shard holds nearly all the probability.
 #
-# Backward: d z_t,v = g_t (p_t,v - (1 - eps) [v == y] - eps / V) with p = exp(z - lse_t). The core
-# with per-token grad_output g_t r_t, r_t = exp(lse^k - lse_t), and eps = 0 gives
-# g_t r_t (exp(z - lse^k) - [v == y_local]) = g_t (p_t,v) - g_t r_t [v == y_local]; the one-hot
-# and uniform terms are then corrected with n_tok rows of the shard (never the logits). The
-# softmax needs the global lse, known only after the forward's all-reduces, so the backward makes
-# a second pass of the core over the shard.
+# Backward: d/dz'_v = p_v A_t - B_t w_v - C_t [v == y], p = exp(z' - lse_t), with
+#   A_t = s_ce ((1 - eps) w_y + (eps / V) W) + s_z 2 s lse_t,  B_t = s_ce eps / V,
+#   C_t = s_ce (1 - eps) w_y on the owner (0 elsewhere),
+# s_ce, s_z the reduction's per-token scales. A second core pass over the shard with these
+# coefficients (A_t times exp(lse^k - lse_t), turning the shard's softmax into the global one)
+# gives the shard's weight and bias gradients and its share of hidden's, which is all-reduced.
+# The softmax needs the global lse, known only after the forward's all-reduces, hence the
+# second pass.
 
 _INFO = ("vocab_start", "shard_rows", "status", "n_tok", "d_model", "dtype", "need_dh",
-         "need_dw", "target_checksum", "reduction")
+         "need_dw", "need_db", "target_checksum", "reduction", "has_bias", "has_weights",
+         "label_smoothing", "softcap", "lse_square_scale")
 
 
 def _checksum(t: torch.Tensor) -> int:
@@ -249,28 +430,41 @@ def _checksum(t: torch.Tensor) -> int:
     return int((t * w).sum()) ^ int(t.sum())
 
 
+def _f64_bits(x: float) -> int:
+    return int(torch.tensor([x], dtype=torch.float64).view(torch.int64))
+
+
 class _VocabParallelFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, target, n, d, opts, vocab_start, group, need_dh, need_dw):
-        reduction, ii, ls, chunk = opts
+    def forward(ctx, hidden, weight, target, bias, class_weight, n, d, opts, vocab_start, group,
+                need_dh, need_dw, need_db):
+        reduction, ii, ls, cap, zs, chunk = opts
         vs = weight.shape[0]
         t = _targets_i64(target, n)
         valid = t != ii
         own = valid & (t >= vocab_start) & (t < vocab_start + vs)
         t_loc = torch.where(own, t - vocab_start, torch.zeros_like(t))
-        h, w = _np2d(hidden, n, d), _np2d(weight, vs, d)
+        ldt = _loss_dtype(hidden.dtype)
+        cw = None if class_weight is None else class_weight.detach().to(ldt).contiguous()
+        h = _core_view(hidden.detach().reshape(n, d))
+        w = _core_view(weight)
+        b = None if bias is None else _core_view(bias)
 
         # Local work first, its refusal shared: a rank that raised alone would leave the others
         # waiting in the next collective until the group's timeout.
         err, r = None, None
         try:
-            r = _fused(h, w, t_loc.numpy(), chunk=chunk, reduction="none", ignore_index=None,
-                       label_smoothing=0.0)
+            r = vocab_shard_pass(h, w, t_loc.numpy(), bias=b,
+                                 class_weight=None if cw is None else cw.numpy(), softcap=cap,
+                                 chunk=chunk)
         except LossError as e:
             err = e
         info = torch.tensor([vocab_start, vs, 0 if err is None else err.status, n, d,
                              _FLOATS.index(hidden.dtype), int(need_dh), int(need_dw),
-                             _checksum(t), _REDUCTIONS.index(reduction)], dtype=torch.int64)
+                             int(need_db), _checksum(t), _REDUCTIONS.index(reduction),
+                             int(bias is not None), int(cw is not None), _f64_bits(ls),
+                             _f64_bits(-1.0 if cap is None else cap), _f64_bits(zs)],
+                            dtype=torch.int64)
         world = dist.get_world_size(group)
         allinfo = [torch.empty_like(info) for _ in range(world)]
         dist.all_gather(allinfo, info, group=group)
@@ -288,11 +482,11 @@ class _VocabParallelFn(torch.autograd.Function):
                 continue
             if not bool((allinfo[:, j] == info[j]).all()):
                 raise LossError(f"ranks disagree on {name}: every rank must pass the same hidden "
-                                "shape, target, dtype, reduction and requires_grad", 582)
+                                "shape, target, dtype, options and requires_grad", 582)
         starts, rows = allinfo[:, 0].tolist(), allinfo[:, 1].tolist()
         vocab = 0
-        for s, k in sorted(zip(starts, rows)):
-            if s != vocab:
+        for s_, k in sorted(zip(starts, rows)):
+            if s_ != vocab:
                 raise LossError(f"the shards [vocab_start, vocab_start + rows) of the group "
                                 f"{sorted(zip(starts, rows))} do not tile [0, vocab) without gap "
                                 "or overlap", 582)
@@ -302,107 +496,124 @@ class _VocabParallelFn(torch.autograd.Function):
             i = int(bad_t.nonzero()[0, 0])
             raise LossError(f"target {int(t[i])} at token {i} is outside [0, {vocab})", 586)
 
-        lse_k = torch.from_numpy(r.lse).to(torch.float64)
+        f64 = torch.float64
+        lse_k = torch.from_numpy(r.lse).to(f64)
         m = lse_k.clone()
         dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
-        loss_tok = torch.from_numpy(r.loss).to(torch.float64)
-        pack = torch.zeros(3, n, dtype=torch.float64)
-        pack[0] = torch.exp(lse_k - m)
-        pack[1] = torch.where(own, loss_tok + (m - lse_k), torch.zeros_like(m))
-        if ls > 0.0:
-            wsum = weight.detach().sum(0, dtype=torch.float64)
-            pack[2] = torch.mv(torch.from_numpy(h), wsum.to(hidden.dtype)).to(torch.float64)
+        zy = torch.from_numpy(r.target_logit).to(f64)
+        pack = torch.zeros(4 * n + 1, dtype=f64)
+        pack[:n] = torch.exp(lse_k - m)
+        pack[n:2 * n] = torch.where(own, m - zy, torch.zeros_like(m))
+        pack[2 * n:3 * n] = torch.from_numpy(r.logit_sum).to(f64)
+        pack[3 * n:4 * n] = torch.where(own, cw.to(f64)[t_loc] if cw is not None
+                                        else torch.ones_like(m), torch.zeros_like(m))
+        pack[4 * n] = float(cw.to(f64).sum()) if cw is not None else float(vs)
         dist.all_reduce(pack, op=dist.ReduceOp.SUM, group=group)
-        log_s = torch.log(pack[0])
+        log_s = torch.log(pack[:n])
         lse = m + log_s
-        ce = log_s + pack[1]
+        w_y, w_all = pack[3 * n:4 * n], float(pack[4 * n])
+        ce = (1.0 - ls) * w_y * (log_s + pack[n:2 * n])
         if ls > 0.0:
-            ce = (1.0 - ls) * ce + ls * (lse - pack[2] / vocab)
-        ce = torch.where(valid, ce, torch.zeros_like(ce))
+            ce = ce + (ls / vocab) * (w_all * log_s + (w_all * m - pack[2 * n:3 * n]))
+        zero = torch.zeros_like(ce)
+        ce = torch.where(valid, ce, zero)
+        zl = torch.where(valid, zs * lse * lse, zero)
         n_valid = int(valid.sum())
+        w_tot = float(torch.where(valid, w_y, zero).sum())
 
-        ctx.save_for_backward(hidden, weight, t_loc, valid, own, lse_k, lse)
-        ctx.meta = (hidden.shape, n, d, opts, vocab, n_valid, group, need_dh, need_dw)
+        ctx.save_for_backward(hidden, weight, bias, class_weight, t_loc, valid, own, lse_k, lse,
+                              w_y)
+        ctx.meta = (hidden.shape, n, d, opts, vocab, n_valid, w_tot, w_all, group, need_dh,
+                    need_dw, need_db)
         if reduction == "none":
-            return ce.to(hidden.dtype).reshape(target.shape)
-        total = float(ce.sum())
+            return (ce + zl).to(ldt).reshape(target.shape)
         if reduction == "sum":
-            return torch.tensor(total, dtype=hidden.dtype)
-        return torch.tensor(total / n_valid if n_valid else math.nan, dtype=hidden.dtype)
+            return torch.tensor(float(ce.sum() + zl.sum()), dtype=ldt)
+        if not n_valid:
+            return torch.tensor(math.nan, dtype=ldt)
+        mean = float(ce.sum()) / w_tot if w_tot else math.nan
+        return torch.tensor(mean + float(zl.sum()) / n_valid, dtype=ldt)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        shape, n, d, opts, vocab, n_valid, group, need_dh, need_dw = ctx.meta
-        reduction, ii, ls, chunk = opts
-        hidden, weight, t_loc, valid, own, lse_k, lse = ctx.saved_tensors
-        if not (need_dh or need_dw):
-            return (None,) * 10
-        dtype = hidden.dtype
-        up = grad_out.detach().to(torch.float64)
+        (shape, n, d, opts, vocab, n_valid, w_tot, w_all, group, need_dh, need_dw,
+         need_db) = ctx.meta
+        reduction, ii, ls, cap, zs, chunk = opts
+        hidden, weight, bias, class_weight, t_loc, valid, own, lse_k, lse, w_y = ctx.saved_tensors
+        if not (need_dh or need_dw or need_db):
+            return (None,) * 13
+        f64 = torch.float64
+        up = grad_out.detach().to(f64)
+        zero = torch.zeros(n, dtype=f64)
         if reduction == "none":
-            g = up.reshape(n)
+            s_ce = s_z = up.reshape(n)
+        elif reduction == "sum":
+            s_ce = s_z = up.expand(n)
         else:
-            g = up.expand(n) / (n_valid if reduction == "mean" and n_valid else 1)
-        g = torch.where(valid, g, torch.zeros_like(g))
-        go = (g * torch.exp(lse_k - lse)).to(dtype).contiguous()
-        vs = weight.shape[0]
-        h, w = _np2d(hidden, n, d), _np2d(weight, vs, d)
-        r = _fused(h, w, t_loc.numpy(), chunk=chunk, reduction="none", ignore_index=None,
-                   label_smoothing=0.0, want_dh=need_dh, want_dw=need_dw, grad_output=go.numpy())
-        # The core subtracted its (rounded) grad_output at y_local; the loss wants g (1 - eps)
-        # there for the owner and nothing for everyone else.
-        c = (go.to(torch.float64) - torch.where(own, g * (1.0 - ls), torch.zeros_like(g))).to(dtype)
-        u = (g * (ls / vocab)).to(dtype)
-        ht, wt = torch.from_numpy(h), torch.from_numpy(w)
-        dh = dw = None
+            s_ce = up.expand(n) / w_tot if w_tot else zero
+            s_z = up.expand(n) / n_valid if n_valid else zero
+        s_ce, s_z = torch.where(valid, s_ce, zero), torch.where(valid, s_z, zero)
+        a = s_ce * ((1.0 - ls) * w_y + (ls / vocab) * w_all) + s_z * 2.0 * zs * lse
+        coef = torch.stack([a * torch.exp(lse_k - lse), s_ce * (ls / vocab),
+                            torch.where(own, s_ce * (1.0 - ls) * w_y, zero)], dim=1)
+        ldt = _loss_dtype(hidden.dtype)
+        need = tuple(nm for nm, f in (("hidden", need_dh), ("weight", need_dw), ("bias", need_db))
+                     if f)
+        r = vocab_shard_pass(
+            _core_view(hidden.detach().reshape(n, d)), _core_view(weight), t_loc.numpy(),
+            bias=None if bias is None else _core_view(bias),
+            class_weight=None if class_weight is None
+            else class_weight.detach().to(ldt).contiguous().numpy(),
+            softcap=cap, chunk=chunk, grad_coef=coef.to(ldt).numpy(), with_grad=need)
+        dh = dw = db = None
         if need_dh:
-            dh = torch.from_numpy(r.d_hidden)
-            for s in range(0, n, _GATHER_ROWS):
-                e = min(n, s + _GATHER_ROWS)
-                dh[s:e].addcmul_(wt.index_select(0, t_loc[s:e]), c[s:e, None])
-            if ls > 0.0:
-                wsum = wt.sum(0, dtype=torch.float64).to(dtype)
-                dh.sub_(torch.outer(u, wsum))
+            dh = _tensor(r.d_hidden, hidden.dtype)
             dist.all_reduce(dh, op=dist.ReduceOp.SUM, group=group)
             dh = dh.reshape(shape)
         if need_dw:
-            dw = torch.from_numpy(r.d_weight)
-            for s in range(0, n, _GATHER_ROWS):
-                e = min(n, s + _GATHER_ROWS)
-                dw.index_add_(0, t_loc[s:e], ht[s:e] * c[s:e, None])
-            if ls > 0.0:
-                dw.sub_((g.to(dtype) @ ht) * (ls / vocab))
-        return dh, dw, None, None, None, None, None, None, None, None
+            dw = _tensor(r.d_weight, hidden.dtype)
+        if need_db:
+            db = _tensor(r.d_bias, hidden.dtype)
+        return dh, dw, None, db, None, None, None, None, None, None, None, None, None
 
 
 def vocab_parallel_linear_cross_entropy(hidden, weight_shard, target, *, vocab_start, group=None,
-                                        reduction="mean", ignore_index=-100, label_smoothing=0.0,
-                                        chunk=None):
+                                        linear_bias=None, weight=None, reduction="mean",
+                                        ignore_index=None, label_smoothing=0.0, softcap=None,
+                                        lse_square_scale=0.0, chunk=None):
     """The loss of :func:`linear_cross_entropy` with the head's rows sharded over ranks.
 
     Each rank of ``group`` (default: the world) passes the same ``hidden [..., d_model]`` and
     ``target [...]`` and its own ``weight_shard``, rows ``[vocab_start, vocab_start +
-    weight_shard.shape[0])`` of the head; the shards must tile ``[0, vocab)``. Per-token
-    log-sum-exp, target logit and (for label smoothing) logit sum are combined with
-    ``torch.distributed`` all-reduces, so every rank gets the unsharded loss (to rounding) without
-    any rank holding full-vocabulary logits. The backward gives each rank the gradient of its
-    shard and the full (all-reduced) gradient of ``hidden``; every rank must call backward.
+    weight_shard.shape[0])`` of the head, with the same rows of the bias (``linear_bias``) and
+    of the class weights (``weight``) when given; the shards must tile ``[0, vocab)``. Per-token
+    log-sum-exp, target logit, class weight and (for label smoothing) weighted logit sum are
+    combined with ``torch.distributed`` all-reduces, so every rank gets the unsharded loss (to
+    rounding) without any rank holding full-vocabulary logits. ``softcap`` and
+    ``lse_square_scale`` act as in :func:`linear_cross_entropy`. The backward gives each rank the
+    gradient of its shard (weight, bias) and the full (all-reduced) gradient of ``hidden``; every
+    rank must call backward.
 
-    Collectives per call: an all_gather of a few integers (the ranks' shapes and statuses: a
-    refusal on one rank raises on all, and mismatched shards or targets are refused instead of
-    hanging or returning a wrong loss), two all-reduces of n_tok-sized vectors, and in backward
-    one all-reduce of the hidden gradient. The backward makes a second core pass over the shard.
-    Works with any backend that supports all_gather and MAX/SUM all-reduce (gloo on CPU).
+    Collectives per call: an all_gather of a few integers (the ranks' shapes, options and
+    statuses: a refusal on one rank raises on all, and mismatched shards, targets or options
+    are refused instead of hanging or returning a wrong loss), two all-reduces of n_tok-sized
+    vectors, and in backward one all-reduce of the hidden gradient. The backward makes a second
+    core pass over the shard. Works with any backend that supports all_gather and MAX/SUM
+    all-reduce (gloo on CPU).
     """
-    n, d, _, opts = _check(hidden, weight_shard, target, reduction, ignore_index,
-                           label_smoothing, chunk)
+    reduction, ii, ls, cap, zs, k, chunk = _check(
+        hidden, weight_shard, target, linear_bias, weight, reduction, ignore_index,
+        label_smoothing, softcap, lse_square_scale, 0, chunk)
     vocab_start = as_int(vocab_start, "vocab_start")
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("vocab_parallel_linear_cross_entropy needs an initialized "
                            "torch.distributed process group (dist.init_process_group)")
+    n, d = math.prod(hidden.shape[:-1]), hidden.shape[-1]
     grad_on = torch.is_grad_enabled()
     need_dh = grad_on and hidden.requires_grad
     need_dw = grad_on and weight_shard.requires_grad
-    return _VocabParallelFn.apply(hidden, weight_shard, target, n, d, opts, vocab_start, group,
-                                  need_dh, need_dw)
+    need_db = grad_on and linear_bias is not None and linear_bias.requires_grad
+    return _VocabParallelFn.apply(hidden, weight_shard, target, linear_bias, weight, n, d,
+                                  (reduction, ii, ls, cap, zs, chunk), vocab_start, group,
+                                  need_dh, need_dw, need_db)
