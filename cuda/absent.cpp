@@ -1,12 +1,13 @@
 // The CUDA backend's entry points in a build without one (neither ALGENTA_GPU nor
-// ALGENTA_CUDA_EMU): no kernels are compiled in, so every entry point refuses with 604.
+// ALGENTA_CUDA_EMU): no kernels are compiled in, so every entry point refuses (residentk 604,
+// lossk 589), after the host-side refusals a CUDA build would make first.
+#include "algenta/lossk.hpp"
 #include "algenta/residentk.hpp"
 #include "algenta/session.hpp"
 #include "algenta/session_weights.hpp"
 #include "algenta/status_error.hpp"
 
 namespace algenta {
-namespace residentk {
 
 namespace {
 const char* const kWhy =
@@ -14,6 +15,8 @@ const char* const kWhy =
     "with -Ccmake.define.ALGENTA_GPU=ON (or ALGENTA_CUDA_EMU=ON for the CPU emulator) or use "
     "device='cpu'";
 }  // namespace
+
+namespace residentk {
 
 const CudaBackend& cuda_backend() {
   static const CudaBackend b = [] {
@@ -38,4 +41,59 @@ double cuda_copy_bandwidth(int64_t, int) {
 }
 
 }  // namespace residentk
+
+namespace lossk {
+
+namespace {
+[[noreturn]] void no_backend(const char* fn) {
+  throw StatusError(Family::Loss, LOSS_ERR_NO_CUDA_BACKEND,
+                    std::string(fn) + ": device='cuda': " + kWhy);
+}
+template <class T>
+void shape_first(const FusedArgs<T>& a) {
+  std::string why;
+  const int st = fused_linear_ce_check_shape(a, &why);
+  if (st != LOSS_OK) throw StatusError(Family::Loss, st, why);
+}
+}  // namespace
+
+template <class T>
+int64_t fused_linear_ce_cuda_workspace(const FusedArgs<T>& a, const FusedCudaOut<T>&) {
+  shape_first(a);
+  no_backend("fused_linear_ce");
+}
+template <class T>
+void fused_linear_ce_cuda(const FusedArgs<T>& a, FusedCudaOut<T>&, void*, int64_t, void*) {
+  shape_first(a);
+  no_backend("fused_linear_ce");
+}
+template <class T>
+void fused_linear_ce_cuda_host(const FusedArgs<T>& a, FusedOut<T>&) {
+  shape_first(a);
+  no_backend("fused_linear_ce");
+}
+template int64_t fused_linear_ce_cuda_workspace<float>(const FusedArgs<float>&, const FusedCudaOut<float>&);
+template int64_t fused_linear_ce_cuda_workspace<double>(const FusedArgs<double>&, const FusedCudaOut<double>&);
+template void fused_linear_ce_cuda<float>(const FusedArgs<float>&, FusedCudaOut<float>&, void*, int64_t, void*);
+template void fused_linear_ce_cuda<double>(const FusedArgs<double>&, FusedCudaOut<double>&, void*, int64_t, void*);
+template void fused_linear_ce_cuda_host<float>(const FusedArgs<float>&, FusedOut<float>&);
+template void fused_linear_ce_cuda_host<double>(const FusedArgs<double>&, FusedOut<double>&);
+
+void ce_from_logits_cuda(const double*, const int64_t*, int64_t, int64_t, double*, double*, void*) {
+  no_backend("ce_from_logits");
+}
+void ce_grad_logits_cuda(const double*, const int64_t*, int64_t, int64_t, double, double*, void*) {
+  no_backend("ce_grad_logits");
+}
+void loss_sum_add_cuda(const double*, int64_t, double*, void*) { no_backend("CEAccumulator"); }
+void ce_from_logits_cuda_host(const double*, const int64_t*, int64_t, int64_t, LossSum&, double*,
+                              double*) {
+  no_backend("ce_from_logits");
+}
+void cuda_set_device(int) { no_backend("cuda_set_device"); }
+void ce_grad_logits_cuda_host(const double*, const int64_t*, int64_t, int64_t, double, double*) {
+  no_backend("ce_grad_logits");
+}
+
+}  // namespace lossk
 }  // namespace algenta

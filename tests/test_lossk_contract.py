@@ -10,14 +10,15 @@ from algenta.lossk import contract as C
 CODES = {
     580: "ok", 581: "empty_dimension", 582: "length_mismatch", 583: "dimension_too_large",
     584: "work_budget_exceeded", 585: "non_finite_scalar", 586: "target_id_out_of_range",
-    587: "chunk_exceeds_logit_budget", 588: "unknown_objective",
+    587: "chunk_exceeds_logit_budget", 588: "unknown_objective", 589: "no_cuda_backend",
+    590: "no_cuda_device", 591: "cuda_call_failed",
 }
 
 
 def test_status_names_cover_the_range():
     for code, name in CODES.items():
         assert C.loss_status_name(code) == name
-    for code in (579, 589, 599, 600, -1, 0, 2**62, -(2**70), 2**80):
+    for code in (579, 592, 599, 600, -1, 0, 2**62, -(2**70), 2**80):
         assert C.loss_status_name(code) == "unknown_status"
 
 
@@ -26,6 +27,8 @@ def test_constants():
     assert [C.LOSS_ERR_EMPTY_DIMENSION, C.LOSS_ERR_LENGTH_MISMATCH, C.LOSS_ERR_DIMENSION_TOO_LARGE,
             C.LOSS_ERR_WORK_BUDGET, C.LOSS_ERR_NON_FINITE, C.LOSS_ERR_TARGET_OUT_OF_RANGE,
             C.LOSS_ERR_BAD_CHUNK] == list(range(581, 588))
+    assert [C.LOSS_ERR_NO_CUDA_BACKEND, C.LOSS_ERR_NO_DEVICE,
+            C.LOSS_ERR_DEVICE_FAILED] == [589, 590, 591]
     assert C.LOSS_MAX_WORK_CELLS == 2**46
     assert C.LOSS_MAX_LOGIT_CELLS == 2**27
     assert C.LOSS_TRANSCENDENTAL_FLOOR == 1e-9

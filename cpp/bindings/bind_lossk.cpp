@@ -53,6 +53,13 @@ Elem parse_elem(const std::string& e, const char* what) {
 
 bool half(Elem e) { return e == Elem::BF16 || e == Elem::F16; }
 
+// device="cpu" or "cuda" (the NumPy API's: host arrays in and out, the work on the device).
+bool on_cuda(const std::string& device) {
+  if (device == "cpu") return false;
+  if (device == "cuda") return true;
+  throw py::value_error("device must be 'cpu' or 'cuda', got '" + device + "'");
+}
+
 // A half-precision input: the caller's C-contiguous 2-byte buffer (bit patterns), never copied.
 const void* half_data(const py::array& a, const char* name) {
   if (a.itemsize() != 2 || !(a.flags() & py::array::c_style))
@@ -87,7 +94,7 @@ py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t>
                bool want_db, Elem grad_elem, const std::optional<carray<T>>& grad_output,
                double grad_scale, const std::optional<carray<T>>& grad_lse,
                const std::optional<carray<T>>& grad_coef, bool want_loss_tok, bool want_z_tok,
-               bool want_pred, bool want_shard_stats) {
+               bool want_pred, bool want_shard_stats, bool cuda) {
   FusedArgs<T> a;
   a.n_tok = n_tok;
   a.d_model = d_model;
@@ -145,10 +152,12 @@ py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t>
   a.grad_output = grad_output ? grad_output->data() : nullptr;
   a.grad_lse = grad_lse ? grad_lse->data() : nullptr;
   a.grad_coef = grad_coef ? grad_coef->data() : nullptr;
+  // device="cuda": the data's own checks (585/586) run on the device, after the copy, as they do
+  // for CUDA tensors; everything else is refused here first.
   std::string why;
-  const int status = fused_linear_ce_check(a, &why);
+  const int status = cuda ? fused_linear_ce_check_shape(a, &why) : fused_linear_ce_check(a, &why);
   if (status != LOSS_OK) refuse(status, why);
-  algenta::kern::isa();  // an invalid ALGENTA_ISA is refused here, before any allocation
+  if (!cuda) algenta::kern::isa();  // an invalid ALGENTA_ISA is refused here, before any allocation
 
   py::array_t<T> lse(n_tok), loss_tok, z_tok, target_logit, logit_sum;
   py::array_t<int64_t> pred;
@@ -210,7 +219,8 @@ py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t>
   }
   {
     py::gil_scoped_release nogil;
-    fused_linear_ce<T>(a, out);
+    if (cuda) fused_linear_ce_cuda_host<T>(a, out);
+    else fused_linear_ce<T>(a, out);
   }
   if (dw_buf) dw = own_narrowed(dw_buf, {vocab, d_model}, vocab * d_model);
   if (db_buf) db = own_narrowed(db_buf, {vocab}, vocab);
@@ -256,7 +266,8 @@ py::dict fused_any(const py::array& hidden, const py::array& weight, carray<int6
                    const std::optional<py::array>& grad_output, double grad_scale,
                    const std::optional<py::array>& grad_lse,
                    const std::optional<py::array>& grad_coef, bool want_loss_tok, bool want_z_tok,
-                   bool want_pred, bool want_shard_stats) {
+                   bool want_pred, bool want_shard_stats, const std::string& device) {
+  const bool cuda = on_cuda(device);
   const Elem e = parse_elem(elem, "elem");
   const Elem ge = grad_elem.empty() ? e : parse_elem(grad_elem, "grad_elem");
   if (e == Elem::F64) {
@@ -266,7 +277,7 @@ py::dict fused_any(const py::array& hidden, const py::array& weight, carray<int6
                          seq_len, bias, as_opt<double>(class_weight), want_dh, want_dw, want_db,
                          ge, as_opt<double>(grad_output), grad_scale, as_opt<double>(grad_lse),
                          as_opt<double>(grad_coef), want_loss_tok, want_z_tok, want_pred,
-                         want_shard_stats);
+                         want_shard_stats, cuda);
   }
   if (ge == Elem::F64) refuse(LOSS_ERR_LENGTH_MISMATCH, "float64 gradients need float64 inputs");
   return fused<float>(hidden, weight, targets, n_tok, d_model, vocab, chunk, e, reduction,
@@ -274,11 +285,85 @@ py::dict fused_any(const py::array& hidden, const py::array& weight, carray<int6
                       bias, as_opt<float>(class_weight), want_dh, want_dw, want_db, ge,
                       as_opt<float>(grad_output), grad_scale, as_opt<float>(grad_lse),
                       as_opt<float>(grad_coef), want_loss_tok, want_z_tok, want_pred,
-                      want_shard_stats);
+                      want_shard_stats, cuda);
 }
 
+// ---- device pointers (algenta.torch's CUDA tensors) ----------------------------------------------
+// Pointers arrive as integers (0 for none) from algenta.torch, which derives every one from a
+// tensor whose device, dtype, shape and contiguity it has checked; these entry points are
+// private to it. The shapes are checked again here, the data on the device.
+
+template <class T>
+T* ptr(uintptr_t p) {
+  return reinterpret_cast<T*>(p);
+}
+
+struct DevCall {
+  FusedArgs<float> f;
+  FusedArgs<double> d;
+  FusedCudaOut<float> of;
+  FusedCudaOut<double> od;
+  bool f64 = false;
+};
+
+DevCall dev_args(const py::dict& k) {
+  auto i64 = [&](const char* n) { return k[n].cast<int64_t>(); };
+  auto f64 = [&](const char* n) { return k[n].cast<double>(); };
+  auto p = [&](const char* n) { return k.contains(n) ? k[n].cast<uintptr_t>() : uintptr_t(0); };
+  DevCall c;
+  const Elem e = parse_elem(k["elem"].cast<std::string>(), "elem");
+  const Elem ge = parse_elem(k["grad_elem"].cast<std::string>(), "grad_elem");
+  c.f64 = e == Elem::F64;
+  if (c.f64 != (ge == Elem::F64))
+    refuse(LOSS_ERR_LENGTH_MISMATCH, "float64 gradients go with float64 inputs only");
+  auto set = [&](auto& a, auto& o, auto tag) {
+    typedef decltype(tag) T;
+    a.hidden = ptr<const void>(p("hidden"));
+    a.weight = ptr<const void>(p("weight"));
+    a.bias = ptr<const void>(p("bias"));
+    a.elem = e;
+    a.targets = ptr<const int64_t>(p("targets"));
+    a.class_weight = ptr<const T>(p("class_weight"));
+    a.n_tok = i64("n_tok"), a.d_model = i64("d_model"), a.vocab = i64("vocab");
+    a.chunk = i64("chunk");
+    a.reduction = parse_reduction(k["reduction"].cast<std::string>());
+    a.has_ignore = k["has_ignore"].cast<bool>();
+    a.ignore_index = i64("ignore_index");
+    a.label_smoothing = f64("label_smoothing");
+    a.has_softcap = !k["softcap"].is_none();
+    a.softcap = a.has_softcap ? f64("softcap") : 0.0;
+    a.z_loss = f64("z_loss");
+    a.shift = i64("shift"), a.seq_len = i64("seq_len");
+    a.grad_output = ptr<const T>(p("grad_output"));
+    a.grad_scale = f64("grad_scale");
+    a.grad_lse = ptr<const T>(p("grad_lse"));
+    o.loss = ptr<T>(p("loss"));
+    o.z = ptr<T>(p("z"));
+    o.loss_tok = ptr<T>(p("loss_tok"));
+    o.z_tok = ptr<T>(p("z_tok"));
+    o.lse = ptr<T>(p("lse"));
+    o.pred = ptr<int64_t>(p("pred"));
+    o.accuracy = ptr<float>(p("accuracy"));
+    o.d_hidden = ptr<void>(p("d_hidden"));
+    o.d_weight = ptr<void>(p("d_weight"));
+    o.d_bias = ptr<void>(p("d_bias"));
+    o.grad_elem = ge;
+  };
+  if (c.f64) set(c.d, c.od, double());
+  else set(c.f, c.of, float());
+  return c;
+}
+
+template <class T>
+void shape_ok(const FusedArgs<T>& a) {
+  std::string why;
+  const int st = fused_linear_ce_check_shape(a, &why);
+  if (st != LOSS_OK) refuse(st, why);
+}
+
+// data=false: sizes and lengths only (device="cuda" checks the data on the device).
 void logits_check(const carray<double>& logits, const carray<int64_t>& targets, int64_t n_tok,
-                  int64_t vocab) {
+                  int64_t vocab, bool data = true) {
   // Empty/too-large dims before any length product is formed.
   if (n_tok < 1 || vocab < 1 || n_tok > LOSS_MAX_TOKENS || vocab > LOSS_MAX_VOCAB) {
     std::string why;
@@ -289,6 +374,7 @@ void logits_check(const carray<double>& logits, const carray<int64_t>& targets, 
     refuse(LOSS_ERR_DIMENSION_TOO_LARGE, "n_tok * vocab exceeds 2^33 cells");
   require_len("logits", logits.size(), n_tok * vocab);
   require_len("targets", targets.size(), n_tok);
+  if (!data) return;
   std::string why;
   const int st = ce_from_logits_check(logits.data(), targets.data(), n_tok, vocab, &why);
   if (st != LOSS_OK) refuse(st, why);
@@ -307,6 +393,9 @@ void bind_lossk(py::module_& m) {
   l.attr("LOSS_ERR_TARGET_OUT_OF_RANGE") = int(LOSS_ERR_TARGET_OUT_OF_RANGE);
   l.attr("LOSS_ERR_BAD_CHUNK") = int(LOSS_ERR_BAD_CHUNK);
   l.attr("LOSS_ERR_UNKNOWN_OBJECTIVE") = int(LOSS_ERR_UNKNOWN_OBJECTIVE);
+  l.attr("LOSS_ERR_NO_CUDA_BACKEND") = int(LOSS_ERR_NO_CUDA_BACKEND);
+  l.attr("LOSS_ERR_NO_DEVICE") = int(LOSS_ERR_NO_DEVICE);
+  l.attr("LOSS_ERR_DEVICE_FAILED") = int(LOSS_ERR_DEVICE_FAILED);
   l.attr("LOSS_MAX_WORK_CELLS") = LOSS_MAX_WORK_CELLS;
   l.attr("LOSS_MAX_LOGIT_CELLS") = LOSS_MAX_LOGIT_CELLS;
   l.attr("LOSS_MAX_TOKENS") = LOSS_MAX_TOKENS;
@@ -336,29 +425,42 @@ void bind_lossk(py::module_& m) {
   l.def(
       "ce_from_logits",
       [](carray<double> logits, carray<int64_t> targets, int64_t n_tok, int64_t vocab,
-         LossSum& sum, bool want_lse) -> py::object {
-        logits_check(logits, targets, n_tok, vocab);
-        py::array_t<double> lse(want_lse ? n_tok : 0);
+         LossSum& sum, bool per_token, const std::string& device) -> py::object {
+        const bool cuda = on_cuda(device);
+        logits_check(logits, targets, n_tok, vocab, !cuda);
+        py::array_t<double> loss(per_token ? n_tok : 0), lse(per_token ? n_tok : 0);
         {
           py::gil_scoped_release nogil;
-          ce_from_logits(logits.data(), targets.data(), n_tok, vocab, sum,
-                         want_lse ? lse.mutable_data() : nullptr);
+          double* l = per_token ? lse.mutable_data() : nullptr;
+          double* o = per_token ? loss.mutable_data() : nullptr;
+          if (cuda) ce_from_logits_cuda_host(logits.data(), targets.data(), n_tok, vocab, sum, l, o);
+          else ce_from_logits(logits.data(), targets.data(), n_tok, vocab, sum, l, o);
         }
-        return want_lse ? py::object(lse) : py::object(py::none());
+        return per_token ? py::object(py::make_tuple(loss, lse)) : py::object(py::none());
       },
       py::arg("logits"), py::arg("targets"), py::arg("n_tok"), py::arg("vocab"), py::arg("sum"),
-      py::arg("want_lse") = false);
-  l.def("ce_grad_logits", [](carray<double> logits, carray<int64_t> targets, int64_t n_tok,
-                             int64_t vocab, double scale) {
-    if (!loss_scalars_ok(scale)) refuse(LOSS_ERR_NON_FINITE, "scale must be finite");
-    logits_check(logits, targets, n_tok, vocab);
-    py::array_t<double> out(n_tok * vocab);
-    {
-      py::gil_scoped_release nogil;
-      ce_grad_logits(logits.data(), targets.data(), n_tok, vocab, scale, out.mutable_data());
-    }
-    return out;
-  });
+      py::arg("per_token") = false, py::arg("device") = "cpu",
+      "Adds the tokens' losses to sum; per_token=True also returns (loss, lse) per token.");
+  l.def(
+      "ce_grad_logits",
+      [](carray<double> logits, carray<int64_t> targets, int64_t n_tok, int64_t vocab,
+         double scale, const std::string& device) {
+        const bool cuda = on_cuda(device);
+        if (!loss_scalars_ok(scale)) refuse(LOSS_ERR_NON_FINITE, "scale must be finite");
+        logits_check(logits, targets, n_tok, vocab, !cuda);
+        py::array_t<double> out(n_tok * vocab);
+        {
+          py::gil_scoped_release nogil;
+          if (cuda)
+            ce_grad_logits_cuda_host(logits.data(), targets.data(), n_tok, vocab, scale,
+                                     out.mutable_data());
+          else
+            ce_grad_logits(logits.data(), targets.data(), n_tok, vocab, scale, out.mutable_data());
+        }
+        return out;
+      },
+      py::arg("logits"), py::arg("targets"), py::arg("n_tok"), py::arg("vocab"),
+      py::arg("scale"), py::arg("device") = "cpu");
   l.def("release_scratch", [] { return algenta::ChunkScratch::release_cached(); },
         "Free the kept logit-chunk scratch; returns the bytes it held.");
   l.def("scratch_bytes", [] { return algenta::ChunkScratch::cached_bytes(); });
@@ -373,7 +475,43 @@ void bind_lossk(py::module_& m) {
         py::arg("grad_scale") = 1.0, py::arg("grad_lse") = py::none(),
         py::arg("grad_coef") = py::none(), py::arg("want_loss_tok") = false,
         py::arg("want_z_tok") = false, py::arg("want_pred") = false,
-        py::arg("want_shard_stats") = false,
+        py::arg("want_shard_stats") = false, py::arg("device") = "cpu",
         "The fused linear cross-entropy core (see lossk.hpp): elem names hidden/weight/bias's "
-        "storage (f32, f64, or bf16/f16 bit patterns), grad_elem the gradients' (default: elem).");
+        "storage (f32, f64, or bf16/f16 bit patterns), grad_elem the gradients' (default: elem); "
+        "device='cuda' runs it on the CUDA backend (host arrays in and out).");
+
+  // algenta.torch's CUDA tensors: keyword dicts of sizes, options and pointers (see dev_args).
+  l.def("cuda_set_device", &cuda_set_device);
+  l.def("fused_linear_ce_dev_workspace", [](const py::dict& k) {
+    DevCall c = dev_args(k);
+    if (c.f64) {
+      shape_ok(c.d);
+      return fused_linear_ce_cuda_workspace(c.d, c.od);
+    }
+    shape_ok(c.f);
+    return fused_linear_ce_cuda_workspace(c.f, c.of);
+  });
+  l.def("fused_linear_ce_dev", [](const py::dict& k, uintptr_t workspace, int64_t ws_bytes,
+                                  uintptr_t stream) {
+    DevCall c = dev_args(k);
+    py::gil_scoped_release nogil;
+    if (c.f64) fused_linear_ce_cuda(c.d, c.od, ptr<void>(workspace), ws_bytes, ptr<void>(stream));
+    else fused_linear_ce_cuda(c.f, c.of, ptr<void>(workspace), ws_bytes, ptr<void>(stream));
+  });
+  l.def("ce_from_logits_dev", [](uintptr_t logits, uintptr_t targets, int64_t n_tok,
+                                 int64_t vocab, uintptr_t loss, uintptr_t lse, uintptr_t stream) {
+    py::gil_scoped_release nogil;
+    ce_from_logits_cuda(ptr<const double>(logits), ptr<const int64_t>(targets), n_tok, vocab,
+                        ptr<double>(loss), ptr<double>(lse), ptr<void>(stream));
+  });
+  l.def("ce_grad_logits_dev", [](uintptr_t logits, uintptr_t targets, int64_t n_tok,
+                                 int64_t vocab, double scale, uintptr_t out, uintptr_t stream) {
+    py::gil_scoped_release nogil;
+    ce_grad_logits_cuda(ptr<const double>(logits), ptr<const int64_t>(targets), n_tok, vocab,
+                        scale, ptr<double>(out), ptr<void>(stream));
+  });
+  l.def("loss_sum_add_dev", [](uintptr_t loss, int64_t n_tok, uintptr_t state, uintptr_t stream) {
+    py::gil_scoped_release nogil;
+    loss_sum_add_cuda(ptr<const double>(loss), n_tok, ptr<double>(state), ptr<void>(stream));
+  });
 }

@@ -19,6 +19,9 @@ const char* loss_status_name(int64_t code) {
     case LOSS_ERR_TARGET_OUT_OF_RANGE: return "target_id_out_of_range";
     case LOSS_ERR_BAD_CHUNK: return "chunk_exceeds_logit_budget";
     case LOSS_ERR_UNKNOWN_OBJECTIVE: return "unknown_objective";
+    case LOSS_ERR_NO_CUDA_BACKEND: return "no_cuda_backend";
+    case LOSS_ERR_NO_DEVICE: return "no_cuda_device";
+    case LOSS_ERR_DEVICE_FAILED: return "cuda_call_failed";
     default: return "unknown_status";
   }
 }

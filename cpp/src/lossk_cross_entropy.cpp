@@ -119,7 +119,7 @@ double FusedOut<T>::reduced(Reduction r) const {
 }
 
 template <class T>
-int fused_linear_ce_check(const FusedArgs<T>& a, std::string* why) {
+int fused_linear_ce_check_shape(const FusedArgs<T>& a, std::string* why) {
   auto refuse = [&](int code, const std::string& msg) {
     if (why) *why = msg;
     return code;
@@ -154,10 +154,21 @@ int fused_linear_ce_check(const FusedArgs<T>& a, std::string* why) {
                   "shift=" + std::to_string(a.shift) + " needs sequences of seq_len > shift "
                   "positions tiling the " + std::to_string(a.n_tok) + " tokens (seq_len=" +
                   std::to_string(a.seq_len) + ")");
-  if (a.grad_output && !all_finite(a.grad_output, a.n_tok))
-    return refuse(LOSS_ERR_NON_FINITE, "grad_output contains NaN or infinity");
   if (!loss_scalars_ok(a.grad_scale))
     return refuse(LOSS_ERR_NON_FINITE, "grad_output must be finite");
+  return LOSS_OK;
+}
+
+template <class T>
+int fused_linear_ce_check(const FusedArgs<T>& a, std::string* why) {
+  auto refuse = [&](int code, const std::string& msg) {
+    if (why) *why = msg;
+    return code;
+  };
+  const int st = fused_linear_ce_check_shape(a, why);
+  if (st != LOSS_OK) return st;
+  if (a.grad_output && !all_finite(a.grad_output, a.n_tok))
+    return refuse(LOSS_ERR_NON_FINITE, "grad_output contains NaN or infinity");
   if (a.grad_lse && !all_finite(a.grad_lse, a.n_tok))
     return refuse(LOSS_ERR_NON_FINITE, "the gradient of lse contains NaN or infinity");
   if (a.grad_coef && !all_finite(a.grad_coef, 3 * a.n_tok))
@@ -322,6 +333,9 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
             while (k < cols && !(z[k] == m)) ++k;
             blk_arg[si] = k < cols ? k : 0;
           }
+          // Only counted rows have a target: with a shift, the last rows of the last sequence
+          // would read past the end of targets.
+          if (!valid[t0 + r0 + r]) continue;
           const int64_t y = target_of(t0 + r0 + r) - v0;
           if (y >= 0 && y < cols) ztarget[size_t(r0 + r)] = double(z[y]);
         }
@@ -383,7 +397,7 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
           continue;
         }
         K.softmax_grad(g, V, l, A, B, cw, cap);
-        if (Ck != 0.0) {
+        if (Ck != 0.0 && valid[t]) {
           const int64_t yk = target_of(t);
           double f = 1.0;
           if (cap > 0.0) {
@@ -520,6 +534,8 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
   }
 }
 
+template int fused_linear_ce_check_shape<float>(const FusedArgs<float>&, std::string*);
+template int fused_linear_ce_check_shape<double>(const FusedArgs<double>&, std::string*);
 template int fused_linear_ce_check<float>(const FusedArgs<float>&, std::string*);
 template int fused_linear_ce_check<double>(const FusedArgs<double>&, std::string*);
 template void fused_linear_ce<float>(const FusedArgs<float>&, FusedOut<float>&);
@@ -566,12 +582,14 @@ static RowLse row_lse(const double* z, int64_t V) {
 }
 
 void ce_from_logits(const double* logits, const int64_t* targets, int64_t n_tok, int64_t vocab,
-                    LossSum& sum, double* lse_out) {
+                    LossSum& sum, double* lse_out, double* loss_out) {
   for (int64_t t = 0; t < n_tok; ++t) {
     const double* z = logits + t * vocab;
     const RowLse r = row_lse(z, vocab);
     if (lse_out) lse_out[t] = r.max + r.logse;
-    sum.add((r.max - z[targets[t]]) + r.logse);  // exact log(V) for equal logits
+    const double l = (r.max - z[targets[t]]) + r.logse;  // exact log(V) for equal logits
+    if (loss_out) loss_out[t] = l;
+    sum.add(l);
   }
 }
 

@@ -9,7 +9,8 @@
 from __future__ import annotations
 
 from . import _core
-from .errors import AlgentaError, LossError, ResidentError, ResidentUnavailableError
+from .errors import (AlgentaError, LossError, LossUnavailableError, ResidentError,
+                     ResidentUnavailableError)
 from . import lossk, residentk
 from .lossk.cross_entropy import linear_cross_entropy
 from .runtime import MojoRuntime, Runtime
@@ -17,7 +18,8 @@ from .runtime import MojoRuntime, Runtime
 __version__ = _core.__version__
 
 __all__ = [
-    "__version__", "AlgentaError", "LossError", "ResidentError", "ResidentUnavailableError",
+    "__version__", "AlgentaError", "LossError", "LossUnavailableError", "ResidentError",
+    "ResidentUnavailableError",
     "lossk", "residentk", "linear_cross_entropy", "Runtime", "MojoRuntime",
 ]
 

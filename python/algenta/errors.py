@@ -21,7 +21,14 @@ class AlgentaError(Exception):
 
 
 class LossError(AlgentaError, ValueError):
-    """A lossk refusal (status 581-588)."""
+    """A lossk refusal of caller input (status 581-588)."""
+
+    family = "lossk"
+
+
+class LossUnavailableError(AlgentaError, RuntimeError):
+    """lossk's CUDA backend cannot run here: none in this build (589), no usable device (590),
+    or a device call failed (591)."""
 
     family = "lossk"
 
@@ -39,6 +46,7 @@ class ResidentUnavailableError(AlgentaError, RuntimeError):
 
 
 _RESIDENT_RUNTIME = {604, 605, 608}
+_LOSS_RUNTIME = {589, 590, 591}
 
 
 def _name(family: str, status: int) -> str:
@@ -53,6 +61,8 @@ def _name(family: str, status: int) -> str:
 def from_status(family: str, status: int, message: str) -> AlgentaError:
     """The exception for a (family, status) pair; used by the C++ bindings."""
     if family == "lossk":
+        if int(status) in _LOSS_RUNTIME:
+            return LossUnavailableError(message, status)
         return LossError(message, status)
     if int(status) in _RESIDENT_RUNTIME:
         return ResidentUnavailableError(message, status)

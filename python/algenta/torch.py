@@ -40,14 +40,17 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from . import _core
 from ._convert import I64_MAX, I64_MIN, as_float, as_int
 from .errors import LossError
 from .lossk.cross_entropy import HalfBits, vocab_shard_pass
 from .lossk.cross_entropy import linear_cross_entropy as _np_linear_cross_entropy
 
 __all__ = ["linear_cross_entropy", "LinearCrossEntropyLoss", "LinearCrossEntropyOutput",
-           "vocab_parallel_linear_cross_entropy"]
+           "vocab_parallel_linear_cross_entropy", "ce_from_logits", "ce_grad_logits",
+           "CEAccumulator"]
 
+_lossk = _core.lossk
 _REDUCTIONS = ("mean", "sum", "none")
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _HALF = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -70,12 +73,12 @@ class LinearCrossEntropyOutput(NamedTuple):
 
 # ---- argument checks ----------------------------------------------------------------------------
 
-def _float_tensor(x, name: str) -> None:
+def _float_tensor(x, name: str, device: torch.device) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.device.type != "cpu":
-        raise ValueError(f"{name} is on device {x.device}; algenta.torch computes on CPU tensors "
-                         "only (move it with .cpu())")
+    if x.device != device:
+        raise ValueError(f"{name} is on device {x.device}, the input on {device}; every tensor of "
+                         "one call must be on one device (nothing is moved behind your back)")
     if x.layout != torch.strided:
         raise ValueError(f"{name} must be a dense (strided) tensor, got layout {x.layout}")
     if x.dtype not in _FLOATS:
@@ -83,20 +86,26 @@ def _float_tensor(x, name: str) -> None:
 
 
 def _check(input, weight, target, bias, class_weight, reduction, ignore_index, label_smoothing,
-           softcap, lse_square_scale, shift, chunk):
+           softcap, lse_square_scale, shift, chunk, cuda_ok=True):
     """Validates what torch-side code must know before the core sees anything (types, devices,
     shapes); returns the options. Value checks the core makes itself (NaN/inf, target range,
     label_smoothing, soft cap and z-loss ranges, chunk budget, shift) are left to it so their
     status codes are the core's."""
-    _float_tensor(input, "input")
-    _float_tensor(weight, "linear_weight")
+    if not isinstance(input, torch.Tensor):
+        raise TypeError(f"input must be a torch.Tensor, got {type(input).__name__}")
+    dev = input.device
+    if dev.type not in ("cpu", "cuda") or (dev.type == "cuda" and not cuda_ok):
+        where = "CPU and CUDA tensors" if cuda_ok else "CPU tensors"
+        raise ValueError(f"input is on device {dev}; this function computes on {where} only")
+    _float_tensor(input, "input", dev)
+    _float_tensor(weight, "linear_weight", dev)
     if weight.dtype != input.dtype:
         raise TypeError(f"input and linear_weight must share one dtype, got {input.dtype} and "
                         f"{weight.dtype}")
     if not isinstance(target, torch.Tensor):
         raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
-    if target.device.type != "cpu":
-        raise ValueError(f"target is on device {target.device}; algenta.torch computes on CPU only")
+    if target.device != dev:
+        raise ValueError(f"target is on device {target.device}, the input on {dev}")
     if target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == torch.bool:
         raise TypeError(f"target must hold integer class indices, got {target.dtype} "
                         "(probability targets are not supported)")
@@ -123,7 +132,7 @@ def _check(input, weight, target, bias, class_weight, reduction, ignore_index, l
     if k and input.dim() < 2:
         raise LossError("shift needs input [..., seq, d_model]", 582)
     if bias is not None:
-        _float_tensor(bias, "linear_bias")
+        _float_tensor(bias, "linear_bias", dev)
         if bias.dtype != weight.dtype:
             raise LossError(f"linear_bias must have linear_weight's dtype {weight.dtype}, got "
                             f"{bias.dtype}", 582)
@@ -131,7 +140,7 @@ def _check(input, weight, target, bias, class_weight, reduction, ignore_index, l
             raise LossError(f"linear_bias must have shape ({weight.shape[0]},), got "
                             f"{tuple(bias.shape)}", 582)
     if class_weight is not None:
-        _float_tensor(class_weight, "weight")
+        _float_tensor(class_weight, "weight", dev)
         if tuple(class_weight.shape) != (weight.shape[0],):
             raise LossError(f"weight (class weights) must have shape ({weight.shape[0]},), got "
                             f"{tuple(class_weight.shape)}", 582)
@@ -179,6 +188,89 @@ def _run(input, weight, target, bias, class_weight, reduction, ii, ls, cap, zs, 
         grad_lse=None if grad_lse is None else grad_lse.detach().contiguous().numpy())
 
 
+_ELEM = {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
+def _per_token_full(x: Tensor, input: Tensor, shift: int, dtype) -> Tensor:
+    """A per-token upstream gradient of the output's shape as (n_tok,) on the input's device,
+    zeros at the positions a shift leaves unscored."""
+    lead = tuple(input.shape[:-1])
+    x = x.detach().to(dtype)
+    if shift:
+        full = torch.zeros(lead, dtype=dtype, device=input.device)
+        full[..., : lead[-1] - shift] = x
+        x = full
+    return x.reshape(-1).contiguous()
+
+
+def _cuda_pass(input, weight, target, bias, class_weight, reduction, ii, ls, cap, zs, shift,
+               chunk, need, grad_output=None, grad_lse=None, want_pred=False):
+    """One pass of the CUDA backend on the tensors' device and PyTorch's current stream; the
+    scratch comes from PyTorch's allocator. Returns (loss, lse, z, pred, accuracy, d_hidden,
+    d_weight, d_bias), per-token outputs flat (n_tok,) and unwanted ones None."""
+    dev = input.device
+    lead = tuple(input.shape[:-1])
+    n, d, v = math.prod(lead), input.shape[-1], weight.shape[0]
+    ct = torch.float64 if input.dtype == torch.float64 else torch.float32
+    per_tok = reduction == "none"
+    want = {"loss": not per_tok, "z": not per_tok, "loss_tok": per_tok, "z_tok": per_tok,
+            "lse": True, "pred": want_pred, "accuracy": want_pred,
+            "d_hidden": "hidden" in need, "d_weight": "weight" in need,
+            "d_bias": "bias" in need}
+    k = {"n_tok": n, "d_model": d, "vocab": v,
+         "chunk": chunk if chunk is not None else max(_lossk.loss_max_chunk(n, v), 1),
+         "elem": _ELEM[input.dtype], "grad_elem": _ELEM[input.dtype], "reduction": reduction,
+         "has_ignore": True, "ignore_index": ii, "label_smoothing": ls, "softcap": cap,
+         "z_loss": zs, "shift": shift, "seq_len": lead[-1] if shift else 0,
+         "grad_scale": 1.0 if isinstance(grad_output, Tensor) or grad_output is None
+         else float(grad_output)}
+    # The core's shape refusals come first, before anything is allocated on the device.
+    _lossk.cuda_set_device(dev.index if dev.index is not None else torch.cuda.current_device())
+    ws_bytes = _lossk.fused_linear_ce_dev_workspace({**k, **{n_: int(f) for n_, f in want.items()}})
+    keep = []  # every tensor whose pointer the core reads, alive until the call returns
+
+    def p(x):
+        if x is None:
+            return 0
+        keep.append(x)
+        return x.data_ptr()
+
+    k.update(hidden=p(input.detach().contiguous()), weight=p(weight.detach().contiguous()),
+             targets=p(target.detach().reshape(n).to(torch.int64).contiguous()))
+    if bias is not None:
+        k["bias"] = p(bias.detach().contiguous())
+    if class_weight is not None:
+        k["class_weight"] = p(class_weight.detach().to(ct).contiguous())
+    if isinstance(grad_output, Tensor):
+        k["grad_output"] = p(_per_token_full(grad_output, input, shift, ct))
+    if grad_lse is not None:
+        k["grad_lse"] = p(_per_token_full(grad_lse, input, shift, ct))
+    shapes = {"loss": (), "z": (), "loss_tok": (n,), "z_tok": (n,), "lse": (n,), "pred": (n,),
+              "accuracy": (), "d_hidden": tuple(input.shape), "d_weight": tuple(weight.shape),
+              "d_bias": (v,)}
+    dtypes = {"pred": torch.int64, "accuracy": torch.float32, "d_hidden": input.dtype,
+              "d_weight": input.dtype, "d_bias": input.dtype}
+    out = {}
+    for name, wanted in want.items():
+        if wanted:
+            out[name] = torch.empty(shapes[name], dtype=dtypes.get(name, ct), device=dev)
+            k[name] = p(out[name])
+    ws = torch.empty(ws_bytes, dtype=torch.uint8, device=dev)
+    _lossk.fused_linear_ce_dev(k, ws.data_ptr(), ws_bytes,
+                               torch.cuda.current_stream(dev).cuda_stream)
+    loss = out["loss_tok"] if per_tok else out["loss"]
+    z = out["z_tok"] if per_tok else out["z"]
+    return (loss, out["lse"], z, out.get("pred"), out.get("accuracy"), out.get("d_hidden"),
+            out.get("d_weight"), out.get("d_bias"))
+
+
+def _per_token_view(x: Tensor, input: Tensor, shift: int) -> Tensor:
+    """(n_tok,) per-token values as the output's shape (input's leading axes, minus the shift)."""
+    lead = tuple(input.shape[:-1])
+    x = x.view(lead)
+    return x[..., : lead[-1] - shift].contiguous() if shift else x
+
+
 def _loss_dtype(dtype):
     return torch.float32 if dtype in _HALF else dtype
 
@@ -202,6 +294,19 @@ def _lce_fwd(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tenso
     need = [n for n, f in (("hidden", need_dh), ("weight", need_dw), ("bias", need_db)) if f]
     if reduction == "none" or lse_grad:
         need = []  # the upstream gradients are only known in backward
+    if input.is_cuda:
+        loss, lse, z, pred, acc, dh, dw, db = _cuda_pass(
+            input, weight, target, bias, class_weight, reduction, ignore_index, label_smoothing,
+            softcap, lse_square_scale, shift, chunk, need, want_pred=want_pred)
+        empty = input.new_empty(0)
+        if reduction == "none":
+            loss, z = _per_token_view(loss, input, shift), _per_token_view(z, input, shift)
+        return (loss, _per_token_view(lse, input, shift), z,
+                _per_token_view(pred, input, shift) if want_pred
+                else input.new_empty(0, dtype=torch.int64),
+                acc if want_pred else torch.full((), math.nan, device=input.device),
+                dh if dh is not None else empty, dw if dw is not None else empty.clone(),
+                db if db is not None else empty.clone())
     r = _run(input, weight, target, bias, class_weight, reduction, ignore_index,
              label_smoothing, softcap, lse_square_scale, shift, chunk, need, want_pred=want_pred)
     ldt = _loss_dtype(input.dtype)
@@ -243,9 +348,17 @@ def _lce_grad(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tens
     need = [n for n, f in (("hidden", need_dh), ("weight", need_dw), ("bias", need_db)) if f]
     ldt = _loss_dtype(input.dtype)
     go = grad_loss.to(ldt) if reduction == "none" else float(grad_loss)
-    empty = torch.empty(0, dtype=input.dtype)
+    empty = torch.empty(0, dtype=input.dtype, device=input.device)
     if not need:
         return empty, empty.clone(), empty.clone()
+    if input.is_cuda:
+        _, _, _, _, _, dh, dw, db = _cuda_pass(
+            input, weight, target, bias, class_weight, reduction, ignore_index, label_smoothing,
+            softcap, lse_square_scale, shift, chunk, need,
+            grad_output=grad_loss.to(ldt) if reduction == "none" else float(grad_loss),
+            grad_lse=None if grad_lse is None else grad_lse.to(ldt))
+        e = input.new_empty(0)
+        return (dh if need_dh else e, dw if need_dw else e.clone(), db if need_db else e.clone())
     r = _run(input, weight, target, bias, class_weight, reduction, ignore_index,
              label_smoothing, softcap, lse_square_scale, shift, chunk, need, grad_output=go,
              grad_lse=None if grad_lse is None else grad_lse.to(ldt))
@@ -324,10 +437,10 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     reduction, ii, ls, cap, zs, k, chunk = _check(
         input, linear_weight, target, linear_bias, weight, reduction, ignore_index,
         label_smoothing, softcap, lse_square_scale, shift, chunk)
-    if torch.is_autocast_enabled("cpu"):
+    if torch.is_autocast_enabled(input.device.type):
         # As F.linear under autocast: the projection's operands in the autocast dtype (the
         # casts are part of the graph, so float32 parameters get float32 gradients).
-        low = torch.get_autocast_dtype("cpu")
+        low = torch.get_autocast_dtype(input.device.type)
         input, linear_weight = input.to(low), linear_weight.to(low)
         if linear_bias is not None:
             linear_bias = linear_bias.to(low)
@@ -388,6 +501,118 @@ class LinearCrossEntropyLoss(torch.nn.Module):
                 f"label_smoothing={self.label_smoothing}, chunk={self.chunk}, "
                 f"softcap={self.softcap}, lse_square_scale={self.lse_square_scale}, "
                 f"shift={self.shift}")
+
+
+# ---- the seed's materialized kernels on tensors --------------------------------------------------
+
+def _logits_args(logits, target):
+    if not isinstance(logits, torch.Tensor) or not isinstance(target, torch.Tensor):
+        raise TypeError("logits and target must be torch.Tensors")
+    if logits.dtype != torch.float64:
+        raise TypeError(f"logits must be float64 (the seed's reference precision), got "
+                        f"{logits.dtype}; convert explicitly with .double()")
+    if logits.device.type not in ("cpu", "cuda") or target.device != logits.device:
+        raise ValueError(f"logits ({logits.device}) and target ({target.device}) must be on one "
+                         "CPU or CUDA device")
+    if logits.dim() < 1 or tuple(target.shape) != tuple(logits.shape[:-1]):
+        raise LossError(f"logits must be [..., vocab] and target its leading shape, got "
+                        f"{tuple(logits.shape)} and {tuple(target.shape)}", 582)
+    if target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == torch.bool:
+        raise TypeError(f"target must hold integer class indices, got {target.dtype}")
+    v = logits.shape[-1]
+    n = math.prod(logits.shape[:-1])
+    z = logits.detach().reshape(n, v).contiguous() if n and v else logits.detach()
+    return z, target.detach().reshape(n).to(torch.int64).contiguous(), n, v
+
+
+def _stream(t: Tensor) -> int:
+    _lossk.cuda_set_device(t.device.index if t.device.index is not None
+                           else torch.cuda.current_device())
+    return torch.cuda.current_stream(t.device).cuda_stream
+
+
+def ce_from_logits(logits: Tensor, target: Tensor) -> Tensor:
+    """Per-token cross-entropy of materialized float64 ``logits [..., vocab]`` against integer
+    ``target [...]``, on the logits' device (CPU, or CUDA on the current stream): the seed's
+    reference kernel, ``(max - z_y) + log sum exp(z - max)`` per row (exactly log(vocab) for
+    equal logits). Not differentiable (see :func:`ce_grad_logits`)."""
+    z, t, n, v = _logits_args(logits, target)
+    if not z.is_cuda:
+        loss, _ = _lossk.ce_from_logits(z.numpy(), t.numpy(), n, v, _lossk.LossSum(),
+                                        per_token=True)
+        return torch.from_numpy(loss).view(target.shape)
+    loss = torch.empty(n, dtype=torch.float64, device=z.device)
+    _lossk.ce_from_logits_dev(z.data_ptr(), t.data_ptr(), n, v, loss.data_ptr(), 0, _stream(z))
+    return loss.view(target.shape)
+
+
+def ce_grad_logits(logits: Tensor, target: Tensor, scale: float = 1.0) -> Tensor:
+    """``(softmax(logits) - one_hot(target)) * scale`` of float64 ``logits [..., vocab]``, the
+    gradient of the summed per-token cross-entropy times ``scale``, on the logits' device."""
+    z, t, n, v = _logits_args(logits, target)
+    s = as_float(scale, "scale")
+    if not z.is_cuda:
+        return torch.from_numpy(_lossk.ce_grad_logits(z.numpy(), t.numpy(), n, v, s)).view(
+            logits.shape)
+    out = torch.empty((n, v), dtype=torch.float64, device=z.device)
+    _lossk.ce_grad_logits_dev(z.data_ptr(), t.data_ptr(), n, v, s, out.data_ptr(), _stream(z))
+    return out.view(logits.shape)
+
+
+class CEAccumulator:
+    """Cross-entropy over float64 logits that arrive a piece at a time, summed in token order on
+    ``device``: ``add(logits, target)`` per piece; ``total_loss`` and ``mean_loss`` are float64
+    0-d tensors on that device, bit-identical to one :func:`ce_from_logits` pass over the
+    concatenation summed in token order. On CUDA the running sum stays on the device (no
+    synchronization per piece); ``n_tok`` reads it back."""
+
+    def __init__(self, vocab: int, device="cpu"):
+        self.vocab = as_int(vocab, "vocab")
+        st = _lossk.loss_dims_check(1, 1, self.vocab)
+        if st != 580:
+            raise LossError(f"vocab={self.vocab} refused", st)
+        self.device = torch.device(device)
+        if self.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be a CPU or CUDA device, got {self.device}")
+        if self.device.type == "cuda":  # LossSum's total, first, shifted and count
+            self._state = torch.zeros(4, dtype=torch.float64, device=self.device)
+        else:
+            self._sum = _lossk.LossSum()
+
+    def add(self, logits: Tensor, target: Tensor) -> None:
+        if logits.device != self.device:
+            raise ValueError(f"logits are on {logits.device}, the accumulator on {self.device}")
+        z, t, n, v = _logits_args(logits, target)
+        if n == 0:
+            return
+        if v != self.vocab:
+            raise LossError(f"logits have vocab {v}, the accumulator {self.vocab}", 582)
+        if not z.is_cuda:
+            _lossk.ce_from_logits(z.numpy(), t.numpy(), n, v, self._sum)
+            return
+        loss = torch.empty(n, dtype=torch.float64, device=z.device)
+        stream = _stream(z)
+        _lossk.ce_from_logits_dev(z.data_ptr(), t.data_ptr(), n, v, loss.data_ptr(), 0, stream)
+        _lossk.loss_sum_add_dev(loss.data_ptr(), n, self._state.data_ptr(), stream)
+
+    @property
+    def n_tok(self) -> int:
+        return int(self._state[3].item()) if self.device.type == "cuda" else self._sum.count
+
+    @property
+    def total_loss(self) -> Tensor:
+        if self.device.type != "cuda":
+            return torch.tensor(self._sum.total, dtype=torch.float64)
+        return self._state[0].clone()
+
+    @property
+    def mean_loss(self) -> Tensor:
+        """first + sum(l - first) / n, as LossSum (NaN before the first token)."""
+        if self.device.type != "cuda":
+            return torch.tensor(self._sum.mean, dtype=torch.float64)
+        first, shifted, count = self._state[1], self._state[2], self._state[3]
+        return torch.where(count > 0, first + shifted / count.clamp(min=1),
+                           torch.full_like(first, math.nan))
 
 
 def _targets_i64(target: torch.Tensor, n: int) -> torch.Tensor:
@@ -604,7 +829,7 @@ def vocab_parallel_linear_cross_entropy(hidden, weight_shard, target, *, vocab_s
     """
     reduction, ii, ls, cap, zs, k, chunk = _check(
         hidden, weight_shard, target, linear_bias, weight, reduction, ignore_index,
-        label_smoothing, softcap, lse_square_scale, 0, chunk)
+        label_smoothing, softcap, lse_square_scale, 0, chunk, cuda_ok=False)
     vocab_start = as_int(vocab_start, "vocab_start")
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("vocab_parallel_linear_cross_entropy needs an initialized "

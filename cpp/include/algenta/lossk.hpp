@@ -29,6 +29,10 @@ enum : int {
   LOSS_ERR_TARGET_OUT_OF_RANGE = 586,
   LOSS_ERR_BAD_CHUNK = 587,
   LOSS_ERR_UNKNOWN_OBJECTIVE = 588,  // an objective/reduction this family does not compute
+  // The CUDA backend's: a capability of the build or host, or a failed device call.
+  LOSS_ERR_NO_CUDA_BACKEND = 589,    // built without a CUDA backend (ALGENTA_GPU / ALGENTA_CUDA_EMU)
+  LOSS_ERR_NO_DEVICE = 590,          // a CUDA backend, no usable device on this host
+  LOSS_ERR_DEVICE_FAILED = 591,      // a CUDA call failed
 };
 
 // ---- ceilings ---------------------------------------------------------------------------
@@ -166,12 +170,82 @@ int fused_linear_ce_check(const FusedArgs<T>& a, std::string* why = nullptr);
 template <class T>
 void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out);
 
+// Every refusal of fused_linear_ce_check that needs no look at the data (dims, chunk, scalars,
+// shift, element type): what the CUDA backend checks on the host before any device allocation;
+// the data's own checks (finite values, targets) then run on the device.
+template <class T>
+int fused_linear_ce_check_shape(const FusedArgs<T>& a, std::string* why = nullptr);
+
+// ---- the CUDA backend (cuda/lossk_cuda.cu; cuda/absent.cpp refuses 589 without one) ------------
+// The same loss on a CUDA device, the same options, the same guarantees: no atomics in any
+// reduction, every output cell one fixed-order chain, so the same inputs give the same bits on
+// every run and for every chunk size. With half inputs the chunk is rounded down to a multiple
+// of 16 tokens (16 at least), the tensor cores' k-step, so the weight gradient's chains group
+// tokens the same way whatever chunk the caller asked for. Bits differ from the CPU backend's
+// (another reduction order, device libm), within the tolerances the tests hold.
+template <class T>
+struct FusedCudaOut {          // device memory, each pointer null when not wanted
+  T* loss = nullptr;           // () the reduced loss, Mean or Sum (not for None)
+  T* z = nullptr;              // () the reduced z-loss term, as loss
+  T* loss_tok = nullptr;       // (N) per-token ce_t + z_t, 0 for tokens not counted
+  T* z_tok = nullptr;          // (N) per-token z_t
+  T* lse = nullptr;            // (N)
+  int64_t* pred = nullptr;     // (N) argmax of the (capped) logits, first maximum
+  float* accuracy = nullptr;   // () correct argmaxes / counted tokens (NaN for none); needs pred
+  T* target_logit = nullptr;   // (N) as FusedOut
+  T* logit_sum = nullptr;      // (N) as FusedOut
+  // (10) FusedOut's sums: ce (total, first, shifted, count), z (the same), weight_sum, n_correct
+  double* sums = nullptr;
+  void* d_hidden = nullptr;    // (N, D) in grad_elem
+  void* d_weight = nullptr;    // (V, D) in grad_elem
+  void* d_bias = nullptr;      // (V) in grad_elem
+  Elem grad_elem = sizeof(T) == 8 ? Elem::F64 : Elem::F32;
+};
+// Device scratch one call needs, in bytes: per token a few numbers, per chunk its block
+// statistics and, with gradients, its (C, V) logits; a float32 accumulator of d_weight/d_bias
+// when they are handed back in half precision. a must pass fused_linear_ce_check_shape.
+template <class T>
+int64_t fused_linear_ce_cuda_workspace(const FusedArgs<T>& a, const FusedCudaOut<T>& out);
+// a: device pointers (hidden, weight, bias, targets, class weights, grad_output/grad_lse/
+// grad_coef), passing fused_linear_ce_check_shape. The data checks (585 non-finite, 586 targets)
+// run on the device into a flag the host waits for: the one synchronization, before any other
+// work. workspace: workspace_bytes (at least fused_linear_ce_cuda_workspace) of device memory the
+// caller owns (PyTorch's allocator). stream: a cudaStream_t; every launch is enqueued there and
+// the call returns without waiting for them. Throws StatusError 589/590/591 (and 585/586).
+template <class T>
+void fused_linear_ce_cuda(const FusedArgs<T>& a, FusedCudaOut<T>& out, void* workspace,
+                          int64_t workspace_bytes, void* stream);
+// The same from and to host memory (the NumPy API's device="cuda"): a and out as for
+// fused_linear_ce (host pointers, fused_linear_ce_check passed); inputs are copied to the device,
+// the results back, out filled as the CPU backend fills it.
+template <class T>
+void fused_linear_ce_cuda_host(const FusedArgs<T>& a, FusedOut<T>& out);
+
+// The seed's materialized kernels on the device: per-token loss and lse of (N, V) float64
+// logits, their gradient (softmax - one_hot) * scale, and a running token-order sum kept on the
+// device (state: 4 doubles, LossSum's total, first, shifted and count). Device pointers, work
+// enqueued on stream; each checks its data on the device first (585/586, one synchronization).
+void ce_from_logits_cuda(const double* logits, const int64_t* targets, int64_t n_tok,
+                         int64_t vocab, double* loss_tok, double* lse, void* stream);
+void ce_grad_logits_cuda(const double* logits, const int64_t* targets, int64_t n_tok,
+                         int64_t vocab, double scale, double* out, void* stream);
+void loss_sum_add_cuda(const double* loss_tok, int64_t n_tok, double* state, void* stream);
+// Makes `device` this thread's current device for the backend's runtime (which is not PyTorch's:
+// the extension links the CUDA runtime statically), before any of the device-pointer calls.
+void cuda_set_device(int device);
+// Host memory in and out (the NumPy API's device="cuda"); sum continues on the device from its
+// host value and comes back, as ce_from_logits continues it on the host.
+void ce_from_logits_cuda_host(const double* logits, const int64_t* targets, int64_t n_tok,
+                              int64_t vocab, LossSum& sum, double* lse, double* loss_tok);
+void ce_grad_logits_cuda_host(const double* logits, const int64_t* targets, int64_t n_tok,
+                              int64_t vocab, double scale, double* out);
+
 // The materialized reference: cross-entropy of (N, V) float64 logits, no chunking.
 int ce_from_logits_check(const double* logits, const int64_t* targets, int64_t n_tok, int64_t vocab,
                          std::string* why = nullptr);
-// Adds the N tokens' losses to sum (token order); lse_out (N) may be null.
+// Adds the N tokens' losses to sum (token order); lse_out and loss_out (N) may be null.
 void ce_from_logits(const double* logits, const int64_t* targets, int64_t n_tok, int64_t vocab,
-                    LossSum& sum, double* lse_out);
+                    LossSum& sum, double* lse_out, double* loss_out = nullptr);
 // (softmax(logits) - one_hot(target)) * scale, row by row; out (N, V) may alias logits.
 void ce_grad_logits(const double* logits, const int64_t* targets, int64_t n_tok, int64_t vocab,
                     double scale, double* out);

@@ -32,6 +32,9 @@ LOSS_ERR_NON_FINITE = _c.LOSS_ERR_NON_FINITE
 LOSS_ERR_TARGET_OUT_OF_RANGE = _c.LOSS_ERR_TARGET_OUT_OF_RANGE
 LOSS_ERR_BAD_CHUNK = _c.LOSS_ERR_BAD_CHUNK
 LOSS_ERR_UNKNOWN_OBJECTIVE = _c.LOSS_ERR_UNKNOWN_OBJECTIVE
+LOSS_ERR_NO_CUDA_BACKEND = _c.LOSS_ERR_NO_CUDA_BACKEND
+LOSS_ERR_NO_DEVICE = _c.LOSS_ERR_NO_DEVICE
+LOSS_ERR_DEVICE_FAILED = _c.LOSS_ERR_DEVICE_FAILED
 LOSS_MAX_WORK_CELLS = _c.LOSS_MAX_WORK_CELLS
 LOSS_MAX_LOGIT_CELLS = _c.LOSS_MAX_LOGIT_CELLS
 LOSS_MAX_TOKENS = _c.LOSS_MAX_TOKENS
@@ -44,7 +47,7 @@ _i64 = as_i64_clamped
 
 
 def loss_status_name(code) -> str:
-    """Name of a lossk status code; ``"unknown_status"`` for anything outside 580-588."""
+    """Name of a lossk status code; ``"unknown_status"`` for anything outside 580-591."""
     c = as_int(code, "code")
     if not I64_MIN <= c <= I64_MAX:
         return "unknown_status"

@@ -101,14 +101,24 @@ def _run(hidden, weight, targets, n, d, v, chunk, *, want_dh=False, want_dw=Fals
 
 # ---- the seed's flat API ----------------------------------------------------------------------
 
-def ce_from_logits_flat(logits, targets, n_tok, vocab) -> CELoss:
+def _device(device) -> str:
+    """"cpu" or "cuda": where the core computes (host arrays in and out either way)."""
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    return device
+
+
+def ce_from_logits_flat(logits, targets, n_tok, vocab, *, device="cpu") -> CELoss:
     """Cross-entropy of an already-materialized row-major [n_tok][vocab] float64 logit tensor:
-    the reference the fused kernel is measured against. Uniform logits give exactly log(vocab)."""
+    the reference the fused kernel is measured against. Uniform logits give exactly log(vocab).
+    ``device="cuda"`` computes the per-token losses on the CUDA backend and sums them there in
+    token order."""
+    dev = _device(device)
     n, v = _dims((n_tok, "n_tok"), (vocab, "vocab"))
     t = _targets(targets)
     z = float_array(logits, "logits")
     s = _c.LossSum()
-    _c.ce_from_logits(z, t, n, v, s)
+    _c.ce_from_logits(z, t, n, v, s, device=dev)
     return CELoss(mean_loss=s.mean, total_loss=s.total, status=_OK)
 
 
@@ -174,13 +184,15 @@ def ce_chunk_invariance_flat(hidden, weight, targets, n_tok, d_model, vocab) -> 
                            max_abs_delta=delta, status=_OK)
 
 
-def ce_grad_logits_flat(logits, targets, n_tok, vocab, scale=1.0) -> np.ndarray:
+def ce_grad_logits_flat(logits, targets, n_tok, vocab, scale=1.0, *, device="cpu") -> np.ndarray:
     """(softmax(logits) - one_hot(target)) * scale for row-major [n_tok][vocab] float64 logits,
-    returned flat: the backward of cross-entropy with respect to its logits."""
+    returned flat: the backward of cross-entropy with respect to its logits (``device="cuda"``:
+    computed on the CUDA backend)."""
+    dev = _device(device)
     n, v = _dims((n_tok, "n_tok"), (vocab, "vocab"))
     s = as_float(scale, "scale")
     t = _targets(targets)
-    return _c.ce_grad_logits(float_array(logits, "logits"), t, n, v, s)
+    return _c.ce_grad_logits(float_array(logits, "logits"), t, n, v, s, device=dev)
 
 
 class CEAccumulator:
@@ -188,9 +200,11 @@ class CEAccumulator:
 
     ``add(logits, targets)`` takes a row-major [n][vocab] float64 piece (n = len(targets)); the
     ``mean_loss`` and ``total_loss`` read at the end are bit-identical to one
-    ``ce_from_logits_flat`` over the concatenation (the same token-order sum)."""
+    ``ce_from_logits_flat`` over the concatenation (the same token-order sum) on the same
+    ``device`` ("cuda": each piece's losses and the running sum computed on the CUDA backend)."""
 
-    def __init__(self, vocab):
+    def __init__(self, vocab, *, device="cpu"):
+        self.device = _device(device)
         # No core call happens here, so the vocabulary is judged by the contract's own check.
         v = as_i64_clamped(vocab, "vocab")
         st = _contract.loss_dims_check(1, 1, v)
@@ -204,7 +218,8 @@ class CEAccumulator:
         if n == 0:
             return
         t = _targets(targets)
-        _c.ce_from_logits(float_array(logits, "logits"), t, n, self.vocab, self._sum)
+        _c.ce_from_logits(float_array(logits, "logits"), t, n, self.vocab, self._sum,
+                          device=self.device)
 
     @property
     def n_tok(self) -> int:
@@ -291,7 +306,8 @@ def _grad_sets(with_grad, has_bias):
 def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=None, chunk=None,
                          reduction="mean", ignore_index=None, label_smoothing=0.0, softcap=None,
                          lse_square_scale=0.0, shift=0, return_accuracy=False, with_grad=False,
-                         grad_output=None, grad_lse=None, grad_dtype=None) -> LinearCrossEntropy:
+                         grad_output=None, grad_lse=None, grad_dtype=None,
+                         device="cpu") -> LinearCrossEntropy:
     """Cross-entropy of ``hidden @ weight.T + bias`` against ``targets`` without materializing the
     logits.
 
@@ -321,7 +337,15 @@ def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=Non
     ``grad_lse`` (the per-token lse's shape) adds the gradient of ``sum_t grad_lse[t] * lse_t``. ``return_accuracy=True`` adds the per-token argmax of the (capped) logits (ties
     to the lowest index) and the accuracy over counted tokens, from the forward's running maximum.
     Peak extra memory is the gradients plus one chunk of logits.
+
+    ``device="cuda"`` runs the same computation on the CUDA backend (``-Ccmake.define.ALGENTA_GPU=ON``,
+    or the emulation build): the arrays are copied to the device and the results back. Results
+    agree with the CPU backend's within float rounding, not bit for bit (another reduction order),
+    and are bit-identical across runs and chunk sizes there too; half inputs round ``chunk`` down
+    to a multiple of 16. A build without a CUDA backend raises ``LossUnavailableError`` (589), a
+    host without a usable device 590.
     """
+    dev = _device(device)
     if not isinstance(hidden, (np.ndarray, HalfBits)) or \
             not isinstance(weight, (np.ndarray, HalfBits)):
         raise TypeError("hidden and weight must be NumPy arrays (or HalfBits)")
@@ -418,7 +442,7 @@ def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=Non
         label_smoothing=ls, softcap=cap, z_loss=zs, shift=k, seq_len=seq if k else 0, bias=b,
         class_weight=cw, want_dh=want_dh, want_dw=want_dw, want_db=want_db, grad_elem=gelem,
         grad_output=go, grad_scale=gscale, grad_lse=gl, want_loss_tok=reduction == "none",
-        want_z_tok=reduction == "none" and zs != 0.0, want_pred=bool(return_accuracy))
+        want_z_tok=reduction == "none" and zs != 0.0, want_pred=bool(return_accuracy), device=dev)
 
     def per_token(a):
         a = a.reshape(lead)

@@ -1,0 +1,27 @@
+// The CUDA emulator's stand-in for <cuda_bf16.h>: __nv_bfloat16 as its 16 bits, with the
+// round-to-nearest-even conversions the device performs (see cuda/emu/README.md).
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#include "cuda_runtime.h"
+
+struct __nv_bfloat16 {
+  uint16_t __x;
+};
+
+inline float __bfloat162float(__nv_bfloat16 h) {
+  const uint32_t u = uint32_t(h.__x) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return __nv_bfloat16{uint16_t((u >> 16) | 0x40u)};
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return __nv_bfloat16{uint16_t(u >> 16)};
+}
+inline __nv_bfloat16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); }
