@@ -662,6 +662,11 @@ void load_kernel(F* fn, const char* what, int optin_smem) {
 class CudaSession final : public SessionBase {
  public:
   CudaSession(const SessionConfig& c, int64_t max_ctx) : SessionBase(c, max_ctx) {
+    // The device kernels read float32 weights only (narrow formats are the CPU engine's).
+    if (c.weights != WeightFormat::F32)
+      refuse(RESIDENT_ERR_WEIGHT_LENGTH,
+             std::string("device='cuda' holds float32 weights only; weights='") +
+                 residentk_weight_format_name(c.weights) + "' runs on device='cpu'");
     const CudaBackend& be = cuda_backend();
     if (!be.usable)
       refuse(RESIDENT_ERR_NO_ACCELERATOR,

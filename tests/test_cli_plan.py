@@ -256,3 +256,153 @@ def test_main_in_process(capsys):
     assert rep["resident_f32_elems"] == rc.residentk_weight_elems(2048, 16, 8, 128, 6144, 28, 151936)
     assert main(["plan", "nope"]) == 2
     assert "unknown model preset" in capsys.readouterr().err
+
+
+# ---- --weights: bytes in the weight format ---------------------------------------------------
+
+def _int8_bytes(rows, cols):  # written from the definition: 1 byte + a float32 scale per 32 a row
+    return rows * cols + 4 * rows * -(-cols // 32)
+
+
+def test_weights_default_is_f32_and_bytes_are_four_times_elements():
+    code, rep = plan_json("qwen3-0.6b", "--ctx", "3000")
+    assert code == 0 and rep["weight_format"] == "f32"
+    assert plan_json("qwen3-0.6b", "--ctx", "3000", "--weights", "f32")[1] == rep
+    b = rep["bytes"]
+    assert b["weights"] == 4 * rep["weights_f32_elems"]
+    assert b["weight_terms"] == {k: 4 * v for k, v in rep["weight_terms"].items()}
+    assert b["total"] == rep["resident_bytes"] and b["total_bucket"] == rep["resident_bucket_bytes"]
+    assert b["kv_cache"] == 4 * rep["kv_cache_elems"]
+    assert b["kv_cache_bucket"] == 4 * rep["kv_cache_bucket_elems"]
+
+
+def test_weights_int8_json_qwen3_06b_exact():
+    code, rep = plan_json("qwen3-0.6b", "--weights", "int8")
+    assert code == 0 and rep["weight_format"] == "int8"
+    b = rep["bytes"]
+    # Every row of Qwen3-0.6B is 1,024, 2,048 or 3,072 long (whole blocks): int8 costs 9/8 bytes
+    # an element; 28 layers x (q (2048, 1024), k, v (1024, 1024), o (1024, 2048), gate, up
+    # (3072, 1024), down (1024, 3072)) and the (151936, 1024) embedding; norms float32.
+    attn = 28 * (2048 * 1024 + 2 * 1024 * 1024 + 1024 * 2048) * 9 // 8
+    mlp = 28 * 3 * 3072 * 1024 * 9 // 8
+    embed = 151936 * 1024 * 9 // 8
+    assert b["weight_terms"] == {"attn": attn, "mlp": mlp, "norms": 4 * 65_536, "embed": embed,
+                                 "lm_head": 0}
+    assert b["weights"] == attn + mlp + 4 * 65_536 + embed == 670_744_576
+    assert b["kv_cache"] == 4 * 29_360_128 and b["total"] == 788_185_088
+    assert b["total_bucket"] == b["total"]   # ctx 512 is its own bucket
+    # Every pre-existing key keeps its float32 meaning.
+    _, f32 = plan_json("qwen3-0.6b")
+    assert {k: v for k, v in rep.items() if k not in ("weight_format", "bytes")} == \
+        {k: v for k, v in f32.items() if k not in ("weight_format", "bytes")}
+
+
+@pytest.mark.parametrize("fmt", ["f32", "bf16", "f16", "int8"])
+def test_weights_json_untied_ctx_bucket_and_tp(fmt):
+    code, rep = plan_json("qwen3-8b", "--ctx", "3000", "--tp", "2", "--weights", fmt)
+    assert code == 0 and rep["weight_format"] == fmt
+    whole = rc.residentk_footprint(*Q8, 3000, tied=False, format=fmt)
+    whole_b = rc.residentk_footprint(*Q8, 4096, tied=False, format=fmt)
+    assert rep["bytes"]["weights"] == whole["weight_bytes"]
+    assert rep["bytes"]["total"] == whole["total_bytes"]
+    assert rep["bytes"]["total_bucket"] == whole_b["total_bytes"]
+    assert rep["bytes"]["kv_cache_bucket"] == 4 * rc.residentk_cache_elements(36, 8, 128, 4096)
+    share = rc.residentk_footprint(*Q8, 3000, tied=False, tp=2, format=fmt)
+    share_b = rc.residentk_footprint(*Q8, 4096, tied=False, tp=2, format=fmt)
+    t = rep["tp"]["bytes"]
+    assert t["weights"] == share["weight_bytes"] and t["total"] == share["total_bytes"]
+    assert t["total_bucket"] == share_b["total_bytes"]
+    for b in (rep["bytes"], t):
+        assert sum(b["weight_terms"].values()) == b["weights"]
+    # Independently: per GPU, q/o are (2048, 4096)/(4096, 2048), k/v (512, 4096), gate/up
+    # (6144, 4096), down (4096, 6144); embedding and lm_head (151936, 4096) each, replicated.
+    mats = [(2048, 4096), (512, 4096), (512, 4096), (4096, 2048), (6144, 4096), (6144, 4096),
+            (4096, 6144)]
+    width = {"f32": 4, "bf16": 2, "f16": 2}
+    nb = (lambda r, c: _int8_bytes(r, c)) if fmt == "int8" else (lambda r, c: width[fmt] * r * c)
+    norms = 4 * (36 * (2 * 4096 + 2 * 128) + 4096)
+    weights = 36 * sum(nb(r, c) for r, c in mats) + 2 * nb(151936, 4096) + norms
+    assert t["weights"] == weights
+    assert t["total_bucket"] == weights + 4 * 36 * 2 * 4096 * 4 * 128
+    # The float32 keys do not move with the format.
+    assert rep["tp"]["resident_bucket_bytes"] == 4 * share_b["total"]
+
+
+def test_weights_ragged_rows_int8():
+    # d_model 1000, h_q*d_head 40, d_ff 2730: no row a multiple of 32, so each pays a partial block.
+    dims = "1000,5,5,8,2730,3,50261"
+    code, rep = plan_json("--dims", dims, "--weights", "int8", "--ctx", "100")
+    assert code == 0
+    layer = (_int8_bytes(40, 1000) + 2 * _int8_bytes(40, 1000) + _int8_bytes(1000, 40)
+             + 2 * _int8_bytes(2730, 1000) + _int8_bytes(1000, 2730))
+    weights = 3 * layer + _int8_bytes(50261, 1000) + 4 * (3 * (2 * 1000 + 2 * 8) + 1000)
+    assert rep["bytes"]["weights"] == weights
+    assert rep["bytes"]["total"] == weights + 4 * 3 * 2 * 100 * 5 * 8
+    assert rep["bytes"]["total_bucket"] == weights + 4 * 3 * 2 * 512 * 5 * 8
+
+
+def test_weights_gpu_mem_fit_and_largest_ctx():
+    # Qwen3-8B in 16 GB: float32 does not fit at all; int8 does, with room for more context.
+    code, rep = plan_json("qwen3-8b", "--gpu-mem", "16GB")
+    assert code == 1 and rep["gpu"]["fits"] is False and rep["gpu"]["max_ctx"] == 0
+    code, rep = plan_json("qwen3-8b", "--gpu-mem", "16GB", "--weights", "int8")
+    g = rep["gpu"]
+    need = rc.residentk_footprint(*Q8, 512, tied=False, format="int8")["total_bytes"]
+    assert code == 0 and g["fits"] is True and g["need_bytes"] == need == rep["bytes"]["total_bucket"]
+    assert g["headroom_bytes"] == 16 * 10**9 - need
+    assert g["max_ctx"] == rc.residentk_max_ctx_fitting(*Q8, 16 * 10**9, tied=False, format="int8")
+    assert g["max_ctx"] >= 512
+    f = lambda c: rc.residentk_footprint(*Q8, c, tied=False, format="int8")["total_bytes"]  # noqa: E731
+    assert f(g["max_ctx"]) <= 16 * 10**9 and (g["max_ctx"] == 65536 or f(2 * g["max_ctx"]) > 16 * 10**9)
+    # Per GPU with --tp: the need is the per-GPU bucket footprint in the format.
+    code, rep = plan_json("qwen3-8b", "--ctx", "8192", "--tp", "2", "--gpu-mem", "12GiB",
+                          "--weights", "bf16")
+    assert rep["gpu"]["need_bytes"] == rep["tp"]["bytes"]["total_bucket"] == \
+        rc.residentk_footprint(*Q8, 8192, tied=False, tp=2, format="bf16")["total_bytes"]
+    assert rep["gpu"]["max_ctx"] == rc.residentk_max_ctx_fitting(*Q8, 12 * 2**30, tied=False, tp=2,
+                                                                 format="bf16")
+    # A smaller format never fits less context (Qwen3-0.6B in 2.5 GiB: 1,024 / 4,096 / 8,192).
+    caps = [plan_json("qwen3-0.6b", "--gpu-mem", "2560MiB", "--weights", w)[1]["gpu"]["max_ctx"]
+            for w in ("f32", "bf16", "int8")]
+    assert caps == [1024, 4096, 8192]
+
+
+def test_weights_human_output():
+    r = algenta("plan", "qwen3-0.6b", "--weights", "int8", "--gpu-mem", "8GB")
+    assert r.returncode == 0 and r.stderr == ""
+    out = r.stdout
+    assert re.search(r"^resident, int8 weights\s+elements\s+bytes\s+size$", out, re.M)
+    assert re.search(r"^total\s+625,410,048\s+788,185,088\s+0\.73 GiB$", out, re.M)
+    assert re.search(r"^weights\s+596,049,920\s+670,744,576\s+0\.62 GiB$", out, re.M)
+    assert re.search(r"^KV cache at ctx 512\s+29,360,128\s+117,440,512\s", out, re.M)
+    assert re.search(r"^  embedding \(tied to lm_head\)\s+155,582,464\s+175,030,272\s", out, re.M)
+    rows = [l for l in out.splitlines() if l.rstrip().endswith("GiB") and "," in l.split()[-3]]
+    assert len(rows) >= 7 and len({len(l) for l in rows}) == 1
+    assert "all float32 at bucket 512: 2.33 GiB" in out
+    assert "one GPU, int8 weights" in out
+    cap = rc.residentk_max_ctx_fitting(*Q06, 8 * 10**9, format="int8")
+    assert re.search(rf"largest context that fits\s+{cap:,}\s+positions", out)
+    # --tp: the per-GPU column is in the format too.
+    r = algenta("plan", "qwen3-8b", "--weights", "bf16", "--tp", "2")
+    share = rc.residentk_footprint(*Q8, tied=False, tp=2, format="bf16")
+    assert re.search(rf"^total\s+[\d,]+\s+[\d,]+\s+[\d.]+ GiB\s+{share['total_bytes'] / 2**30:.2f} GiB$",
+                     r.stdout, re.M)
+    assert "resident, bf16 weights" in r.stdout
+
+
+@pytest.mark.parametrize("bad", ["fp8", "F32", "int4", "", "float32"])
+def test_weights_unknown_format_exit_2_one_line(bad):
+    r = algenta("plan", "qwen3-0.6b", "--weights", bad)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "--weights" in r.stderr
+    assert all(f"'{f}'" in r.stderr for f in ("f32", "bf16", "f16", "int8"))
+
+
+def test_weights_plan_function_refuses_unknown_format():
+    from algenta import ResidentError
+    from algenta.cli_plan import plan
+    from algenta.residentk import presets
+
+    with pytest.raises(ResidentError) as e:
+        plan(presets.preset("qwen3-0.6b"), weights="fp8")
+    assert e.value.status == 601 and "'int8'" in str(e.value)

@@ -257,6 +257,229 @@ def test_max_ctx_fitting():
     assert rc.residentk_max_ctx_fitting(*QWEN3_06B, b, tp=2) > 1024
 
 
+# ---- bytes per weight format -----------------------------------------------------------------
+# The reference below is written from the format's definition (f32 4 B, bf16/f16 2 B an element;
+# int8 1 B an element + a float32 scale per block of 32 along each row), in Python's unbounded
+# ints; the pinned numbers beside it were worked out by hand in the comments.
+
+FORMATS = ("f32", "bf16", "f16", "int8")
+Q8_UNTIED = (4096, 32, 8, 128, 12288, 36, 151936)   # Qwen3-8B: separate lm_head
+# Row lengths 1000 (d_model), 40 (h_q * d_head) and 2730 (d_ff; 546 at tp=5) are none of them a
+# multiple of 32, so every int8 matrix has a partial last block; vocab is prime.
+RAGGED = (1000, 5, 5, 8, 2730, 3, 50261)
+
+
+def _matrix_bytes_ref(rows, cols, fmt):
+    if fmt == "int8":
+        return rows * cols + 4 * rows * -(-cols // 32)  # integer ceil: exact past 2**53
+    return {"f32": 4, "bf16": 2, "f16": 2}[fmt] * rows * cols
+
+
+def _bytes_reference(d, hq, hkv, dh, ff, n_layers, vocab, ctx, tied=True, tp=1, fmt="f32"):
+    """(weight_bytes, total_bytes) per GPU: each weight a (out, in) matrix, rows along its input."""
+    hq, hkv, ff = hq // tp, hkv // tp, ff // tp
+    m = lambda rows, cols: _matrix_bytes_ref(rows, cols, fmt)  # noqa: E731
+    layer = (m(hq * dh, d) + m(hkv * dh, d) + m(hkv * dh, d) + m(d, hq * dh)   # q k v o
+             + m(ff, d) + m(ff, d) + m(d, ff))                                 # gate up down
+    norms = 4 * (n_layers * (2 * d + 2 * dh) + d)
+    weights = n_layers * layer + m(vocab, d) * (1 if tied else 2) + norms
+    return weights, weights + 4 * n_layers * 2 * ctx * hkv * dh
+
+
+def test_weight_format_constants():
+    assert rc.RESIDENT_WEIGHT_FORMATS == FORMATS
+    assert rc.RESIDENT_INT8_BLOCK == 32
+    assert "residentk_matrix_bytes" in rc.__all__ and "RESIDENT_WEIGHT_FORMATS" in rc.__all__
+
+
+def test_matrix_bytes_by_hand():
+    assert [rc.residentk_matrix_bytes(3, 33, f) for f in FORMATS] == [396, 198, 198, 123]
+    assert rc.residentk_matrix_bytes(3, 33) == 396                 # f32 is the default
+    assert rc.residentk_matrix_bytes(1, 1, "int8") == 1 + 4        # one element, one scale
+    assert rc.residentk_matrix_bytes(2, 32, "int8") == 64 + 2 * 4  # exactly one block a row
+    assert rc.residentk_matrix_bytes(2, 33, "int8") == 66 + 2 * 8  # 33 needs a second block
+    assert rc.residentk_matrix_bytes(7, 31, "int8") == 217 + 7 * 4
+    # The blocks run along each row (cols), not along the columns: the transpose differs.
+    assert rc.residentk_matrix_bytes(33, 3, "int8") == 99 + 33 * 4 != 123
+    # Qwen3-0.6B's embedding, 151,936 x 1,024: 32 blocks a row.
+    assert rc.residentk_matrix_bytes(151936, 1024, "int8") == 151936 * (1024 + 32 * 4)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rows,cols", [(1, 1), (1, 31), (5, 32), (5, 33), (64, 1000),
+                                       (151936, 1024), (1024, 3072), (1000, 2730)])
+def test_matrix_bytes_matches_reference(rows, cols, fmt):
+    assert rc.residentk_matrix_bytes(rows, cols, fmt) == _matrix_bytes_ref(rows, cols, fmt)
+
+
+def test_matrix_bytes_empty_and_overflow_are_zero():
+    for fmt in FORMATS:
+        for rows, cols in [(0, 5), (5, 0), (-1, 5), (5, -(2**70)), (2**70, 1), (2**62, 4),
+                           (2**63 - 1, 2**63 - 1)]:
+            assert rc.residentk_matrix_bytes(rows, cols, fmt) == 0
+    # Just below and at 2**63: exact, then refused rather than wrapped.
+    assert rc.residentk_matrix_bytes(2**60, 1, "int8") == 5 * 2**60
+    assert rc.residentk_matrix_bytes(2**61, 1, "int8") == 0            # 5 * 2**61 > int64
+    assert rc.residentk_matrix_bytes(2**59, 7, "bf16") == 7 * 2**60    # < 2**63
+    assert rc.residentk_matrix_bytes(2**59, 7, "f32") == 0             # 7 * 2**61 > int64
+
+
+def test_footprint_bytes_qwen3_06b_by_hand():
+    # 595,984,384 matrix elements (596,049,920 weights less 65,536 norm elements); every Qwen3-0.6B
+    # row length (1,024, 2,048, 3,072) is a multiple of 32, so int8 costs 1 + 4/32 bytes an
+    # element. KV at 512 positions: 29,360,128 float32 = 117,440,512 bytes.
+    want = {"f32": (2_384_199_680, 2_501_640_192),                  # 4 x the element counts
+            "bf16": (595_984_384 * 2 + 262_144, 1_309_671_424),     # 1,192,230,912 weights
+            "f16": (1_192_230_912, 1_309_671_424),
+            "int8": (595_984_384 * 9 // 8 + 262_144, 788_185_088)}  # 670,744,576 weights
+    for fmt, (wb, tb) in want.items():
+        f = rc.residentk_footprint(*QWEN3_06B, format=fmt)
+        assert (f["weight_bytes"], f["total_bytes"]) == (wb, tb) == _bytes_reference(*QWEN3_06B, 512, fmt=fmt)
+        # Element counts do not depend on the format.
+        assert f["weights"] == 596_049_920 and f["total"] == 625_410_048
+        assert f["total_bytes"] - f["weight_bytes"] == 4 * f["kv_cache"]
+
+
+def test_footprint_bytes_tiny_shape_by_hand():
+    # D 40, Hq 2, Hkv 1, Dh 4, F 50, 1 layer, V 3, ctx 1, int8 (bytes + 4 a block of 32 a row):
+    #   q (8, 40) 320 + 8*2*4 = 384; k, v (4, 40) 192 each; o (40, 8) 320 + 40*1*4 = 480;
+    #   gate, up (50, 40) 2,000 + 50*2*4 = 2,400 each; down (40, 50) 2,000 + 40*2*4 = 2,320
+    #   layer 8,368; embedding (3, 40) 120 + 3*2*4 = 144; norms (2*40 + 2*4) + 40 = 128 float32
+    #   = 512 bytes; weights 9,024; KV 1 * 2 * 1 * 1 * 4 = 8 float32 = 32 bytes; total 9,056.
+    f = rc.residentk_footprint(40, 2, 1, 4, 50, 1, 3, 1, format="int8")
+    assert f["status"] == 600 and (f["weight_bytes"], f["total_bytes"]) == (9_024, 9_056)
+    # Untied: a second (3, 40) matrix.
+    f = rc.residentk_footprint(40, 2, 1, 4, 50, 1, 3, 1, tied=False, format="int8")
+    assert (f["weight_bytes"], f["total_bytes"]) == (9_168, 9_200)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape,ctx,tied,tp", [
+    (QWEN3_06B, 512, True, 1), (QWEN3_06B, 3000, True, 2), (QWEN3_06B, 65536, False, 8),
+    (Q8_UNTIED, 4096, False, 1), (Q8_UNTIED, 8192, False, 2), (Q8_UNTIED, 1, False, 4),
+    (RAGGED, 1, True, 1), (RAGGED, 777, False, 1), (RAGGED, 65536, True, 5),
+])
+def test_footprint_bytes_match_reference(shape, ctx, tied, tp, fmt):
+    f = rc.residentk_footprint(*shape, ctx, tied=tied, tp=tp, format=fmt)
+    assert f["status"] == 600
+    assert (f["weight_bytes"], f["total_bytes"]) == _bytes_reference(*shape, ctx, tied, tp, fmt)
+    # The float32 element counts are the format-free ones.
+    g = rc.residentk_footprint(*shape, ctx, tied=tied, tp=tp)
+    assert {k: f[k] for k in g if not k.endswith("_bytes")} == {k: g[k] for k in g
+                                                               if not k.endswith("_bytes")}
+
+
+def test_footprint_bytes_ragged_rows_pay_the_partial_block():
+    # RAGGED at int8: every matrix pays ceil(cols / 32) scales a row, not cols / 32 (floor would
+    # drop a block from every row; exact division would not be an integer).
+    d, hq, hkv, dh, ff, n_layers, vocab = RAGGED
+    f = rc.residentk_footprint(*RAGGED, 1, format="int8")
+    floor_blocks = (n_layers * ((hq * dh + 2 * hkv * dh + 2 * ff) * (d // 32) + d * (hq * dh // 32)
+                                + d * (ff // 32)) + vocab * (d // 32))
+    ceil_blocks = (n_layers * ((hq * dh + 2 * hkv * dh + 2 * ff) * 32 + d * 2 + d * 86)
+                   + vocab * 32)   # ceil(1000/32) = 32, ceil(40/32) = 2, ceil(2730/32) = 86
+    elems = f["weights"] - f["norms"]
+    assert f["weight_bytes"] == elems + 4 * ceil_blocks + 4 * f["norms"]
+    assert f["weight_bytes"] > elems + 4 * floor_blocks + 4 * f["norms"]
+    # At tp=5 the down projection's rows are 546 long: ceil(546/32) = 18 blocks, not 17.
+    g = rc.residentk_footprint(*RAGGED, 1, tp=5, format="int8")
+    assert g["weight_bytes"] == _bytes_reference(*RAGGED, 1, tp=5, fmt="int8")[0]
+    assert rc.residentk_matrix_bytes(d, ff // 5, "int8") == d * 546 + 4 * d * 18
+
+
+def test_footprint_f32_bytes_are_four_times_the_elements():
+    for shape, tied in [(QWEN3_06B, True), (QWEN3_06B, False), (Q8_UNTIED, False), (RAGGED, True)]:
+        for ctx in (1, 512, 3000, 65536):
+            for tp in (1, 2, 4, 5):
+                f = rc.residentk_footprint(*shape, ctx, tied=tied, tp=tp)
+                if f["status"] != 600:
+                    assert tp > 1 and f["weight_bytes"] == f["total_bytes"] == 0
+                    continue
+                assert f["weight_bytes"] == 4 * f["weights"] and f["total_bytes"] == 4 * f["total"]
+    assert rc.residentk_footprint(*QWEN3_06B)["total_bytes"] == 4 * rc.residentk_weight_elems(*QWEN3_06B)
+
+
+def test_footprint_bytes_zero_when_refused():
+    for fmt in FORMATS:
+        for args, kw in [((1024, 5, 2, 128, 3072, 28, 151936), {}), (QWEN3_06B + (0,), {}),
+                         (QWEN3_06B + (70000,), {}), (QWEN3_06B, {"tp": 3})]:
+            f = rc.residentk_footprint(*args, **kw, format=fmt)
+            assert f["status"] != 600 and f["weight_bytes"] == f["total_bytes"] == 0
+
+
+def test_footprint_bytes_shrink_with_the_format():
+    for shape, tp in [(QWEN3_06B, 1), (Q8_UNTIED, 2), (RAGGED, 5)]:
+        b = {fmt: rc.residentk_footprint(*shape, 4096, tp=tp, format=fmt) for fmt in FORMATS}
+        assert b["bf16"]["total_bytes"] == b["f16"]["total_bytes"]
+        assert b["f32"]["weight_bytes"] > b["bf16"]["weight_bytes"] > b["int8"]["weight_bytes"]
+        # bf16 halves every matrix exactly; the float32 norms do not shrink.
+        norms = 4 * b["f32"]["norms"]
+        assert b["f32"]["weight_bytes"] - norms == 2 * (b["bf16"]["weight_bytes"] - norms)
+
+
+def test_max_ctx_fitting_grows_as_the_format_shrinks():
+    per_pos = 28 * 2 * 8 * 128 * 4
+
+    def largest(fmt, budget, shape=QWEN3_06B, tied=True, tp=1):  # by the reference, bucket by bucket
+        fits = [c for c in (2**k for k in range(9, 17))
+                if _bytes_reference(*shape, c, tied, tp, fmt)[1] <= budget]
+        return max(fits, default=0)
+
+    # 2.5 GiB: after the weights, f32 leaves room for 1,308 positions, bf16 6,505, int8 8,778.
+    budget = 5 * 2**29
+    got = {fmt: rc.residentk_max_ctx_fitting(*QWEN3_06B, budget, format=fmt) for fmt in FORMATS}
+    assert got == {fmt: largest(fmt, budget) for fmt in FORMATS}
+    assert got == {"f32": 1024, "bf16": 4096, "f16": 4096, "int8": 8192}
+    # Exactly the int8 footprint at 512 positions: int8 fits, f32 does not; one byte less, none.
+    int8_512 = 788_185_088
+    assert rc.residentk_max_ctx_fitting(*QWEN3_06B, int8_512, format="int8") == 512
+    assert rc.residentk_max_ctx_fitting(*QWEN3_06B, int8_512 - 1, format="int8") == 0
+    assert rc.residentk_max_ctx_fitting(*QWEN3_06B, int8_512) == 0
+    assert rc.residentk_max_ctx_fitting(*QWEN3_06B, int8_512 + 512 * per_pos, format="int8") == 1024
+    # f32 keeps its old answer: 4 bytes an element, the seed's numbers.
+    assert rc.residentk_max_ctx_fitting(*QWEN3_06B, 625_410_048 * 4, format="f32") == 512
+    # Untied, split over GPUs, ragged rows.
+    for shape, tied, tp, budget in [(Q8_UNTIED, False, 1, 24 * 2**30), (Q8_UNTIED, False, 2, 10**10),
+                                    (RAGGED, True, 5, 10**8)]:
+        caps = [rc.residentk_max_ctx_fitting(*shape, budget, tied=tied, tp=tp, format=fmt)
+                for fmt in ("f32", "bf16", "int8")]
+        assert caps == [largest(fmt, budget, shape, tied, tp) for fmt in ("f32", "bf16", "int8")]
+        assert caps[0] <= caps[1] <= caps[2] and caps[0] < caps[2]
+
+
+@pytest.mark.parametrize("bad", ["fp8", "", "int4", "float32", "f32 ", "bfloat16", "q8_0"])
+def test_unknown_format_name_is_refused(bad):
+    calls = [lambda: rc.residentk_matrix_bytes(4, 4, bad),
+             lambda: rc.residentk_footprint(*QWEN3_06B, format=bad),
+             lambda: rc.residentk_max_ctx_fitting(*QWEN3_06B, 2**33, format=bad),
+             # the name is refused before any number is looked at
+             lambda: rc.residentk_matrix_bytes(0, -1, bad),
+             lambda: rc.residentk_footprint(0, 0, 0, 0, 0, 0, 0, format=bad)]
+    for call in calls:
+        with pytest.raises(algenta.ResidentError) as e:
+            call()
+        assert isinstance(e.value, ValueError) and e.value.status == 601
+        assert all(f"'{f}'" in str(e.value) for f in FORMATS) and repr(bad) in str(e.value)
+
+
+@pytest.mark.parametrize("bad", [None, 4, b"f32", ["f32"], 32.0])
+def test_format_of_the_wrong_type_is_a_type_error(bad):
+    with pytest.raises(TypeError):
+        rc.residentk_matrix_bytes(4, 4, bad)
+    with pytest.raises(TypeError):
+        rc.residentk_footprint(*QWEN3_06B, format=bad)
+    with pytest.raises(TypeError):
+        rc.residentk_max_ctx_fitting(*QWEN3_06B, 2**33, format=bad)
+
+
+def test_runtime_dispatches_matrix_bytes():
+    rt = algenta.MojoRuntime(mode="local")
+    assert rt.execute("residentk.contract", "residentk_matrix_bytes", [3, 33, "int8"]) == {
+        "result": 123, "status": 600}
+    out = rt.execute("residentk.contract", "residentk_matrix_bytes", [3, 33, "fp8"])
+    assert out["status"] == 601 and "'int8'" in out["error"] and out["result"] is None
+
+
 def test_scalars_ok():
     assert rc.residentk_scalars_ok(1e-6, 1 / math.sqrt(128))
     assert rc.residentk_scalars_ok(1, 1)
@@ -353,3 +576,29 @@ def test_context_check_matches_exact_arithmetic(n_prompt, n_new, max_ctx):
     else:
         want = 606 if p + n > c else 600
     assert rc.residentk_context_check(n_prompt, n_new, max_ctx) == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(d=_dim, kv=st.integers(0, 4), group=st.integers(0, 3), dh=st.sampled_from([1, 2, 4, 8, 64, 128]),
+       ff=_dim, n_layers=st.integers(1, 1100), vocab=st.integers(1, 5_000_000),
+       ctx=st.integers(-2, 70000), tied=st.booleans(), tp=st.sampled_from([1, 2, 3, 4]),
+       fmt=st.sampled_from(FORMATS))
+def test_footprint_bytes_are_reference_or_zero(d, kv, group, dh, ff, n_layers, vocab, ctx, tied,
+                                               tp, fmt):
+    hkv = 2**kv
+    hq = hkv * 2**group
+    f = rc.residentk_footprint(d, hq, hkv, dh, ff, n_layers, vocab, ctx, tied=tied, tp=tp,
+                               format=fmt)
+    ok = (rc.residentk_shape_check(d, hq, hkv, dh, ff, n_layers, vocab) == 600
+          and 1 <= ctx <= 65536 and hq % tp == hkv % tp == ff % tp == 0)
+    want = _bytes_reference(d, hq, hkv, dh, ff, n_layers, vocab, ctx, tied, tp, fmt) if ok else (0, 0)
+    assert (f["weight_bytes"], f["total_bytes"]) == want
+    assert f["status"] == 600 or not ok
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=_any_int, cols=_any_int, fmt=st.sampled_from(FORMATS))
+def test_matrix_bytes_any_integer_is_exact_or_zero(rows, cols, fmt):
+    r, c = min(max(rows, -(2**63)), 2**63 - 1), min(max(cols, -(2**63)), 2**63 - 1)
+    want = _matrix_bytes_ref(r, c, fmt) if r >= 1 and c >= 1 else 0
+    assert rc.residentk_matrix_bytes(rows, cols, fmt) == (want if want < 2**63 else 0)

@@ -1,13 +1,36 @@
 // pybind11 bindings of the residentk contract and probe: conversion only. Every number comes
-// from cpp/src/residentk_contract.cpp; the checks return codes, so nothing here refuses.
+// from cpp/src/residentk_contract.cpp; the checks return codes, so the one refusal here is a
+// weight-format name that names no format (a string, not a number).
 #include <pybind11/pybind11.h>
 
+#include <iterator>
 #include <string>
 
 #include "algenta/residentk.hpp"
+#include "algenta/status_error.hpp"
 
 namespace py = pybind11;
 using namespace algenta::residentk;
+
+namespace {
+
+constexpr WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16,
+                                     WeightFormat::Int8};
+
+// "f32" | "bf16" | "f16" | "int8" -> WeightFormat; anything else is a refused caller input
+// (ResidentError, a ValueError, status 601 as for the session's unknown device name), naming the
+// four the core knows.
+WeightFormat weight_format(const std::string& name) {
+  WeightFormat f;
+  if (residentk_parse_weight_format(name, &f)) return f;
+  std::string known;
+  for (WeightFormat g : kFormats)
+    known += std::string(known.empty() ? "'" : ", '") + residentk_weight_format_name(g) + "'";
+  throw algenta::StatusError(algenta::Family::Resident, RESIDENT_ERR_EMPTY_DIMENSION,
+                             "weight format must be one of " + known + ", got '" + name + "'");
+}
+
+}  // namespace
 
 void bind_residentk(py::module_& m) {
   py::module_ r = m.def_submodule("residentk", "residentk contract and probe");
@@ -36,6 +59,11 @@ void bind_residentk(py::module_& m) {
   r.attr("RESIDENT_SPLITK_FALLBACK_SPLITS") = RESIDENT_SPLITK_FALLBACK_SPLITS;
   r.attr("RESIDENT_SPLITK_MAX_SPLITS") = RESIDENT_SPLITK_MAX_SPLITS;
   r.attr("RESIDENT_PREFILL_NARROW_BELOW_ROWS") = RESIDENT_PREFILL_NARROW_BELOW_ROWS;
+  r.attr("RESIDENT_INT8_BLOCK") = RESIDENT_INT8_BLOCK;
+  py::tuple formats(std::size(kFormats));
+  for (std::size_t i = 0; i < std::size(kFormats); ++i)
+    formats[i] = py::str(residentk_weight_format_name(kFormats[i]));
+  r.attr("RESIDENT_WEIGHT_FORMATS") = formats;
 
   r.def("residentk_smem_tier_bytes", &residentk_smem_tier_bytes);
   r.def("residentk_status_name", [](int64_t c) { return std::string(residentk_status_name(c)); });
@@ -57,27 +85,49 @@ void bind_residentk(py::module_& m) {
   r.def("residentk_splitk_policy", &residentk_splitk_policy);
   r.def("residentk_prefill_gemm_use_narrow_tile", &residentk_prefill_gemm_use_narrow_tile);
   r.def("resident_bucket_ctx", &resident_bucket_ctx);
-  r.def("residentk_footprint", [](int64_t d, int64_t hq, int64_t hkv, int64_t dh, int64_t ff,
-                                  int64_t l, int64_t v, int64_t ctx, bool tied, int64_t tp,
-                                  bool check_tier) {
-    std::string why;
-    const ResidentFootprint f =
-        residentk_footprint(d, hq, hkv, dh, ff, l, v, ctx, tied, tp, &why, check_tier);
-    py::dict o;
-    o["status"] = f.status;
-    o["reason"] = why;
-    o["attn"] = f.attn;
-    o["mlp"] = f.mlp;
-    o["norms"] = f.norms;
-    o["embed"] = f.embed;
-    o["lm_head"] = f.lm_head;
-    o["weights"] = f.weights;
-    o["kv_cache"] = f.kv_cache;
-    o["kv_per_pos"] = f.kv_per_pos;
-    o["total"] = f.total;
-    return o;
-  });
-  r.def("residentk_max_ctx_fitting", &residentk_max_ctx_fitting);
+  r.def(
+      "residentk_matrix_bytes",
+      [](int64_t rows, int64_t cols, const std::string& format) {
+        return residentk_matrix_bytes(rows, cols, weight_format(format));
+      },
+      py::arg("rows"), py::arg("cols"), py::arg("format") = "f32");
+  r.def(
+      "residentk_footprint",
+      [](int64_t d, int64_t hq, int64_t hkv, int64_t dh, int64_t ff, int64_t l, int64_t v,
+         int64_t ctx, bool tied, int64_t tp, bool check_tier, const std::string& format) {
+        const WeightFormat fmt = weight_format(format);
+        std::string why;
+        const ResidentFootprint f =
+            residentk_footprint(d, hq, hkv, dh, ff, l, v, ctx, tied, tp, &why, check_tier, fmt);
+        py::dict o;
+        o["status"] = f.status;
+        o["reason"] = why;
+        o["attn"] = f.attn;
+        o["mlp"] = f.mlp;
+        o["norms"] = f.norms;
+        o["embed"] = f.embed;
+        o["lm_head"] = f.lm_head;
+        o["weights"] = f.weights;
+        o["kv_cache"] = f.kv_cache;
+        o["kv_per_pos"] = f.kv_per_pos;
+        o["total"] = f.total;
+        o["weight_bytes"] = f.weight_bytes;
+        o["total_bytes"] = f.total_bytes;
+        return o;
+      },
+      py::arg("d_model"), py::arg("h_q"), py::arg("h_kv"), py::arg("d_head"), py::arg("d_ff"),
+      py::arg("n_layers"), py::arg("vocab"), py::arg("max_ctx"), py::arg("tied"), py::arg("tp"),
+      py::arg("check_tier"), py::arg("format") = "f32");
+  r.def(
+      "residentk_max_ctx_fitting",
+      [](int64_t d, int64_t hq, int64_t hkv, int64_t dh, int64_t ff, int64_t l, int64_t v,
+         bool tied, int64_t tp, int64_t budget_bytes, bool check_tier, const std::string& format) {
+        return residentk_max_ctx_fitting(d, hq, hkv, dh, ff, l, v, tied, tp, budget_bytes,
+                                         check_tier, weight_format(format));
+      },
+      py::arg("d_model"), py::arg("h_q"), py::arg("h_kv"), py::arg("d_head"), py::arg("d_ff"),
+      py::arg("n_layers"), py::arg("vocab"), py::arg("tied"), py::arg("tp"),
+      py::arg("budget_bytes"), py::arg("check_tier"), py::arg("format") = "f32");
 
   r.def("resident_gpu_kernels_compiled", &resident_gpu_kernels_compiled);
   // The first device question initializes the CUDA runtime (up to seconds on a GPU host).

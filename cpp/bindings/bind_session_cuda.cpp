@@ -49,16 +49,16 @@ void bind_session_cuda(py::module_& s) {
       "cuda_session",
       [](int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
          int64_t n_layers, int64_t vocab, double rms_eps, double rope_theta, bool tied,
-         int64_t max_ctx) {
+         int64_t max_ctx, const std::string& weights) {
         const SessionConfig c =
             algenta::residentk::session_config(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab,
-                                              rms_eps, rope_theta, tied);
+                                              rms_eps, rope_theta, tied, weights);
         py::gil_scoped_release nogil;
         return algenta::residentk::make_cuda_session(c, max_ctx);
       },
       py::arg("d_model"), py::arg("h_q"), py::arg("h_kv"), py::arg("d_head"), py::arg("d_ff"),
       py::arg("n_layers"), py::arg("vocab"), py::arg("rms_eps"), py::arg("rope_theta"),
-      py::arg("tie_word_embeddings"), py::arg("max_ctx"),
+      py::arg("tie_word_embeddings"), py::arg("max_ctx"), py::arg("weights") = "f32",
       "A float32 CUDA session (604 without a CUDA backend, 605 without a usable device).");
 
   s.def("cuda_emulator_fail_after", &algenta::residentk::cuda_emulator_fail_after, py::arg("n"),

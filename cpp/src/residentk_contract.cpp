@@ -153,10 +153,46 @@ int64_t residentk_dispatch_budget_deep(int64_t n_layers) {
   return 1 + n_layers * 7 + 2;
 }
 
+const char* residentk_weight_format_name(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::F32: return "f32";
+    case WeightFormat::BF16: return "bf16";
+    case WeightFormat::F16: return "f16";
+    case WeightFormat::Int8: return "int8";
+  }
+  return "?";
+}
+
+bool residentk_parse_weight_format(const std::string& name, WeightFormat* out) {
+  for (WeightFormat f : {WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16,
+                         WeightFormat::Int8})
+    if (name == residentk_weight_format_name(f)) {
+      *out = f;
+      return true;
+    }
+  return false;
+}
+
+int64_t residentk_matrix_bytes(int64_t rows, int64_t cols, WeightFormat f) {
+  if (rows < 1 || cols < 1) return 0;
+  int64_t n = 0, t = 0;
+  if (!mul(rows, cols, &n)) return 0;
+  switch (f) {
+    case WeightFormat::F32: return mul(n, 4, &t) ? t : 0;
+    case WeightFormat::BF16:
+    case WeightFormat::F16: return mul(n, 2, &t) ? t : 0;
+    case WeightFormat::Int8: {
+      const int64_t blocks = cols / RESIDENT_INT8_BLOCK + (cols % RESIDENT_INT8_BLOCK != 0);
+      return mul(rows, blocks, &t) && mul(t, 4, &t) && add(n, t, &t) ? t : 0;
+    }
+  }
+  return 0;
+}
+
 ResidentFootprint residentk_footprint(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
                                       int64_t d_ff, int64_t n_layers, int64_t vocab,
                                       int64_t max_ctx, bool tied, int64_t tp, std::string* why,
-                                      bool check_tier) {
+                                      bool check_tier, WeightFormat format) {
   ResidentFootprint f;
   f.status = shape_check7(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, why, check_tier);
   if (f.status != RESIDENT_OK) return f;
@@ -186,6 +222,13 @@ ResidentFootprint residentk_footprint(int64_t d_model, int64_t h_q, int64_t h_kv
        add(t, f.lm_head, &f.weights);
   ok = ok && mul(n_layers, 2, &t) && mul(t, hkv, &t) && mul(t, d_head, &f.kv_per_pos) &&
        mul(f.kv_per_pos, max_ctx, &f.kv_cache) && add(f.weights, f.kv_cache, &f.total);
+  // Bytes, matrix by matrix (int8's scales depend on each matrix's row length).
+  const auto mb = [&](int64_t rows, int64_t cols) { return residentk_matrix_bytes(rows, cols, format); };
+  const int64_t layer_bytes = mb(hq * d_head, d_model) + 2 * mb(hkv * d_head, d_model) +
+                              mb(d_model, hq * d_head) + 2 * mb(ff, d_model) + mb(d_model, ff);
+  ok = ok && mul(n_layers, layer_bytes, &t) && add(t, mb(vocab, d_model) * (tied ? 1 : 2), &t) &&
+       mul(f.norms, 4, &per_layer) && add(t, per_layer, &f.weight_bytes) &&
+       mul(f.kv_cache, 4, &t) && add(f.weight_bytes, t, &f.total_bytes);
   if (!ok) {  // unreachable within the ceilings; refuse rather than report a wrapped size
     f = ResidentFootprint();
     f.status = RESIDENT_ERR_DIMENSION_TOO_LARGE;
@@ -204,14 +247,15 @@ int64_t residentk_weight_elems(int64_t d_model, int64_t h_q, int64_t h_kv, int64
 
 int64_t residentk_max_ctx_fitting(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
                                   int64_t d_ff, int64_t n_layers, int64_t vocab, bool tied,
-                                  int64_t tp, int64_t budget_bytes, bool check_tier) {
+                                  int64_t tp, int64_t budget_bytes, bool check_tier,
+                                  WeightFormat format) {
   if (budget_bytes < 1) return 0;
-  const int64_t budget_elems = budget_bytes / 4;
   for (int64_t cap = RESIDENT_MAX_CONTEXT; cap >= RESIDENT_DEFAULT_CONTEXT; cap /= 2) {
     const ResidentFootprint f = residentk_footprint(d_model, h_q, h_kv, d_head, d_ff, n_layers,
-                                                    vocab, cap, tied, tp, nullptr, check_tier);
+                                                    vocab, cap, tied, tp, nullptr, check_tier,
+                                                    format);
     if (f.status != RESIDENT_OK) return 0;
-    if (f.total <= budget_elems) return cap;
+    if (f.total_bytes <= budget_bytes) return cap;
   }
   return 0;
 }

@@ -1,4 +1,6 @@
-// The CPU resident decode engine: Qwen3 in float32, OpenMP across cores, SIMD within one.
+// The CPU resident decode engine: Qwen3 with float32 activations, OpenMP across cores, SIMD
+// within one; weight matrices resident in float32, bfloat16, float16 or int8 (SessionConfig::
+// weights), widened to float32 in registers as they stream.
 //
 // Dimension legend: D d_model, Hq query heads, Hkv key/value heads, G = Hq/Hkv group size,
 // Dh d_head, Q = (Hq + 2*Hkv)*Dh fused q/k/v rows, F d_ff, L layers, V vocab, T capacity,
@@ -25,8 +27,12 @@
 // residentk_prefill_gemm_use_narrow_tile decides. Only the last row's logits are formed.
 //
 // Numerics: every output cell has one owning thread and a fixed reduction order, so logits are
-// bit-identical for every thread count. RMSNorm sums squares in double. The RoPE table is the
-// shared one (session_weights.hpp: double angles rounded once).
+// bit-identical for every thread count, in every weight format. RMSNorm sums squares in double.
+// The RoPE table is the shared one (session_weights.hpp: double angles rounded once). Narrow
+// formats: a decode matvec widens each weight vector right after its load (session_simd.inc);
+// prefill widens a tile of weight rows into float32 scratch and runs the same GEMM as float32.
+// Conversion happens once, at load: bf16 and f16 round to nearest even (a value past float16's
+// range is refused, 609); int8 stores round(w / s) per block of 32 with s = amax / 127.
 //
 // The registry, the refusals and the position are SessionBase's; this file is the compute and
 // the layout of the resident buffers (stage_weight says where each tensor's rows go).
@@ -47,10 +53,15 @@
 #include <string>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "algenta/kernels.hpp"
 #include "algenta/residentk.hpp"
 #include "algenta/session_base.hpp"
 #include "algenta/session_weights.hpp"
+#include "algenta/status_error.hpp"
 
 namespace algenta {
 namespace residentk {
@@ -63,7 +74,7 @@ namespace simd_generic {
 }  // namespace simd_generic
 #if defined(__x86_64__)
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 namespace simd_avx2 {
 #define VBYTES 32
 #include "session_simd.inc"
@@ -71,7 +82,7 @@ namespace simd_avx2 {
 }  // namespace simd_avx2
 #pragma GCC pop_options
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")
+#pragma GCC target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma,f16c")
 namespace simd_avx512 {
 #define VBYTES 64
 #include "session_simd.inc"
@@ -89,10 +100,19 @@ struct Simd {
                              float*, int64_t, bool);
   void (*axpy)(float, const float*, float*, int64_t);
   float (*sum)(const float*, int64_t);
+  float (*dot_bf16)(const uint16_t*, const float*, int64_t);
+  float (*dot_f16)(const uint16_t*, const float*, int64_t);
+  float (*dot_q8)(const int8_t*, const float*, const float*, int64_t);
+  void (*widen_bf16)(const uint16_t*, float*, int64_t);
+  void (*widen_f16)(const uint16_t*, float*, int64_t);
+  void (*widen_q8)(const int8_t*, const float*, float*, int64_t);
 };
 
-#define ALGENTA_SIMD_TABLE(ns) \
-  Simd { ns::dot, ns::matvec_rows, ns::matmat_rows_narrow, ns::axpy, ns::sum }
+#define ALGENTA_SIMD_TABLE(ns)                                                           \
+  Simd {                                                                                 \
+    ns::dot, ns::matvec_rows, ns::matmat_rows_narrow, ns::axpy, ns::sum, ns::dot_bf16,   \
+        ns::dot_f16, ns::dot_q8, ns::widen_bf16, ns::widen_f16, ns::widen_q8             \
+  }
 
 // Follows the GEMM kernels' choice (host support, or ALGENTA_ISA), so one variable pins both.
 const Simd& simd() {
@@ -107,28 +127,137 @@ const Simd& simd() {
   return table;
 }
 
-// 64-byte aligned float buffer: weight rows of a multiple-of-16 length then never straddle a
-// cache line at their start, and SIMD loads of them never split.
-struct Buf {
-  float* p = nullptr;
+// 64-byte aligned buffer of n T: weight rows of a multiple-of-64-byte length then never
+// straddle a cache line at their start, and SIMD loads of them never split.
+template <class T>
+struct ABuf {
+  T* p = nullptr;
   int64_t n = 0;
-  Buf() = default;
-  explicit Buf(int64_t count) : n(count) {
-    const size_t bytes = ((size_t(count) * sizeof(float)) + 63) / 64 * 64;
-    p = static_cast<float*>(std::aligned_alloc(64, bytes ? bytes : 64));
+  ABuf() = default;
+  explicit ABuf(int64_t count) : n(count) {
+    const size_t bytes = ((size_t(count) * sizeof(T)) + 63) / 64 * 64;
+    p = static_cast<T*>(std::aligned_alloc(64, bytes ? bytes : 64));
     if (!p) throw std::bad_alloc();
     std::memset(p, 0, bytes);
   }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-  Buf(Buf&& o) noexcept : p(o.p), n(o.n) { o.p = nullptr; o.n = 0; }
-  Buf& operator=(Buf&& o) noexcept {
+  ABuf(const ABuf&) = delete;
+  ABuf& operator=(const ABuf&) = delete;
+  ABuf(ABuf&& o) noexcept : p(o.p), n(o.n) { o.p = nullptr; o.n = 0; }
+  ABuf& operator=(ABuf&& o) noexcept {
     std::swap(p, o.p);
     std::swap(n, o.n);
     return *this;
   }
-  ~Buf() { std::free(p); }
+  ~ABuf() { std::free(p); }
 };
+using Buf = ABuf<float>;
+
+// One resident weight matrix (rows, cols) in the session's format: float32, bf16/f16 bit
+// patterns, or int8 values with one float32 scale per block of RESIDENT_INT8_BLOCK in each row.
+struct WMat {
+  WeightFormat f = WeightFormat::F32;
+  int64_t rows = 0, cols = 0, blocks = 0;  // blocks: int8 scale blocks per row
+  Buf w32;
+  ABuf<uint16_t> w16;
+  ABuf<int8_t> w8;
+  Buf scales;  // (rows, blocks)
+  WMat() = default;
+  WMat(WeightFormat fmt, int64_t r, int64_t c) : f(fmt), rows(r), cols(c) {
+    switch (f) {
+      case WeightFormat::F32: w32 = Buf(r * c); break;
+      case WeightFormat::BF16:
+      case WeightFormat::F16: w16 = ABuf<uint16_t>(r * c); break;
+      case WeightFormat::Int8:
+        blocks = (c + RESIDENT_INT8_BLOCK - 1) / RESIDENT_INT8_BLOCK;
+        w8 = ABuf<int8_t>(r * c);
+        scales = Buf(r * blocks);
+        break;
+    }
+  }
+  // row o . x (cols)
+  float dot(const Simd& S, int64_t o, const float* x) const {
+    switch (f) {
+      case WeightFormat::F32: return S.dot(w32.p + o * cols, x, cols);
+      case WeightFormat::BF16: return S.dot_bf16(w16.p + o * cols, x, cols);
+      case WeightFormat::F16: return S.dot_f16(w16.p + o * cols, x, cols);
+      case WeightFormat::Int8: return S.dot_q8(w8.p + o * cols, scales.p + o * blocks, x, cols);
+    }
+    return 0.f;
+  }
+  // row o widened to float32 in d (cols)
+  void widen(const Simd& S, int64_t o, float* d) const {
+    switch (f) {
+      case WeightFormat::F32: std::memcpy(d, w32.p + o * cols, size_t(cols) * sizeof(float)); break;
+      case WeightFormat::BF16: S.widen_bf16(w16.p + o * cols, d, cols); break;
+      case WeightFormat::F16: S.widen_f16(w16.p + o * cols, d, cols); break;
+      case WeightFormat::Int8: S.widen_q8(w8.p + o * cols, scales.p + o * blocks, d, cols); break;
+    }
+  }
+  // y[o] (+)= row o . x for o in [r0, r1)
+  void matvec(const Simd& S, const float* x, int64_t r0, int64_t r1, float* y,
+              bool accumulate) const {
+    if (f == WeightFormat::F32) return S.matvec_rows(w32.p, x, cols, r0, r1, y, accumulate);
+    for (int64_t o = r0; o < r1; ++o) {
+      const float d = dot(S, o, x);
+      y[o] = accumulate ? y[o] + d : d;
+    }
+  }
+};
+
+uint16_t narrow_bf16(float x) {  // round to nearest even; x finite
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+uint16_t narrow_f16(float x) {  // round to nearest even (the compiler's conversion)
+  const _Float16 h = static_cast<_Float16>(x);
+  uint16_t u;
+  std::memcpy(&u, &h, 2);
+  return u;
+}
+
+// float32 rows (n, cols) -> rows [row0, row0 + n) of m, in m's format. Returns the flat index
+// (within src) of the first value the format cannot hold (it would round to infinity), or -1.
+int64_t store_rows(WMat& m, int64_t row0, const float* src, int64_t n) {
+  const int64_t cols = m.cols;
+  const bool half = m.f == WeightFormat::BF16 || m.f == WeightFormat::F16;
+  const uint16_t exp_mask = m.f == WeightFormat::BF16 ? 0x7f80u : 0x7c00u;
+  int overflow = 0;
+#pragma omp parallel for schedule(static) if (n * cols > (int64_t(1) << 16)) reduction(| : overflow)
+  for (int64_t r = 0; r < n; ++r) {
+    const float* x = src + r * cols;
+    const int64_t o = row0 + r;
+    if (m.f == WeightFormat::F32) {
+      std::memcpy(m.w32.p + o * cols, x, size_t(cols) * sizeof(float));
+    } else if (half) {
+      uint16_t* d = m.w16.p + o * cols;
+      for (int64_t i = 0; i < cols; ++i) {
+        d[i] = m.f == WeightFormat::BF16 ? narrow_bf16(x[i]) : narrow_f16(x[i]);
+        overflow |= (d[i] & exp_mask) == exp_mask;
+      }
+    } else {
+      int8_t* d = m.w8.p + o * cols;
+      float* sc = m.scales.p + o * m.blocks;
+      for (int64_t b = 0; b < m.blocks; ++b) {
+        const int64_t i0 = b * RESIDENT_INT8_BLOCK, i1 = std::min(cols, i0 + RESIDENT_INT8_BLOCK);
+        float amax = 0.f;
+        for (int64_t i = i0; i < i1; ++i) amax = std::max(amax, std::fabs(x[i]));
+        const float s = amax / 127.f;
+        sc[b] = s;
+        for (int64_t i = i0; i < i1; ++i) {
+          const float q = s > 0.f ? std::nearbyint(x[i] / s) : 0.f;  // |q| <= 127 by amax
+          d[i] = int8_t(std::min(127.f, std::max(-127.f, q)));
+        }
+      }
+    }
+  }
+  if (!overflow) return -1;
+  for (int64_t i = 0; i < n * cols; ++i)  // rare: name the first offender
+    if ((m.w16.p[row0 * cols + i] & exp_mask) == exp_mask) return i;
+  return -1;
+}
 
 // [r0, r1) of `rows` for thread t of nt, contiguous.
 inline void split(int64_t rows, int t, int nt, int64_t& r0, int64_t& r1) {
@@ -161,17 +290,22 @@ inline void rmsnorm(const float* x, const float* w, int64_t n, double eps, float
 inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
 
 struct Layer {
-  Buf in_norm;    // (D)
-  Buf wqkv;       // (Q, D): q_proj rows, then k_proj, then v_proj
-  Buf q_norm;     // (Dh)
-  Buf k_norm;     // (Dh)
-  Buf wo;         // (D, Hq*Dh)
-  Buf post_norm;  // (D)
-  Buf wg, wu;     // (F, D)
-  Buf wd;         // (D, F)
+  Buf in_norm;     // (D)
+  WMat wqkv;       // (Q, D): q_proj rows, then k_proj, then v_proj
+  Buf q_norm;      // (Dh)
+  Buf k_norm;      // (Dh)
+  WMat wo;         // (D, Hq*Dh)
+  Buf post_norm;   // (D)
+  WMat wg, wu;     // (F, D)
+  WMat wd;         // (D, F)
 };
 
 constexpr int64_t PREFILL_BLOCK = 256;
+// float32 elements of the staging buffer a narrow-format tensor is converted through at load
+// (at least one row); and the weight rows a prefill task widens into float32 at once.
+constexpr int64_t STAGE_ELEMS = int64_t(1) << 20;
+constexpr int64_t WIDEN_ROWS = 64;
+constexpr int64_t TILE_ROWS = 8;  // the narrow tile's widened rows per pass (<= WIDEN_ROWS)
 // 256 KiB of float32: what one core streams in the few microseconds a fork/join costs.
 constexpr int64_t PARALLEL_MIN_FLOATS = int64_t(1) << 16;
 
@@ -180,21 +314,27 @@ class CpuSession final : public SessionBase {
   CpuSession(const SessionConfig& c, int64_t max_ctx) : SessionBase(c, max_ctx) {
     nt_ = std::max(1, omp_get_max_threads());
     const int64_t D = c.d_model, Dh = c.d_head, F = c.d_ff;
+    const WeightFormat wf = c.weights;
     q_rows_ = (c.h_q + 2 * c.h_kv) * Dh;
-    embed_ = Buf(c.vocab * D);
-    if (!c.tie_word_embeddings) head_ = Buf(c.vocab * D);
+    embed_ = WMat(wf, c.vocab, D);
+    if (!c.tie_word_embeddings) head_ = WMat(wf, c.vocab, D);
     final_norm_ = Buf(D);
     layers_.resize(size_t(c.n_layers));
     for (Layer& l : layers_) {
       l.in_norm = Buf(D);
-      l.wqkv = Buf(q_rows_ * D);
+      l.wqkv = WMat(wf, q_rows_, D);
       l.q_norm = Buf(Dh);
       l.k_norm = Buf(Dh);
-      l.wo = Buf(D * c.h_q * Dh);
+      l.wo = WMat(wf, D, c.h_q * Dh);
       l.post_norm = Buf(D);
-      l.wg = Buf(F * D);
-      l.wu = Buf(F * D);
-      l.wd = Buf(D * F);
+      l.wg = WMat(wf, F, D);
+      l.wu = WMat(wf, F, D);
+      l.wd = WMat(wf, D, F);
+    }
+    const int64_t widest = std::max({D, F, c.h_q * Dh});
+    if (wf != WeightFormat::F32) {
+      staging_ = Buf(std::max(STAGE_ELEMS, widest));
+      wtile_ = Buf(int64_t(nt_) * WIDEN_ROWS * widest);  // prefill's widened weight rows
     }
     // One allocation for the whole cache: layer l's K at kv_ + l*2*S, its V at + S, each laid
     // out (Hkv, T, Dh) so one head's keys stream contiguously.
@@ -219,12 +359,30 @@ class CpuSession final : public SessionBase {
   const char* device() const override { return "cpu"; }
 
  protected:
-  // A tensor's rows go straight into their resident buffer: no staging, one run.
+  // Norms and float32 matrices: rows go straight into their resident buffer, one run. Narrow
+  // formats: rows are staged as float32 a bounded run at a time and converted into place.
   float* stage_weight(const TensorSpec& t, int64_t r0, int64_t) override {
-    return dest(t) + r0 * t.cols();
+    if (float* v = vec_dest(t)) return v;
+    const MatDest d = mat_dest(t);
+    if (d.m->f == WeightFormat::F32) return d.m->w32.p + (d.row0 + r0) * t.cols();
+    return staging_.p;
   }
-  void commit_weight(const TensorSpec&, int64_t, int64_t) override {}
-  int64_t weight_chunk_elems() const override { return std::numeric_limits<int64_t>::max(); }
+  void commit_weight(const TensorSpec& t, int64_t r0, int64_t r1) override {
+    if (vec_dest(t)) return;
+    const MatDest d = mat_dest(t);
+    if (d.m->f == WeightFormat::F32) return;
+    const int64_t bad = store_rows(*d.m, d.row0 + r0, staging_.p, r1 - r0);
+    if (bad >= 0)
+      throw StatusError(Family::Resident, RESIDENT_ERR_NON_FINITE,
+                        "weight '" + t.name + "' holds " + std::to_string(staging_.p[bad]) +
+                            " at index " + std::to_string(r0 * t.cols() + bad) + ", past " +
+                            residentk_weight_format_name(d.m->f) +
+                            "'s range (float16 holds |x| <= 65504): load it with weights='bf16' "
+                            "or 'f32'");
+  }
+  int64_t weight_chunk_elems() const override {
+    return c_.weights == WeightFormat::F32 ? std::numeric_limits<int64_t>::max() : STAGE_ELEMS;
+  }
 
   void run_prefill(const int64_t* ids, int64_t n, float* logits) override {
     for (int64_t b = 0; b < n; b += PREFILL_BLOCK) {
@@ -264,30 +422,42 @@ class CpuSession final : public SessionBase {
   }
 
  private:
-  // The resident buffer a table entry lives in (q, k and v share the fused wqkv rows).
-  float* dest(const TensorSpec& t) {
-    const int64_t D = c_.d_model, Dh = c_.d_head;
+  // The float32 buffer a norm's weight lives in; null for a matrix.
+  float* vec_dest(const TensorSpec& t) {
     Layer* l = t.layer >= 0 ? &layers_[size_t(t.layer)] : nullptr;
     switch (t.field) {
-      case Field::Embed: return embed_.p;
-      case Field::LmHead: return head_.p;
       case Field::FinalNorm: return final_norm_.p;
       case Field::InNorm: return l->in_norm.p;
-      case Field::QProj: return l->wqkv.p;
-      case Field::KProj: return l->wqkv.p + c_.h_q * Dh * D;
-      case Field::VProj: return l->wqkv.p + (c_.h_q + c_.h_kv) * Dh * D;
       case Field::QNorm: return l->q_norm.p;
       case Field::KNorm: return l->k_norm.p;
-      case Field::OProj: return l->wo.p;
       case Field::PostNorm: return l->post_norm.p;
-      case Field::Gate: return l->wg.p;
-      case Field::Up: return l->wu.p;
-      case Field::Down: return l->wd.p;
+      default: return nullptr;
     }
-    return nullptr;
+  }
+  // The matrix a table entry's rows land in and its first row there (q, k and v share the
+  // fused wqkv rows).
+  struct MatDest {
+    WMat* m;
+    int64_t row0;
+  };
+  MatDest mat_dest(const TensorSpec& t) {
+    const int64_t Dh = c_.d_head;
+    Layer* l = t.layer >= 0 ? &layers_[size_t(t.layer)] : nullptr;
+    switch (t.field) {
+      case Field::Embed: return {&embed_, 0};
+      case Field::LmHead: return {&head_, 0};
+      case Field::QProj: return {&l->wqkv, 0};
+      case Field::KProj: return {&l->wqkv, c_.h_q * Dh};
+      case Field::VProj: return {&l->wqkv, (c_.h_q + c_.h_kv) * Dh};
+      case Field::OProj: return {&l->wo, 0};
+      case Field::Gate: return {&l->wg, 0};
+      case Field::Up: return {&l->wu, 0};
+      case Field::Down: return {&l->wd, 0};
+      default: return {nullptr, 0};
+    }
   }
 
-  const float* head() const { return c_.tie_word_embeddings ? embed_.p : head_.p; }
+  const WMat& head() const { return c_.tie_word_embeddings ? embed_ : head_; }
   // Layer l's K (Hkv, T, Dh) and V (Hkv, T, Dh).
   float* kcache(int64_t l) const { return kv_.p + l * 2 * c_.h_kv * cap_ * c_.d_head; }
   float* vcache(int64_t l) const { return kcache(l) + c_.h_kv * cap_ * c_.d_head; }
@@ -354,12 +524,7 @@ class CpuSession final : public SessionBase {
     const int64_t G = Hq / Hkv, HD = Hq * Dh, p = pos_;
     int64_t stages = 0;
 
-#pragma omp parallel num_threads(team(D))
-    {
-      int64_t r0, r1;
-      split(D, omp_get_thread_num(), omp_get_num_threads(), r0, r1);
-      std::memcpy(x_.p + r0, embed_.p + id * D + r0, size_t(r1 - r0) * sizeof(float));
-    }
+    embed_.widen(S, id, x_.p);  // one row: D values, no team
     ++stages;
 
     for (int64_t li = 0; li < c_.n_layers; ++li) {
@@ -372,7 +537,7 @@ class CpuSession final : public SessionBase {
         float* xn = scratch_.p + int64_t(t) * std::max(D, F);
         rmsnorm(x_.p, L.in_norm.p, D, c_.rms_eps, xn);
         rows_dynamic(q_rows_, [&](int64_t r0, int64_t r1) {
-          S.matvec_rows(L.wqkv.p, xn, D, r0, r1, qkv_.p, false);
+          L.wqkv.matvec(S, xn, r0, r1, qkv_.p, false);
         });
       }
       ++stages;
@@ -391,7 +556,7 @@ class CpuSession final : public SessionBase {
 #pragma omp parallel num_threads(team(D * HD))
       {
         rows_dynamic(D, [&](int64_t r0, int64_t r1) {
-          S.matvec_rows(L.wo.p, attn_.p, HD, r0, r1, x_.p, true);
+          L.wo.matvec(S, attn_.p, r0, r1, x_.p, true);
         });
       }
       ++stages;
@@ -402,14 +567,14 @@ class CpuSession final : public SessionBase {
         rmsnorm(x_.p, L.post_norm.p, D, c_.rms_eps, xn);
         rows_dynamic(F, [&](int64_t r0, int64_t r1) {
           for (int64_t j = r0; j < r1; ++j)
-            act_.p[j] = silu(S.dot(L.wg.p + j * D, xn, D)) * S.dot(L.wu.p + j * D, xn, D);
+            act_.p[j] = silu(L.wg.dot(S, j, xn)) * L.wu.dot(S, j, xn);
         });
       }
       ++stages;
 #pragma omp parallel num_threads(team(D * F))
       {
         rows_dynamic(D, [&](int64_t r0, int64_t r1) {
-          S.matvec_rows(L.wd.p, act_.p, F, r0, r1, x_.p, true);
+          L.wd.matvec(S, act_.p, r0, r1, x_.p, true);
         });
       }
       ++stages;
@@ -430,35 +595,60 @@ class CpuSession final : public SessionBase {
 #pragma omp parallel num_threads(team(c_.vocab * D))
     {
       rows_dynamic(c_.vocab, [&](int64_t r0, int64_t r1) {
-        S.matvec_rows(head(), xf_.p, D, r0, r1, logits, false);
+        head().matvec(S, xf_.p, r0, r1, logits, false);
       });
     }
     ++stages;
     dispatches_ = stages;
   }
 
-  // Y (M, N) (+)= X (M, K) @ W^T, W (N, K) row-major: the prefill projection.
-  void project(const Simd& S, const float* X, int64_t M, int64_t K, const float* Wt, int64_t N,
-               float* Y, bool accumulate) {
+  // Y (M, N) (+)= X (M, K) @ W^T, W (N, K) row-major: the prefill projection. Narrow formats
+  // widen WIDEN_ROWS weight rows at a time into the thread's float32 tile and run the float32
+  // tile or GEMM on it: the widening is paid once per weight row, not once per token.
+  void project(const Simd& S, const float* X, int64_t M, const WMat& W, float* Y,
+               bool accumulate) {
+    const int64_t K = W.cols, N = W.rows;
+    const bool narrow_w = W.f != WeightFormat::F32;
     if (residentk_prefill_gemm_use_narrow_tile(M)) {
 #pragma omp parallel num_threads(nt_)
       {
         int64_t r0, r1;
         split(N, omp_get_thread_num(), omp_get_num_threads(), r0, r1);
-        S.matmat_rows_narrow(Wt, X, M, K, r0, r1, Y, N, accumulate);
+        if (!narrow_w) {
+          S.matmat_rows_narrow(W.w32.p, X, M, K, r0, r1, Y, N, accumulate);
+        } else {
+          // a few rows at a time: they stay in L1/L2 while every token row passes over them
+          float* tile = wtile_.p + int64_t(omp_get_thread_num()) * WIDEN_ROWS * K;
+          for (int64_t o = r0; o < r1; o += TILE_ROWS) {
+            const int64_t nr = std::min(TILE_ROWS, r1 - o);
+            for (int64_t k = 0; k < nr; ++k) W.widen(S, o + k, tile + k * K);
+            S.matmat_rows_narrow(tile, X, M, K, 0, nr, Y + o, N, accumulate);  // columns o..
+          }
+        }
       }
       return;
     }
     const auto& ops = kern::ops<float>();
     const int64_t ws_elems = ops.gemm_ws_elems();
     if (gemm_ws_.n < ws_elems * nt_) gemm_ws_ = Buf(ws_elems * nt_);
-    constexpr int64_t NB = 256;  // output columns per task: packing A costs <1% of its FLOPs
+    // output columns per task: packing A costs <1% of the FLOPs at 256, but a narrow matrix
+    // needs about four tasks a thread or one thread finishes a task behind the other (the tail
+    // of a 768-column projection on 2 threads is a third of it); a narrow format's widened
+    // tile stays within L2 at 64. Column blocking never changes a cell's bits.
+    const int64_t per_task = ((N + 4 * nt_ - 1) / (4 * nt_) + 15) / 16 * 16;
+    const int64_t NB = narrow_w ? WIDEN_ROWS : std::clamp<int64_t>(per_task, 16, 256);
     const int64_t tasks = (N + NB - 1) / NB;
 #pragma omp parallel for num_threads(nt_) schedule(dynamic)
     for (int64_t tk = 0; tk < tasks; ++tk) {
+      const int tid = omp_get_thread_num();
       const int64_t j0 = tk * NB, nb = std::min(NB, N - j0);
-      ops.gemm(M, nb, K, X, K, 1, Wt + j0 * K, 1, K, Y + j0, N, accumulate,
-               gemm_ws_.p + omp_get_thread_num() * ws_elems);
+      const float* wt = W.w32.p + j0 * K;
+      if (narrow_w) {
+        float* tile = wtile_.p + int64_t(tid) * WIDEN_ROWS * K;
+        for (int64_t o = 0; o < nb; ++o) W.widen(S, j0 + o, tile + o * K);
+        wt = tile;
+      }
+      ops.gemm(M, nb, K, X, K, 1, wt, 1, K, Y + j0, N, accumulate, gemm_ws_.p + tid * ws_elems);
     }
   }
 
@@ -468,8 +658,7 @@ class CpuSession final : public SessionBase {
     const int64_t D = c_.d_model, Dh = c_.d_head, F = c_.d_ff, Hq = c_.h_q, Hkv = c_.h_kv;
     const int64_t G = Hq / Hkv, HD = Hq * Dh;
     Buf X(M * D), Xn(M * D), QKV(M * q_rows_), A(M * HD), Gt(M * F), U(M * F);
-    for (int64_t r = 0; r < M; ++r)
-      std::memcpy(X.p + r * D, embed_.p + ids[r] * D, size_t(D) * sizeof(float));
+    for (int64_t r = 0; r < M; ++r) embed_.widen(S, ids[r], X.p + r * D);
 
     std::vector<float> spare(nt_ > Hq ? size_t(nt_) * size_t(cap_) : 0);
     for (int64_t li = 0; li < c_.n_layers; ++li) {
@@ -479,7 +668,7 @@ class CpuSession final : public SessionBase {
 #pragma omp parallel for num_threads(nt_) schedule(static)
       for (int64_t r = 0; r < M; ++r)
         rmsnorm(X.p + r * D, L.in_norm.p, D, c_.rms_eps, Xn.p + r * D);
-      project(S, Xn.p, M, D, L.wqkv.p, q_rows_, QKV.p, false);
+      project(S, Xn.p, M, L.wqkv, QKV.p, false);
       const int64_t heads = Hq + 2 * Hkv;
 #pragma omp parallel for num_threads(nt_) schedule(static)
       for (int64_t rh = 0; rh < M * heads; ++rh) {
@@ -501,22 +690,22 @@ class CpuSession final : public SessionBase {
                  p0 + r + 1, s, A.p + r * HD + h * Dh);
         }
       }
-      project(S, A.p, M, HD, L.wo.p, D, X.p, true);
+      project(S, A.p, M, L.wo, X.p, true);
 #pragma omp parallel for num_threads(nt_) schedule(static)
       for (int64_t r = 0; r < M; ++r)
         rmsnorm(X.p + r * D, L.post_norm.p, D, c_.rms_eps, Xn.p + r * D);
-      project(S, Xn.p, M, D, L.wg.p, F, Gt.p, false);
-      project(S, Xn.p, M, D, L.wu.p, F, U.p, false);
+      project(S, Xn.p, M, L.wg, Gt.p, false);
+      project(S, Xn.p, M, L.wu, U.p, false);
 #pragma omp parallel for num_threads(nt_) schedule(static)
       for (int64_t i = 0; i < M * F; ++i) Gt.p[i] = silu(Gt.p[i]) * U.p[i];
-      project(S, Gt.p, M, F, L.wd.p, D, X.p, true);
+      project(S, Gt.p, M, L.wd, X.p, true);
     }
     if (!logits) return;
     rmsnorm(X.p + (M - 1) * D, final_norm_.p, D, c_.rms_eps, xf_.p);
 #pragma omp parallel num_threads(nt_)
     {
       rows_dynamic(c_.vocab, [&](int64_t r0, int64_t r1) {
-        S.matvec_rows(head(), xf_.p, D, r0, r1, logits, false);
+        head().matvec(S, xf_.p, r0, r1, logits, false);
       });
     }
   }
@@ -527,9 +716,12 @@ class CpuSession final : public SessionBase {
   int choice_ = 1;   // 1: decode with nt_ threads, 0: with one
   double ema_[2] = {0.0, 0.0};  // smoothed seconds per decode token, team of one / of nt_
   int64_t tokens_ = 0, next_probe_ = 2, probe_every_ = 16;
-  Buf embed_, head_, final_norm_, kv_, rope_;
+  WMat embed_, head_;
+  Buf final_norm_, kv_, rope_;
   std::vector<Layer> layers_;
   Buf x_, xf_, qkv_, attn_, act_, logits_, scratch_, scores_, gemm_ws_;
+  Buf staging_;  // a narrow format's float32 rows on their way in (load)
+  Buf wtile_;    // (nt, WIDEN_ROWS, widest row) a narrow format's widened prefill weight rows
 };
 
 }  // namespace

@@ -26,9 +26,12 @@ model shape (exactly one):
                         d_model, query heads, key/value heads, head_dim, d_ff, layers, vocab
 
 sizes: --gpu-mem takes 80GiB, 81920MiB, 80G (binary), 80GB (10^9 bytes) or a bare number of GiB.
-Resident state is counted in float32 (4 bytes per element); a session allocates its KV cache at
-the bucketed capacity (the next power of two from 512 to 65,536), so that is what --gpu-mem is
-checked against.
+--weights says how the weight matrices (q, k, v, o, gate, up, down, embedding, lm_head) are held:
+f32 (4 bytes an element, the default), bf16 or f16 (2), int8 (1, plus one float32 scale per
+block of 32 along each row). The norms and the KV cache are float32 in every format; element
+counts do not change, bytes do. A session allocates its KV cache at the bucketed capacity (the
+next power of two from 512 to 65,536), so that, with the weights in the --weights format, is
+what --gpu-mem is checked against.
 
 exit status: 0 the shape is supported (and fits --gpu-mem), 1 it is refused or does not fit,
 2 bad input.
@@ -36,6 +39,7 @@ exit status: 0 the shape is supported (and fits --gpu-mem), 1 it is refused or d
 examples:
   algenta plan qwen3-0.6b
   algenta plan qwen3-8b --ctx 8192 --gpu-mem 80GiB --tp 2
+  algenta plan qwen3-8b --weights int8 --gpu-mem 24GiB
   algenta plan --config ./Qwen3-4B/config.json --train-tokens 2048 --chunk 256 --json
 """
 
@@ -129,8 +133,48 @@ def resolve_shape(args):
 
 # ---- the plan --------------------------------------------------------------------------------
 
-def plan(shape, *, ctx: int = 512, tp: int = 1, gpu_mem=None, train_tokens=None, chunk=None) -> dict:
-    """The report as one JSON-ready dict (what ``--json`` prints)."""
+_TERMS = ("attn", "mlp", "norms", "embed", "lm_head")
+
+
+def _term_bytes(fp: dict, dims, tied: bool, tp: int, fmt: str) -> dict:
+    """Bytes of each weight term of the footprint ``fp`` (per GPU at ``tp``) with the matrices in
+    ``fmt``: every matrix through :func:`residentk_matrix_bytes` (int8's scales depend on each
+    matrix's row length), the norms in float32. The table's per-term rows; the contract itself
+    reports only the sum, ``weight_bytes``, which these are checked against."""
+    from .residentk import contract as rc
+
+    if fp["status"] != rc.RESIDENT_OK:
+        return dict.fromkeys(_TERMS, 0)
+    d, hq, hkv, dh, ff, n_layers, vocab = dims
+    hq, hkv, ff = hq // tp, hkv // tp, ff // tp
+
+    def mb(rows, cols):  # a (rows, cols) weight: rows outputs, cols inputs (its row length)
+        return rc.residentk_matrix_bytes(rows, cols, fmt)
+
+    out = {"attn": n_layers * (mb(hq * dh, d) + 2 * mb(hkv * dh, d) + mb(d, hq * dh)),  # q k v o
+           "mlp": n_layers * (2 * mb(ff, d) + mb(d, ff)),                              # gate up down
+           "norms": 4 * fp["norms"],
+           "embed": mb(vocab, d),
+           "lm_head": 0 if tied else mb(vocab, d)}
+    if sum(out.values()) != fp["weight_bytes"]:  # the two descriptions of the weights disagree
+        raise RuntimeError(f"per-term weight bytes {sum(out.values()):,} != the contract's "
+                           f"weight_bytes {fp['weight_bytes']:,} ({fmt})")
+    return out
+
+
+def _bytes(at_ctx: dict, at_bucket: dict, terms: dict) -> dict:
+    """The ``bytes`` object of the report: sizes with the weights in the report's format."""
+    return {"weight_terms": terms, "weights": at_ctx["weight_bytes"],
+            "kv_cache": 4 * at_ctx["kv_cache"], "total": at_ctx["total_bytes"],
+            "kv_cache_bucket": 4 * at_bucket["kv_cache"], "total_bucket": at_bucket["total_bytes"]}
+
+
+def plan(shape, *, ctx: int = 512, tp: int = 1, gpu_mem=None, train_tokens=None, chunk=None,
+         weights: str = "f32") -> dict:
+    """The report as one JSON-ready dict (what ``--json`` prints). ``weights`` is the weight
+    format (``f32``, ``bf16``, ``f16``, ``int8``): it changes the ``bytes`` object, the ``tp``
+    share's ``bytes`` and the ``gpu`` answers; every ``*_elems`` key and ``resident_bytes`` /
+    ``resident_bucket_bytes`` (float32 bytes) mean the same in every format."""
     from .lossk import contract as lc
     from .lossk import cross_entropy as lce
     from .residentk import contract as rc
@@ -143,12 +187,13 @@ def plan(shape, *, ctx: int = 512, tp: int = 1, gpu_mem=None, train_tokens=None,
     status, reason = rc.residentk_shape_reason(*dims)
     # A shape refused only for the shared-memory tier is still sized: the sizes are what a
     # rebuild with a larger ALGENTA_SMEM_TIER_BYTES would hold.
-    sized = rc.residentk_footprint(*dims, ctx, tied=shape.tied, check_tier=False)
+    sized = rc.residentk_footprint(*dims, ctx, tied=shape.tied, check_tier=False, format=weights)
     tier_only = status != rc.RESIDENT_OK and sized["status"] == rc.RESIDENT_OK
     if status != rc.RESIDENT_OK and not tier_only:
-        sized = rc.residentk_footprint(*dims, ctx, tied=shape.tied)  # all zero, by contract
+        sized = rc.residentk_footprint(*dims, ctx, tied=shape.tied, format=weights)  # all zero
     bucket = rc.resident_bucket_ctx(ctx)
-    at_bucket = rc.residentk_footprint(*dims, bucket, tied=shape.tied, check_tier=not tier_only)
+    at_bucket = rc.residentk_footprint(*dims, bucket, tied=shape.tied, check_tier=not tier_only,
+                                       format=weights)
     probe = rp.resident_session_probe(*dims)
 
     out = {
@@ -171,6 +216,8 @@ def plan(shape, *, ctx: int = 512, tp: int = 1, gpu_mem=None, train_tokens=None,
         "resident_f32_elems": sized["total"],
         "resident_bytes": 4 * sized["total"],
         "resident_bucket_bytes": 4 * at_bucket["total"],
+        "weight_format": weights,
+        "bytes": _bytes(sized, at_bucket, _term_bytes(sized, dims, shape.tied, 1, weights)),
         "build": {"kernels_compiled": probe.kernels_compiled,
                   "device_present": probe.device_present,
                   "probe_status": probe.status,
@@ -178,21 +225,24 @@ def plan(shape, *, ctx: int = 512, tp: int = 1, gpu_mem=None, train_tokens=None,
     }
     per_gpu = at_bucket
     if tp != 1:
-        share = rc.residentk_footprint(*dims, ctx, tied=shape.tied, tp=tp, check_tier=not tier_only)
+        share = rc.residentk_footprint(*dims, ctx, tied=shape.tied, tp=tp, check_tier=not tier_only,
+                                       format=weights)
         if share["status"] == rc.RESIDENT_ERR_HEAD_GEOMETRY and sized["status"] == rc.RESIDENT_OK:
             raise CliError(f"--tp {tp} must divide h_q {shape.h_q}, h_kv {shape.h_kv} and d_ff "
                            f"{shape.d_ff} (the heads and the MLP are split {tp} ways)")
         per_gpu = rc.residentk_footprint(*dims, bucket, tied=shape.tied, tp=tp,
-                                         check_tier=not tier_only)
+                                         check_tier=not tier_only, format=weights)
         out["tp"] = {"n": tp, "weight_terms": {k: share[k] for k in ("attn", "mlp", "norms",
                                                                       "embed", "lm_head")},
                      "weights_f32_elems": share["weights"],
                      "kv_cache_elems": share["kv_cache"], "resident_f32_elems": share["total"],
                      "resident_bytes": 4 * share["total"],
                      "kv_cache_bucket_elems": per_gpu["kv_cache"],
-                     "resident_bucket_bytes": 4 * per_gpu["total"]}
+                     "resident_bucket_bytes": 4 * per_gpu["total"],
+                     "bytes": _bytes(share, per_gpu,
+                                     _term_bytes(share, dims, shape.tied, tp, weights))}
     if gpu_mem is not None:
-        need = 4 * per_gpu["total"]
+        need = per_gpu["total_bytes"]  # per GPU, at the bucket, weights in the format
         ok = status == rc.RESIDENT_OK or tier_only
         out["gpu"] = {
             "budget_bytes": gpu_mem,
@@ -200,7 +250,7 @@ def plan(shape, *, ctx: int = 512, tp: int = 1, gpu_mem=None, train_tokens=None,
             "fits": bool(ok and need <= gpu_mem),
             "headroom_bytes": gpu_mem - need if ok else None,
             "max_ctx": rc.residentk_max_ctx_fitting(*dims, gpu_mem, tied=shape.tied, tp=tp,
-                                                    check_tier=not tier_only),
+                                                    check_tier=not tier_only, format=weights),
         }
     if train_tokens is not None:
         max_chunk = lc.loss_max_chunk(train_tokens, shape.vocab)
@@ -286,14 +336,19 @@ def render(report: dict, source: str) -> str:
 
     tp = report.get("tp")
     ctx, bucket = report["ctx"], report["ctx_bucket"]
+    fmt = report["weight_format"]
     full = {**report["weight_terms"], "weights": report["weights_f32_elems"],
             "kv": report["kv_cache_elems"], "total": report["resident_f32_elems"],
             "kv_bucket": report["kv_cache_bucket_elems"],
             "total_bucket": report["resident_bucket_bytes"] // 4}
-    share = tp and {**tp["weight_terms"], "weights": tp["weights_f32_elems"],
-                    "kv": tp["kv_cache_elems"], "total": tp["resident_f32_elems"],
-                    "kv_bucket": tp["kv_cache_bucket_elems"],
-                    "total_bucket": tp["resident_bucket_bytes"] // 4}
+
+    def in_format(b):  # the bytes object, keyed like the rows below
+        return {**b["weight_terms"], "weights": b["weights"], "kv": b["kv_cache"],
+                "total": b["total"], "kv_bucket": b["kv_cache_bucket"],
+                "total_bucket": b["total_bucket"]}
+
+    nbytes = in_format(report["bytes"])
+    share = tp and in_format(tp["bytes"])
     rows = [("  attention (q, k, v, o)", "attn"), ("  MLP (gate, up, down)", "mlp"),
             ("  norms", "norms"),
             ("  embedding" + (" (tied to lm_head)" if s["tied"] else ""), "embed")]
@@ -303,18 +358,29 @@ def render(report: dict, source: str) -> str:
     if bucket != ctx:
         rows += [(f"KV cache at bucket {bucket:,}", "kv_bucket"),
                  (f"total at bucket {bucket:,}", "total_bucket")]
-    table = [("resident float32", "elements", "bytes", "size")
+    head = "resident float32" if fmt == "f32" else f"resident, {fmt} weights"
+    table = [(head, "elements", "bytes", "size")
              + ((f"per GPU (tp={tp['n']})",) if tp else ())]
     for label, key in rows:
-        r = (label, _n(full[key]), _n(4 * full[key]), _gib(4 * full[key]))
+        r = (label, _n(full[key]), _n(nbytes[key]), _gib(nbytes[key]))
         if tp:
-            r += (_gib(4 * share[key]) if key in share else "",)
+            r += (_gib(share[key]) if key in share else "",)
         table.append(r)
     lines += [""] + _table(table, "lrrrr", indent="")
+    if fmt != "f32":
+        what = ("1 byte an element + one float32 scale per 32 along each row" if fmt == "int8"
+                else "2 bytes an element")
+        lines += [f"  {fmt} weight matrices: {what};",
+                  f"  norms and the KV cache stay float32 (all float32 at bucket {bucket:,}: "
+                  f"{_gib(report['resident_bucket_bytes'])})",
+                  f"  today {fmt} weights run on the CPU engine (device='cpu'); a CUDA session "
+                  f"holds float32 weights and refuses {fmt} with 607"]
 
     g = report.get("gpu")
     if g:
         where = f"per GPU, tp={tp['n']}" if tp else "one GPU"
+        if fmt != "f32":  # the f32 report reads as it always has
+            where += f", {fmt} weights"
         verdict = "fits" if g["fits"] else "does NOT fit"
         head_room = g["headroom_bytes"]
         rows = [
@@ -365,7 +431,7 @@ def run(args) -> int:
     if args.chunk is not None and args.train_tokens is None:
         raise CliError("--chunk needs --train-tokens")
     report = plan(shape, ctx=args.ctx, tp=args.tp, gpu_mem=args.gpu_mem,
-                  train_tokens=args.train_tokens, chunk=args.chunk)
+                  train_tokens=args.train_tokens, chunk=args.chunk, weights=args.weights)
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -376,13 +442,15 @@ def run(args) -> int:
 
 
 def register(subparsers) -> None:
+    from .residentk.contract import RESIDENT_WEIGHT_FORMATS
     from .residentk.presets import PRESETS
 
     p = subparsers.add_parser(
         "plan",
         help="size a resident decode session (and a chunked training loss) for a model",
         description="What a resident GPU decode session would hold and cost for a model shape: "
-                    "shape verdict, dispatches per token, resident float32 weights and KV cache, "
+                    "shape verdict, dispatches per token, resident weights (f32, bf16, f16 or "
+                    "int8) and float32 KV cache, "
                     "fit in GPU memory, tensor-parallel shares, and the chunked-loss logit budget. "
                     "Pure arithmetic: no GPU needed.",
         epilog=_EPILOG.format(presets=", ".join(PRESETS)),
@@ -397,6 +465,9 @@ def register(subparsers) -> None:
                    help="KV positions the session is opened at (default 512)")
     p.add_argument("--gpu-mem", type=parse_size, metavar="SIZE",
                    help="memory per GPU: does it fit, largest context, headroom")
+    p.add_argument("--weights", choices=RESIDENT_WEIGHT_FORMATS, default="f32",
+                   help="how the weight matrices are held: %(choices)s (default %(default)s); "
+                        "norms and the KV cache stay float32")
     p.add_argument("--tp", type=_arg_int("--tp"), default=1, metavar="N",
                    help="split the heads and the MLP over N GPUs (N must divide them)")
     p.add_argument("--train-tokens", type=_arg_int("--train-tokens"), metavar="N",

@@ -133,6 +133,21 @@ bool residentk_prefill_gemm_use_narrow_tile(int64_t m_rows);
 // power-of-two band share resident buffers.
 int64_t resident_bucket_ctx(int64_t max_ctx);
 
+// ---- resident weight formats ------------------------------------------------------------------
+// How a session holds its weight matrices (q, k, v, o, gate, up, down, the embedding and the
+// head); norms, activations, RoPE and the KV cache are float32 in every format. Int8 is
+// symmetric per-block quantization of each row: blocks of RESIDENT_INT8_BLOCK along the row, one
+// float32 scale per block (amax / 127), values rounded to nearest even (llama.cpp's Q8_0 with a
+// float32 instead of a float16 scale).
+enum class WeightFormat : int { F32 = 0, BF16 = 1, F16 = 2, Int8 = 3 };
+constexpr int64_t RESIDENT_INT8_BLOCK = 32;
+const char* residentk_weight_format_name(WeightFormat f);  // "f32", "bf16", "f16", "int8"
+// false for a name that is none of those
+bool residentk_parse_weight_format(const std::string& name, WeightFormat* out);
+// Bytes of one (rows, cols) matrix held in format f: 4, 2, 2 bytes an element, or for int8 one
+// byte an element plus 4 per block (rows * ceil(cols / 32) blocks). 0 for rows or cols < 1.
+int64_t residentk_matrix_bytes(int64_t rows, int64_t cols, WeightFormat f);
+
 // ---- sizing, term by term ------------------------------------------------------------------
 // Float32 elements of one model's resident state, per GPU when the heads and the MLP are split
 // tp ways (tensor parallel: Hq, Hkv and F divided by tp; norms and embeddings replicated).
@@ -147,6 +162,10 @@ struct ResidentFootprint {
   int64_t kv_cache = 0;    // residentk_cache_elements(L, Hkv/tp, Dh, T)
   int64_t kv_per_pos = 0;  // KV elements one context position adds (L * 2 * Hkv/tp * Dh)
   int64_t total = 0;       // weights + kv_cache
+  // Bytes in the footprint's weight format (the elements above are the format's own counts):
+  // every matrix by residentk_matrix_bytes, the norms and the KV cache in float32.
+  int64_t weight_bytes = 0;
+  int64_t total_bytes = 0;  // weight_bytes + 4 * kv_cache
 };
 // status: residentk_shape_check's; then 602 for max_ctx past the ceiling (601 below 1); 603 for
 // tp < 1 or a tp that does not divide Hq, Hkv and F. check_tier = false skips only the
@@ -154,13 +173,15 @@ struct ResidentFootprint {
 ResidentFootprint residentk_footprint(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
                                       int64_t d_ff, int64_t n_layers, int64_t vocab,
                                       int64_t max_ctx, bool tied, int64_t tp,
-                                      std::string* why = nullptr, bool check_tier = true);
+                                      std::string* why = nullptr, bool check_tier = true,
+                                      WeightFormat format = WeightFormat::F32);
 // Largest power-of-two capacity (a resident_bucket_ctx value, 512..65536) whose per-GPU
-// footprint fits budget_bytes at 4 bytes per element; 0 when not even 512 positions fit or the
+// footprint (total_bytes in `format`) fits budget_bytes; 0 when not even 512 positions fit or the
 // shape is refused (check_tier as in residentk_footprint).
 int64_t residentk_max_ctx_fitting(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
                                   int64_t d_ff, int64_t n_layers, int64_t vocab, bool tied,
-                                  int64_t tp, int64_t budget_bytes, bool check_tier = true);
+                                  int64_t tp, int64_t budget_bytes, bool check_tier = true,
+                                  WeightFormat format = WeightFormat::F32);
 
 // ---- probe ----------------------------------------------------------------------------------
 // A build fact: true in a build with a CUDA backend (ALGENTA_GPU, or ALGENTA_CUDA_EMU whose

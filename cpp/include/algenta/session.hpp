@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "algenta/residentk.hpp"
+
 namespace algenta {
 namespace residentk {
 
@@ -38,6 +40,9 @@ struct SessionConfig {
   double rms_eps = 1e-6;
   double rope_theta = 1e6;
   bool tie_word_embeddings = true;  // the head reuses model.embed_tokens.weight
+  // How the weight matrices are held resident (residentk.hpp); norms, activations, RoPE and the
+  // KV cache are float32 whatever this says.
+  WeightFormat weights = WeightFormat::F32;
 };
 
 // Element types a tensor can arrive in (what checkpoints store).
@@ -57,9 +62,11 @@ class Session {
   virtual int64_t dispatches_per_token() const = 0;
 
   // Copy one HF-named tensor (`type` elements, row-major, any alignment: a view into a file
-  // often is not aligned) into the resident weights, widened to float32. A name the model does
-  // not have or a shape that does not match the config throws 607; a non-finite value 609, and
-  // leaves the tensor unset (never half old, half new).
+  // often is not aligned) into the resident weights, converted to the session's weight format
+  // (through float32: a bf16 tensor kept as bf16 keeps its bits). A name the model does not
+  // have or a shape that does not match the config throws 607; a non-finite value, or one past
+  // the format's range (float16's 65504), 609, and leaves the tensor unset (never half old,
+  // half new).
   virtual void set_weight(const std::string& name, const std::vector<int64_t>& shape,
                           const void* data, SourceType type) = 0;
   // The shape the config declares for an HF-named tensor; empty when the model has no such
@@ -83,7 +90,7 @@ class Session {
   virtual void reset() = 0;
 };
 
-// The CPU engine (float32, OpenMP). Throws StatusError(Resident, 601-603/609) on a config the
+// The CPU engine (OpenMP; weights in any WeightFormat). Throws StatusError(Resident, 601-603/609) on a config the
 // residentk contract refuses and 601/602 on a max_ctx outside [1, RESIDENT_MAX_CONTEXT].
 std::unique_ptr<Session> make_cpu_session(const SessionConfig& cfg, int64_t max_ctx);
 

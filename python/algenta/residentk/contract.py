@@ -29,6 +29,21 @@ Ceilings (documented in ``cpp/include/algenta/residentk.hpp``):
 Within these ceilings the largest product formed (the KV cache) stays below 2**47, and every
 product is still overflow-checked in the core.
 
+Weight formats (``format=`` on :func:`residentk_matrix_bytes`, :func:`residentk_footprint` and
+:func:`residentk_max_ctx_fitting`; the names are ``RESIDENT_WEIGHT_FORMATS``): how a session holds
+its weight matrices (q, k, v, o, gate, up, down, the embedding and the lm_head). Element counts
+never change with the format; only bytes do::
+
+    f32    4 bytes an element (the default)
+    bf16   2 bytes an element
+    f16    2 bytes an element
+    int8   1 byte an element + one float32 scale (4 bytes) per block of RESIDENT_INT8_BLOCK (32)
+           along each row: rows * (cols + 4 * ceil(cols / 32)) bytes for a (rows, cols) matrix
+
+The norms and the KV cache are float32 in every format. A format name that is none of the four
+is refused with ``ResidentError`` (a ``ValueError``, status 601); a format that is not a ``str``
+raises ``TypeError``.
+
 Split-K attention (one SDPA dispatch split over the key axis, then merged)::
 
     M(n_cores, Hq) = clamp(ceil(32 * n_cores / Hq), 1, 256)      # occupancy ceiling
@@ -76,8 +91,18 @@ RESIDENT_SPLITK_BLOCKS_PER_CORE = _c.RESIDENT_SPLITK_BLOCKS_PER_CORE
 RESIDENT_SPLITK_FALLBACK_SPLITS = _c.RESIDENT_SPLITK_FALLBACK_SPLITS
 RESIDENT_SPLITK_MAX_SPLITS = _c.RESIDENT_SPLITK_MAX_SPLITS
 RESIDENT_PREFILL_NARROW_BELOW_ROWS = _c.RESIDENT_PREFILL_NARROW_BELOW_ROWS
+RESIDENT_INT8_BLOCK = _c.RESIDENT_INT8_BLOCK
+RESIDENT_WEIGHT_FORMATS = _c.RESIDENT_WEIGHT_FORMATS  # ("f32", "bf16", "f16", "int8")
 
 _i64 = as_i64_clamped
+
+
+def _format(format) -> str:
+    """A weight-format name: a str (the core refuses a name it does not know, with 601)."""
+    if not isinstance(format, str):
+        raise TypeError(f"format must be a str ({', '.join(map(repr, RESIDENT_WEIGHT_FORMATS))}), "
+                        f"got {type(format).__name__}")
+    return format
 
 
 def _shape(d_model, h_q, h_kv, d_head, d_ff) -> tuple:
@@ -164,32 +189,49 @@ def residentk_weight_elems(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, ma
                                      _i64(max_ctx, "max_ctx"), tied)
 
 
+def residentk_matrix_bytes(rows, cols, format="f32") -> int:
+    """Bytes of one ``(rows, cols)`` row-major weight matrix held in ``format``: ``4``, ``2``,
+    ``2`` bytes an element for f32, bf16, f16; for int8 one byte an element plus a float32 scale
+    per block of 32 along each row, ``rows * (cols + 4 * ceil(cols / 32))``. 0 when rows or cols
+    is < 1 or the size overflows int64. An unknown format name raises ``ResidentError`` (601)."""
+    return _c.residentk_matrix_bytes(_i64(rows, "rows"), _i64(cols, "cols"), _format(format))
+
+
 def residentk_footprint(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, max_ctx=512, *,
-                        tied=True, tp=1, check_tier=True) -> dict:
+                        tied=True, tp=1, check_tier=True, format="f32") -> dict:
     """The terms behind :func:`residentk_weight_elems`, per GPU when the heads and the MLP are
     split ``tp`` ways (norms and embeddings replicated): ``attn``, ``mlp``, ``norms``,
     ``embed``, ``lm_head``, ``weights``, ``kv_cache``, ``kv_per_pos``, ``total`` (float32
-    elements), with ``status`` and ``reason``. A ``tp`` that does not divide h_q, h_kv and d_ff
-    is refused with 603; every size is 0 when the status is not 600. ``check_tier=False`` skips
-    only the shared-memory tier check: the sizes a build with a larger tier would hold."""
+    elements, the same in every format), then ``weight_bytes`` (every matrix by
+    :func:`residentk_matrix_bytes` in ``format``, the norms in float32) and ``total_bytes``
+    (``weight_bytes + 4 * kv_cache``: the KV cache is float32 in every format), with
+    ``status`` and ``reason``. A ``tp`` that does not divide h_q, h_kv and d_ff is refused with
+    603; every size is 0 when the status is not 600. ``check_tier=False`` skips only the
+    shared-memory tier check: the sizes a build with a larger tier would hold. An unknown
+    ``format`` name raises ``ResidentError`` (601)."""
     if not isinstance(tied, bool) or not isinstance(check_tier, bool):
         raise TypeError("tied and check_tier must be bools")
     return dict(_c.residentk_footprint(*_shape(d_model, h_q, h_kv, d_head, d_ff),
                                        _i64(n_layers, "n_layers"), _i64(vocab, "vocab"),
-                                       _i64(max_ctx, "max_ctx"), tied, _i64(tp, "tp"), check_tier))
+                                       _i64(max_ctx, "max_ctx"), tied, _i64(tp, "tp"), check_tier,
+                                       _format(format)))
 
 
 def residentk_max_ctx_fitting(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, budget_bytes, *,
-                              tied=True, tp=1, check_tier=True) -> int:
+                              tied=True, tp=1, check_tier=True, format="f32") -> int:
     """Largest bucketed capacity (a power of two in 512..65536, what a session allocates) whose
-    per-GPU resident float32 footprint fits ``budget_bytes``; 0 when not even 512 positions fit
-    or the shape is refused (``check_tier`` as in :func:`residentk_footprint`)."""
+    per-GPU resident footprint, ``total_bytes`` of :func:`residentk_footprint` with the weights
+    in ``format``, fits ``budget_bytes``; 0 when not even 512 positions fit or the shape is
+    refused (``check_tier`` as in :func:`residentk_footprint`). A smaller format leaves more of
+    the budget to the KV cache: the answer never shrinks from f32 to bf16/f16, nor from those
+    to int8 while every matrix row holds at least 4 elements (a shorter row's int8 scale costs
+    more than the byte it saves)."""
     if not isinstance(tied, bool) or not isinstance(check_tier, bool):
         raise TypeError("tied and check_tier must be bools")
     return _c.residentk_max_ctx_fitting(*_shape(d_model, h_q, h_kv, d_head, d_ff),
                                         _i64(n_layers, "n_layers"), _i64(vocab, "vocab"), tied,
                                         _i64(tp, "tp"), _i64(budget_bytes, "budget_bytes"),
-                                        check_tier)
+                                        check_tier, _format(format))
 
 
 def residentk_scalars_ok(eps, scale) -> bool:

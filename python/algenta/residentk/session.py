@@ -33,12 +33,15 @@ from .weights import engine_tensor, expected_shapes, random_weights  # noqa: F40
 
 _c = _core.residentk
 
-def _resolve_device(device: str) -> str:
+WEIGHT_FORMATS = ("f32", "bf16", "f16", "int8")
+
+
+def _resolve_device(device: str, weights: str = "f32") -> str:
     if device not in ("cpu", "cuda", "auto"):
         raise ResidentError(f"device must be 'cpu', 'cuda' or 'auto', got {device!r}", 601)
     backend = _core.session.cuda_backend()
-    if device == "auto":
-        return "cuda" if backend["usable"] else "cpu"
+    if device == "auto":  # the CUDA engine holds float32 weights only
+        return "cuda" if backend["usable"] and weights == "f32" else "cpu"
     if device == "cuda" and not backend["usable"]:
         if backend["kind"] == "none":
             raise ResidentUnavailableError(f"device='cuda': {backend['why']}", 604)
@@ -48,13 +51,16 @@ def _resolve_device(device: str) -> str:
     return device
 
 
-def _open_engine(cfg: ResidentConfig, max_ctx: int, device: str):
+def _open_engine(cfg: ResidentConfig, max_ctx: int, device: str, weights: str = "f32"):
     if isinstance(max_ctx, bool) or not isinstance(max_ctx, numbers.Integral):
         raise TypeError(f"max_ctx must be an int, got {type(max_ctx).__name__}")
-    factory = (_core.session.cuda_session if _resolve_device(device) == "cuda"
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
+    factory = (_core.session.cuda_session if _resolve_device(device, weights) == "cuda"
                else _core.session.cpu_session)
     return factory(cfg.d_model, cfg.h_q, cfg.h_kv, cfg.d_head, cfg.d_ff, cfg.n_layers, cfg.vocab,
-                   cfg.rms_eps, cfg.rope_theta, cfg.tie_word_embeddings, int(max_ctx))
+                   cfg.rms_eps, cfg.rope_theta, cfg.tie_word_embeddings, int(max_ctx),
+                   weights=weights)
 
 
 def _token_ids(ids, vocab: int, what: str) -> np.ndarray:
@@ -115,21 +121,29 @@ def _sampler(temperature, top_k, top_p, seed, vocab):
 class ResidentSession:
     """A Qwen3 decode session whose weights and KV cache stay resident for its whole life.
 
-    ``ResidentSession(config, weights, *, max_ctx=512, device="cpu")``: config a mapping with
-    CONFIG_KEYS, weights a mapping (or iterable of pairs) of HuggingFace tensor names to arrays
-    or torch tensors (a transformers model's ``state_dict()`` works as is), each copied to float32
-    and shape-checked (607 naming the tensor) as it arrives. With tied
-    embeddings a shipped ``lm_head.weight`` is ignored: the embedding table is the head.
+    ``ResidentSession(config, tensors, *, max_ctx=512, device="cpu", weights="f32")``: config a
+    mapping with CONFIG_KEYS, tensors a mapping (or iterable of pairs) of HuggingFace tensor names
+    to arrays or torch tensors (a transformers model's ``state_dict()`` works as is), each
+    shape-checked (607 naming the tensor) and converted as it arrives. With tied embeddings a
+    shipped ``lm_head.weight`` is ignored: the embedding table is the head.
+
+    ``weights`` is how the weight matrices are held resident: "f32", "bf16", "f16" (round to
+    nearest even; a value past float16's 65504 is refused, 609) or "int8" (per row, blocks of 32
+    with one float32 scale each, amax / 127). A bfloat16 checkpoint held as "bf16" keeps its bits.
+    Norms, activations, RoPE and the KV cache are float32 in every format. The narrow formats run
+    on the CPU engine (device="cuda" refuses them, 607).
     """
 
-    def __init__(self, config, weights, *, max_ctx: int = 512, device: str = "cpu"):
+    def __init__(self, config, tensors, *, max_ctx: int = 512, device: str = "cpu",
+                 weights: str = "f32"):
         # The engine allocates its resident buffers (the KV cache at capacity) up front, so
         # streaming a checkpoint in costs one tensor on top of them, never a second model.
         self._config = make_config(config)
-        self._engine = _open_engine(self._config, max_ctx, device)
+        self._engine = _open_engine(self._config, max_ctx, device, weights)
         self._device = self._engine.device
+        self._weights = weights
         tied = self._config.tie_word_embeddings
-        pairs = weights.items() if isinstance(weights, Mapping) else weights
+        pairs = tensors.items() if isinstance(tensors, Mapping) else tensors
         for name, arr in pairs:
             if not isinstance(name, str):
                 raise TypeError(f"weight names must be str, got {type(name).__name__}")
@@ -144,15 +158,17 @@ class ResidentSession:
     @classmethod
     def random(cls, d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, *, max_ctx=512,
                device="cpu", seed=0, rms_eps=1e-6, rope_theta=1_000_000.0,
-               tie_word_embeddings=True):
+               tie_word_embeddings=True, weights="f32"):
         """A session over reproducible random weights (see random_weights): benchmarks, tests."""
         cfg = make_config(dict(d_model=d_model, h_q=h_q, h_kv=h_kv, d_head=d_head, d_ff=d_ff,
                                n_layers=n_layers, vocab=vocab, rms_eps=rms_eps,
                                rope_theta=rope_theta, tie_word_embeddings=tie_word_embeddings))
-        return cls(cfg, random_weights(cfg, seed), max_ctx=max_ctx, device=device)
+        return cls(cfg, random_weights(cfg, seed), max_ctx=max_ctx, device=device,
+                   weights=weights)
 
     @classmethod
-    def from_pretrained(cls, path, *, max_ctx: int = 512, device: str = "cpu", progress=None):
+    def from_pretrained(cls, path, *, max_ctx: int = 512, device: str = "cpu", progress=None,
+                        weights: str = "f32"):
         """A HuggingFace Qwen3 checkpoint directory (config.json + model.safetensors or a sharded
         index), streamed tensor by tensor into the engine. Every header is checked against
         config.json before the session allocates anything (see algenta.residentk.loader).
@@ -162,11 +178,14 @@ class ResidentSession:
         from .loader import open_checkpoint
 
         ck = open_checkpoint(path)
-        return cls(ck.config, ck.tensors(progress), max_ctx=max_ctx, device=device)
+        return cls(ck.config, ck.tensors(progress), max_ctx=max_ctx, device=device,
+                   weights=weights)
 
     # -- properties -------------------------------------------------------------------------
     config = property(lambda self: self._config, doc="The ResidentConfig this session holds.")
     device = property(lambda self: self._device, doc="'cpu' or 'cuda'.")
+    weights = property(lambda self: self._weights,
+                       doc="How the weight matrices are held: 'f32', 'bf16', 'f16' or 'int8'.")
     position = property(lambda self: self._engine.position, doc="Tokens in the KV cache.")
     max_ctx = property(lambda self: self._engine.max_ctx,
                        doc="The capacity the caller asked for (what the context check uses).")
@@ -179,7 +198,8 @@ class ResidentSession:
 
     def __repr__(self):
         c = self._config
-        return (f"ResidentSession(device={self._device!r}, d_model={c.d_model}, "
+        return (f"ResidentSession(device={self._device!r}, weights={self._weights!r}, "
+                f"d_model={c.d_model}, "
                 f"n_layers={c.n_layers}, vocab={c.vocab}, max_ctx={self.max_ctx}, "
                 f"capacity={self.capacity}, position={self.position})")
 
