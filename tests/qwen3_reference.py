@@ -120,3 +120,18 @@ def greedy(cfg: dict, weights: dict, prompt, n_new: int) -> list:
         out.append(t)
         ids.append(t)
     return out
+
+
+def o1_init_(model):
+    """Re-initialize a transformers model in place for tests: its own init (std 0.02, unit norms)
+    gives near-zero logits that would hide errors; N(0, 1) embeddings, N(0, 1/fan_in) matrices and
+    norm weights around 1 give O(1) activations in which every term of the forward counts."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 2:
+                p.normal_(0.0, 1.0 if "embed" in name else p.shape[1] ** -0.5)
+            else:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+    return model

@@ -231,12 +231,7 @@ def test_transformers_checkpoint_in_every_format(tmp_path):
                                   rms_norm_eps=1e-6, rope_theta=1e6, attn_implementation="eager")
     torch.manual_seed(0)
     m = transformers.Qwen3ForCausalLM(hc).eval()
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            if p.ndim == 2:
-                p.normal_(0.0, 1.0 if "embed" in name else p.shape[1] ** -0.5)
-            else:
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+    ref.o1_init_(m)
     m.save_pretrained(tmp_path)
     with torch.no_grad():
         want = m(torch.tensor([PROMPT])).logits[0, -1].numpy()
@@ -248,7 +243,6 @@ def test_transformers_checkpoint_in_every_format(tmp_path):
 
 
 def test_generate_cli_takes_weights(tmp_path):
-    from safetensors.numpy import save_file  # noqa: F401 (skips without safetensors)
     import json
 
     cfg = CONFIGS["mha_tied"]
@@ -269,3 +263,24 @@ def test_generate_cli_takes_weights(tmp_path):
     assert "weights int8" in r.stderr
     ids = [int(x) for x in r.stdout.split()]
     assert ids == ResidentSession(cfg, w, weights="int8").generate([1, 2, 3], 4)
+
+
+def test_resident_bytes_count_the_format():
+    """The session reports the bytes `algenta plan --weights` counts for it: float32 elements
+    times four for f32, half of the matrices' bytes for bf16/f16, a byte plus a 4-byte scale per
+    32 for int8; the KV cache float32 in every format."""
+    from algenta.residentk.contract import residentk_footprint
+
+    w = ref.random_weights(BIG, 4)
+    got = {fmt: ResidentSession(BIG, w, max_ctx=100, weights=fmt).resident_bytes
+           for fmt in ("f32", "bf16", "f16", "int8")}
+    fp = residentk_footprint(256, 4, 2, 64, 704, 4, 2003, 512, tied=True)
+    assert got["f32"] == 4 * fp["total"]
+    kv = 4 * fp["kv_cache"]
+    norms = 4 * fp["norms"]
+    mats = fp["weights"] - fp["norms"]  # matrix elements; every matrix row here is 256 or 704 long
+    assert got["bf16"] == got["f16"] == 2 * mats + norms + kv
+    rows_256 = 4 * (256 + 128 + 128 + 256 + 704 + 704) + 2003  # q k v o gate up; the embedding
+    rows_704 = 4 * 256                                          # down
+    scales = 4 * (rows_256 * (256 // 32) + rows_704 * (704 // 32))
+    assert got["int8"] == mats + scales + norms + kv

@@ -27,6 +27,7 @@ transformers = pytest.importorskip("transformers")
 F = torch.nn.functional
 
 import algenta.torch as at  # noqa: E402
+import qwen3_reference as qref  # noqa: E402
 import algenta.transformers as atf  # noqa: E402
 
 V = 211  # prime: no vocab block or chunk divides it
@@ -69,12 +70,7 @@ def make(arch, dtype=torch.float32, seed=0):
     cfg = getattr(transformers, cfg_name)(**_COMMON, **kw)
     torch.manual_seed(seed)
     m = getattr(transformers, arch)(cfg)
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            if p.ndim == 2:
-                p.normal_(0.0, 1.0 if "embed" in name else p.shape[1] ** -0.5)
-            else:
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+    qref.o1_init_(m)
     return m.to(dtype).train()
 
 

@@ -191,6 +191,19 @@ class ResidentSession:
                        doc="The capacity the caller asked for (what the context check uses).")
     capacity = property(lambda self: self._engine.capacity,
                         doc="resident_bucket_ctx(max_ctx): KV positions allocated.")
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes this session holds resident: the weights in its format and the float32 KV cache
+        at ``capacity``, by the contract ``algenta plan --weights`` uses
+        (``residentk_footprint(...)["total_bytes"]``); scratch buffers are not counted."""
+        from .contract import residentk_footprint
+
+        c = self._config
+        fp = residentk_footprint(c.d_model, c.h_q, c.h_kv, c.d_head, c.d_ff, c.n_layers, c.vocab,
+                                 self.capacity, tied=c.tie_word_embeddings, check_tier=False,
+                                 format=self._weights)
+        return int(fp["total_bytes"])
+
     dispatches_per_token = property(
         lambda self: self._engine.dispatches_per_token,
         doc="Parallel stages the last decode step ran, counted by the engine (0 before one); "
