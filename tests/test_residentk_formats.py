@@ -194,6 +194,10 @@ def test_value_past_float16_range_is_refused_and_leaves_the_tensor_unset():
         ResidentSession(cfg, w, weights="f16")
     assert e.value.status == 609 and name in str(e.value) and "65504" in str(e.value)
     ResidentSession(cfg, w, weights="bf16")  # bf16 has float32's range
+    w[name][3, 5] = 3.4e38  # but not all of it: this rounds up to infinity in bf16
+    with pytest.raises(ResidentError) as e:
+        ResidentSession(cfg, w, weights="bf16")
+    assert e.value.status == 609 and "bf16's range" in str(e.value) and "65504" not in str(e.value)
 
 
 def test_unknown_format_and_dispatch_count():

@@ -372,13 +372,16 @@ class CpuSession final : public SessionBase {
     const MatDest d = mat_dest(t);
     if (d.m->f == WeightFormat::F32) return;
     const int64_t bad = store_rows(*d.m, d.row0 + r0, staging_.p, r1 - r0);
-    if (bad >= 0)
+    if (bad >= 0) {
+      const bool f16 = d.m->f == WeightFormat::F16;
       throw StatusError(Family::Resident, RESIDENT_ERR_NON_FINITE,
                         "weight '" + t.name + "' holds " + std::to_string(staging_.p[bad]) +
                             " at index " + std::to_string(r0 * t.cols() + bad) + ", past " +
-                            residentk_weight_format_name(d.m->f) +
-                            "'s range (float16 holds |x| <= 65504): load it with weights='bf16' "
-                            "or 'f32'");
+                            residentk_weight_format_name(d.m->f) + "'s range (" +
+                            (f16 ? "float16 holds |x| <= 65504): load it with weights='bf16' "
+                                   "or 'f32'"
+                                 : "it rounds to infinity): load it with weights='f32'"));
+    }
   }
   int64_t weight_chunk_elems() const override {
     return c_.weights == WeightFormat::F32 ? std::numeric_limits<int64_t>::max() : STAGE_ELEMS;
