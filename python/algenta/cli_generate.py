@@ -35,6 +35,8 @@ def _positive(kind):
 
 
 def register(subparsers) -> None:
+    from .residentk.contract import RESIDENT_WEIGHT_FORMATS
+
     p = subparsers.add_parser(
         "generate", help="decode from a Qwen3 checkpoint with a resident session",
         description="Decode from a HuggingFace Qwen3 checkpoint directory with a resident "
@@ -54,7 +56,7 @@ def register(subparsers) -> None:
     p.add_argument("--max-ctx", type=_positive(int), default=None, metavar="N",
                    help="session capacity request (default: prompt + max-new, at least 512)")
     p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
-    p.add_argument("--weights", choices=("f32", "bf16", "f16", "int8"), default="f32",
+    p.add_argument("--weights", choices=RESIDENT_WEIGHT_FORMATS, default="f32",
                    help="how the weight matrices are held resident (default f32; bf16/f16 "
                         "halve the bytes each token reads, int8 about quarters them; CPU only)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the eos ids")

@@ -29,11 +29,12 @@ import numpy as np
 from .. import _core
 from ..errors import ResidentError, ResidentUnavailableError
 from .config import CONFIG_KEYS, ResidentConfig, make_config  # noqa: F401 (re-exported)
+from .contract import RESIDENT_WEIGHT_FORMATS, residentk_footprint
 from .weights import engine_tensor, expected_shapes, random_weights  # noqa: F401 (re-exported)
 
 _c = _core.residentk
 
-WEIGHT_FORMATS = ("f32", "bf16", "f16", "int8")
+WEIGHT_FORMATS = RESIDENT_WEIGHT_FORMATS  # the core's names, in its order
 
 
 def _resolve_device(device: str, weights: str = "f32") -> str:
@@ -196,8 +197,6 @@ class ResidentSession:
         """Bytes this session holds resident: the weights in its format and the float32 KV cache
         at ``capacity``, by the contract ``algenta plan --weights`` uses
         (``residentk_footprint(...)["total_bytes"]``); scratch buffers are not counted."""
-        from .contract import residentk_footprint
-
         c = self._config
         fp = residentk_footprint(c.d_model, c.h_q, c.h_kv, c.d_head, c.d_ff, c.n_layers, c.vocab,
                                  self.capacity, tied=c.tie_word_embeddings, check_tier=False,
