@@ -230,6 +230,17 @@ def test_malformed_config_exit_2(tmp_path, content, needle):
     assert len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr
 
 
+def test_config_read_stops_at_its_size_limit(tmp_path):
+    # /dev/zero never ends: read without a limit it would fill memory until the process died.
+    r = algenta("plan", "--config", "/dev/zero")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "607" in r.stderr and "MiB" in r.stderr
+    big = tmp_path / "config.json"
+    big.write_bytes(b'{"pad": "' + b" " * (5 * 2**20) + b'"}')
+    r = algenta("plan", "--config", str(big))
+    assert r.returncode == 2 and "larger than 4 MiB" in r.stderr
+
+
 def test_list_presets():
     r = algenta("plan", "--list")
     assert r.returncode == 0 and r.stderr == ""

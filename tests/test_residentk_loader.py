@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import struct
+import warnings
 
 import numpy as np
 import pytest
 
 import qwen3_reference as ref
 from algenta import ResidentError
+from algenta.errors import ResidentWarning
 from algenta.residentk.session import ResidentSession
 
 CFG = dict(d_model=40, h_q=4, h_kv=2, d_head=16, d_ff=56, n_layers=2, vocab=61, rms_eps=1e-6,
@@ -104,16 +106,33 @@ def test_loads_and_matches_reference(tmp_path, dtype, style, shards):
     np.testing.assert_allclose(s.step(ids[4]), want[4], rtol=0, atol=TOL)
 
 
-def test_tied_checkpoint_with_shipped_lm_head_and_progress(tmp_path):
+@pytest.mark.parametrize("dtype,shards", [("F32", 1), ("BF16", 3)])
+def test_tied_checkpoint_with_shipped_lm_head_and_progress(tmp_path, dtype, shards):
+    # As transformers 5.x: a shipped head equal to the embedding table is the tie (read once);
+    # one that differs is kept apart from it, with a warning, and the model is the untied one.
     cfg = dict(CFG, tie_word_embeddings=True)
-    w = make_ckpt(tmp_path, cfg=cfg, extra={"lm_head.weight": np.ones((61, 40), np.float32)},
-                  style="top_level")
+    emb = ref.random_weights(cfg, 0)["model.embed_tokens.weight"]
+    w = make_ckpt(tmp_path, cfg=cfg, extra={"lm_head.weight": emb.copy()}, style="top_level",
+                  dtype=dtype, shards=shards)
     seen = []
-    s = ResidentSession.from_pretrained(tmp_path, progress=lambda d, t: seen.append((d, t)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s = ResidentSession.from_pretrained(tmp_path, progress=lambda d, t: seen.append((d, t)))
+    assert s.config.tie_word_embeddings
     assert seen and seen[-1][0] == seen[-1][1] > 0
     assert all(a[0] < b[0] for a, b in zip(seen, seen[1:]))
     np.testing.assert_allclose(s.prefill([1, 2, 3]), ref.forward(cfg, w, [1, 2, 3])[-1],
                                rtol=0, atol=TOL)
+
+    head = np.random.default_rng(3).standard_normal((61, 40)).astype(np.float32)
+    w = make_ckpt(tmp_path, cfg=cfg, extra={"lm_head.weight": head}, style="top_level",
+                  dtype=dtype, shards=shards)
+    with pytest.warns(ResidentWarning, match="keeps the two apart"):
+        s = ResidentSession.from_pretrained(tmp_path, progress=False)
+    assert not s.config.tie_word_embeddings
+    np.testing.assert_allclose(s.prefill([1, 2, 3]),
+                               ref.forward(dict(cfg, tie_word_embeddings=False), w,
+                                           [1, 2, 3])[-1], rtol=0, atol=TOL)
 
 
 def test_config_without_the_tie_key_means_untied_for_plan_and_loader_alike(tmp_path):
@@ -267,6 +286,19 @@ def test_cli_generate_bad_input_exits_2_with_one_line(tmp_path, capsys):
     rc, out, err = _cli(["--model", str(tmp_path), "--ids", "1", "--max-ctx", "4",
                          "--max-new", "8"], capsys)
     assert rc == 2 and "606" in err
+    # Values past int64, a negative seed, an empty id between commas: one line, exit 2, whether
+    # argparse (SystemExit) or the command refuses them.
+    for extra, word in ((["--ids", "99999999999999999999999"], "99999999999999999999999"),
+                        (["--ids", "1", "--max-new", "99999999999999999999999"], "--max-new"),
+                        (["--ids", "1", "--max-new", "70000"], "65536"),
+                        (["--ids", "1", "--seed", "-1", "--temperature", "1"], "--seed"),
+                        (["--ids", "1,,2"], "--ids"), (["--ids", ","], "--ids")):
+        try:
+            rc, out, err = _cli(["--model", str(tmp_path), *extra], capsys)
+        except SystemExit as e:
+            rc, (out, err) = e.code, capsys.readouterr()
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and word in err, (extra, err)
+        assert "Traceback" not in err and out == ""
 
 
 def test_cli_generate_text_prompt_with_tokenizer_json(tmp_path, capsys):

@@ -9,11 +9,14 @@ so the copies can never drift again."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
 import qwen3_reference as ref
 from algenta import ResidentError, ResidentUnavailableError, _core
+from algenta.errors import ResidentWarning
 from algenta.residentk.session import ResidentSession, random_weights
 from algenta.residentk.weights import Bf16Bits
 
@@ -207,11 +210,33 @@ def test_missing_unknown_and_non_finite_tensors(device):
     assert e.value.status == 609 and "model.norm.weight" in str(e.value)
 
 
-def test_tied_checkpoint_shipping_lm_head_loads_the_table_once(device):
+def test_tied_config_with_a_shipped_head_follows_transformers(device):
+    # transformers 5.x: a shipped lm_head.weight equal to the embedding table is the tie; one
+    # that differs is kept as a separate head, with a warning. The session computes the same.
     cfg, w = _pair("mha_tied")
-    w = dict(w, **{"lm_head.weight": np.zeros((89, 40), np.float32)})
-    s = ResidentSession(cfg, w, device=device)
+    same = dict(w, **{"lm_head.weight": w["model.embed_tokens.weight"].copy()})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s = ResidentSession(cfg, same, device=device)
+    assert s.config.tie_word_embeddings
     np.testing.assert_allclose(s.prefill([1, 2]), ref.forward(cfg, w, [1, 2])[-1], atol=TOL)
+
+    head = np.random.default_rng(5).standard_normal((89, 40)).astype(np.float32)
+    other = dict(w, **{"lm_head.weight": head})
+    with pytest.warns(ResidentWarning, match="keeps the two apart"):
+        s = ResidentSession(cfg, other, device=device)
+    untied = dict(cfg, tie_word_embeddings=False)
+    assert not s.config.tie_word_embeddings
+    np.testing.assert_allclose(s.prefill([1, 2]), ref.forward(untied, other, [1, 2])[-1],
+                               atol=TOL)
+    assert s.resident_bytes == ResidentSession(untied, other, device=device).resident_bytes
+    # A stream cannot be looked ahead in: refused once both have arrived, in either order.
+    for order in (list(other.items()), list(other.items())[::-1]):
+        with pytest.raises(ResidentError) as e:
+            ResidentSession(cfg, iter(order), device=device)
+        assert e.value.status == 607 and "tie_word_embeddings false" in str(e.value)
+    s = ResidentSession(cfg, iter(same.items()), device=device)  # an equal head streams fine
+    assert s.config.tie_word_embeddings
 
 
 @pytest.mark.parametrize("change,status", [
@@ -250,6 +275,70 @@ def test_scalar_token_and_context_refusals(device):
         s.step(1.5)
     with pytest.raises(TypeError):
         s.generate([[1, 2]], 2)
+
+
+def test_refusals_carry_a_status_and_say_what_is_wrong(device):
+    # Integers past int64 reach no binding unconverted; an id is reported as it was written.
+    cfg, w = _pair("gqa2_untied")
+    for weights in ("int4", None, 8):
+        with pytest.raises(ResidentError) as e:
+            ResidentSession(cfg, w, device=device, weights=weights)
+        assert e.value.status == 601 and "weights must be one of" in str(e.value)
+    with pytest.raises(ResidentError) as e:
+        ResidentSession(cfg, w, device=device, max_ctx=2**70)
+    assert e.value.status == 602
+    s = ResidentSession(cfg, w, device=device)
+    cases = [(lambda: s.generate([1], 2**70), 606, "does not fit"),
+             (lambda: s.generate([1], -1), 601, "n_new must be >= 0"),
+             (lambda: s.generate([], 3), 601, "prompt_ids is empty"),
+             (lambda: s.step(2**64), 601, str(2**64)),
+             (lambda: s.prefill([2**63]), 601, str(2**63)),
+             (lambda: s.prefill(np.array([2**64 - 1], np.uint64)), 601, str(2**64 - 1)),
+             (lambda: s.prefill([3, 2**90]), 601, str(2**90)),
+             (lambda: s.generate([1], 2, temperature=1.0, seed=-1), 601, "seed"),
+             (lambda: s.generate([1], 2, top_k=0), 601, "top_k"),
+             (lambda: s.generate([1], 2, top_p=2), 609, "top_p")]
+    for call, status, words in cases:
+        with pytest.raises(ResidentError) as e:
+            call()
+        assert e.value.status == status and words in str(e.value), (status, str(e.value))
+    assert s.position == 0
+    with pytest.raises(TypeError):
+        s.prefill([1.5])
+
+
+def test_weights_must_be_floating_point(device):
+    # A complex tensor would lose its imaginary part and an integer one is most likely a packed
+    # quantized format whose values are not the weights: refused, naming the tensor.
+    torch = pytest.importorskip("torch")
+    cfg, w = _pair("gqa2_untied")
+    name = "model.norm.weight"
+    for bad in (np.ones(52, np.complex64), np.ones(52, bool), np.ones(52, np.int32),
+                torch.ones(52, dtype=torch.complex64), torch.ones(52, dtype=torch.bool),
+                torch.ones(52, dtype=torch.int8)):
+        with pytest.raises(TypeError, match=f"{name} must hold floating-point values"):
+            ResidentSession(cfg, dict(w, **{name: bad}), device=device)
+    s = ResidentSession(cfg, dict(w, **{name: torch.from_numpy(w[name]).double()}),
+                        device=device)
+    np.testing.assert_allclose(s.prefill([1, 2]), ref.forward(cfg, w, [1, 2])[-1], atol=TOL)
+
+
+def test_temperatures_down_to_the_smallest_subnormal_sample_finite_probabilities():
+    # exp((z - max) / T): finite at every T > 0, so a tiny temperature is the greedy limit
+    # (one maximum here) instead of NaN probabilities from inf / inf.
+    cfg, w = _pair("gqa2_untied")
+    s = ResidentSession(cfg, w)
+    greedy = s.generate([1, 5, 9], 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for t in (5e-324, 1e-320, 1e-300, 1e-30):
+            assert s.generate([1, 5, 9], 8, temperature=t, seed=4) == greedy
+    from algenta.residentk.session import _sampler
+
+    pick = _sampler(1.0, None, None, 0, 4)
+    with pytest.raises(ResidentError) as e:
+        pick(np.array([0.0, np.nan, 1.0, 2.0], np.float32))
+    assert e.value.status == 609
 
 
 def test_cuda_device_refuses_with_604_or_605_where_unavailable():

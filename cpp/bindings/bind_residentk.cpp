@@ -7,30 +7,10 @@
 #include <string>
 
 #include "algenta/residentk.hpp"
-#include "algenta/status_error.hpp"
+#include "session_args.hpp"
 
 namespace py = pybind11;
 using namespace algenta::residentk;
-
-namespace {
-
-constexpr WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16,
-                                     WeightFormat::Int8};
-
-// "f32" | "bf16" | "f16" | "int8" -> WeightFormat; anything else is a refused caller input
-// (ResidentError, a ValueError, status 601 as for the session's unknown device name), naming the
-// four the core knows.
-WeightFormat weight_format(const std::string& name) {
-  WeightFormat f;
-  if (residentk_parse_weight_format(name, &f)) return f;
-  std::string known;
-  for (WeightFormat g : kFormats)
-    known += std::string(known.empty() ? "'" : ", '") + residentk_weight_format_name(g) + "'";
-  throw algenta::StatusError(algenta::Family::Resident, RESIDENT_ERR_EMPTY_DIMENSION,
-                             "weight format must be one of " + known + ", got '" + name + "'");
-}
-
-}  // namespace
 
 void bind_residentk(py::module_& m) {
   py::module_ r = m.def_submodule("residentk", "residentk contract and probe");

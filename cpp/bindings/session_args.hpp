@@ -1,23 +1,38 @@
 // The session factories' flat Python arguments -> SessionConfig, shared by the CPU and CUDA
-// session bindings so both read them in one order.
+// session bindings so both read them in one order, and the one parser of weight-format names
+// (the contract bindings and both session factories).
 #pragma once
 #include <cstdint>
-#include <stdexcept>
 #include <string>
 
 #include "algenta/session.hpp"
+#include "algenta/status_error.hpp"
 
 namespace algenta {
 namespace residentk {
+
+constexpr WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16,
+                                     WeightFormat::Int8};
+
+// "f32" | "bf16" | "f16" | "int8" -> WeightFormat; anything else is a refused caller input
+// (ResidentError, a ValueError, status 601 as for the session's unknown device name), naming the
+// four the core knows.
+inline WeightFormat weight_format(const std::string& name) {
+  WeightFormat f;
+  if (residentk_parse_weight_format(name, &f)) return f;
+  std::string known;
+  for (WeightFormat g : kFormats)
+    known += std::string(known.empty() ? "'" : ", '") + residentk_weight_format_name(g) + "'";
+  throw StatusError(Family::Resident, RESIDENT_ERR_EMPTY_DIMENSION,
+                    "weight format must be one of " + known + ", got '" + name + "'");
+}
 
 inline SessionConfig session_config(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
                                     int64_t d_ff, int64_t n_layers, int64_t vocab, double rms_eps,
                                     double rope_theta, bool tied,
                                     const std::string& weights = "f32") {
   SessionConfig c;
-  if (!residentk_parse_weight_format(weights, &c.weights))  // pybind11: ValueError
-    throw std::invalid_argument("weights must be 'f32', 'bf16', 'f16' or 'int8', got '" +
-                                weights + "'");
+  c.weights = weight_format(weights);
   c.d_model = d_model;
   c.h_q = h_q;
   c.h_kv = h_kv;

@@ -20,18 +20,36 @@ from .cli import CliError
 from .residentk.config import read_json_file
 
 
-def _positive(kind):
+def _bounded(kind, low, name):
+    """An argparse type: `kind` values >= low (> 0 for low=None); ints within int64, since no
+    count or seed past it means anything (argparse reports the refusal in one line)."""
     def conv(text):
         try:
             v = kind(text)
         except ValueError:
             raise ValueError(text) from None
-        if not v > 0:
+        if not (v > 0 if low is None else v >= low) or (kind is int and v >= 2**63):
             raise ValueError(text)
         return v
 
-    conv.__name__ = f"positive {kind.__name__}"
+    conv.__name__ = name
     return conv
+
+
+_positive_int = _bounded(int, None, "positive int")
+_count = _bounded(int, 0, "non-negative int")
+
+
+def _ids(text):
+    parts = [p.strip() for p in text.split(",")]
+    if parts == [""]:
+        raise CliError("--ids is empty")
+    if "" in parts:
+        raise CliError(f"--ids must be comma-separated integers with none empty, got {text!r}")
+    try:
+        return [int(p) for p in parts]
+    except ValueError:
+        raise CliError(f"--ids must be comma-separated integers, got {text!r}") from None
 
 
 def register(subparsers) -> None:
@@ -47,13 +65,14 @@ def register(subparsers) -> None:
     src.add_argument("--prompt", metavar="TEXT", help="text prompt (needs tokenizer.json and "
                                                       "the 'tokenizers' package)")
     src.add_argument("--ids", metavar="1,2,3", help="comma-separated prompt token ids")
-    p.add_argument("--max-new", type=int, default=64, metavar="N", help="new tokens (default 64)")
+    p.add_argument("--max-new", type=_count, default=64, metavar="N", help="new tokens (default 64)")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
                    help="0 (the default) decodes greedily")
-    p.add_argument("--top-k", type=_positive(int), default=None, metavar="K")
+    p.add_argument("--top-k", type=_positive_int, default=None, metavar="K")
     p.add_argument("--top-p", type=float, default=None, metavar="P")
-    p.add_argument("--seed", type=int, default=None, metavar="S", help="sampling seed")
-    p.add_argument("--max-ctx", type=_positive(int), default=None, metavar="N",
+    p.add_argument("--seed", type=_count, default=None, metavar="S",
+                   help="sampling seed (>= 0)")
+    p.add_argument("--max-ctx", type=_positive_int, default=None, metavar="N",
                    help="session capacity request (default: prompt + max-new, at least 512)")
     p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
     p.add_argument("--weights", choices=RESIDENT_WEIGHT_FORMATS, default="f32",
@@ -95,11 +114,11 @@ def run(args) -> int:
     from .errors import AlgentaError
     from .residentk.session import ResidentSession
 
+    from .residentk.contract import RESIDENT_MAX_CONTEXT, residentk_context_check
+
     root = Path(args.model)
     if not root.is_dir():
         raise CliError(f"{root}: not a checkpoint directory")
-    if args.max_new < 0:
-        raise CliError(f"--max-new must be >= 0, got {args.max_new}")
     tok = None
     if args.prompt is not None:
         tok = _tokenizer(root)
@@ -107,13 +126,18 @@ def run(args) -> int:
         if not prompt:
             raise CliError("the prompt encodes to no tokens")
     else:
-        try:
-            prompt = [int(x) for x in args.ids.split(",") if x.strip()]
-        except ValueError:
-            raise CliError(f"--ids must be comma-separated integers, got {args.ids!r}") from None
-        if not prompt:
-            raise CliError("--ids is empty")
+        prompt = _ids(args.ids)
     max_ctx = args.max_ctx or max(512, len(prompt) + args.max_new)
+    # Before the checkpoint is read: a run that cannot fit is refused at once.
+    st = residentk_context_check(len(prompt), args.max_new, max_ctx)
+    if st == 602:
+        what = f"--max-ctx {max_ctx}" if args.max_ctx else \
+            f"a prompt of {len(prompt)} tokens plus --max-new {args.max_new}"
+        raise CliError(f"{what} is past the largest context a session holds, "
+                       f"{RESIDENT_MAX_CONTEXT} (status 602)")
+    if st != 600:
+        raise CliError(f"a prompt of {len(prompt)} tokens plus --max-new {args.max_new} does not "
+                       f"fit --max-ctx {max_ctx} (status {st})")
 
     try:
         t0 = time.perf_counter()

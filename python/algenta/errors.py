@@ -45,6 +45,11 @@ class ResidentUnavailableError(AlgentaError, RuntimeError):
     family = "residentk"
 
 
+class ResidentWarning(UserWarning):
+    """Something a resident session did on its own that the caller should know about (a
+    checkpoint's head kept apart from a tied embedding table, as transformers keeps it)."""
+
+
 _RESIDENT_RUNTIME = {604, 605, 608}
 _LOSS_RUNTIME = {589, 590, 591}
 

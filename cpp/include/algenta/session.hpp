@@ -12,6 +12,8 @@
 //
 // A session may be shared between threads: calls that write (set_weight, prefill, step,
 // step_greedy, reset) are serialized by the implementation, and the property reads never block.
+// Serializing single calls does not make a sequence of them (reset, prefill, steps) one thread's:
+// ResidentSession holds the session for a whole generate and for a caller's hold() block.
 //
 // Weights are handed over one tensor at a time by their HuggingFace names
 // (`model.layers.3.self_attn.q_proj.weight`, ...) so a loader can stream a checkpoint with peak

@@ -104,10 +104,22 @@ def load_json(raw, what: str):
         raise _refuse(f"{what} is not valid JSON ({e})") from None
 
 
-def read_json_file(path, what: str | None = None):
-    """load_json of a file's bytes; OSError (not found, unreadable) passes through."""
+# A config.json is a few KB and a shard index a few hundred; past these a file is not one of
+# them (`--config /dev/zero` would otherwise read until the process is killed).
+MAX_CONFIG_BYTES = 4 * 2**20
+MAX_INDEX_BYTES = 64 * 2**20
+
+
+def read_json_file(path, what: str | None = None, limit: int = MAX_CONFIG_BYTES):
+    """load_json of a file's bytes, at most `limit` of them read (607 past it); OSError (not
+    found, unreadable) passes through. Reads rather than stats, so a pipe (`<(...)`) works."""
+    what = what or str(path)
     with open(path, "rb") as f:
-        return load_json(f.read(), what or str(path))
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise _refuse(f"{what} is larger than {limit // 2**20} MiB, far past any real file of "
+                      "its kind; not read further")
+    return load_json(raw, what)
 
 
 def _int(hf: dict, key: str):
@@ -211,4 +223,5 @@ def session_config(m: HFModel) -> ResidentConfig:
 
 
 __all__ = ["CONFIG_KEYS", "ResidentConfig", "make_config", "HFModel", "parse_hf_config",
-           "session_config", "load_json", "read_json_file"]
+           "session_config", "load_json", "read_json_file", "MAX_CONFIG_BYTES",
+           "MAX_INDEX_BYTES"]

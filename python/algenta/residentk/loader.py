@@ -33,8 +33,10 @@ import numpy as np
 
 from .. import _core
 from ..errors import AlgentaError, ResidentError
-from .config import load_json, parse_hf_config, read_json_file, session_config
-from .weights import Bf16Bits, expected_shapes
+from .config import MAX_INDEX_BYTES, load_json, parse_hf_config, read_json_file, session_config
+from .weights import EMBED as _EMBED
+from .weights import HEAD as _HEAD
+from .weights import Bf16Bits, engine_tensor, expected_shapes, same_values, warn_untied_head
 
 _c = _core.residentk
 
@@ -98,7 +100,7 @@ def _shard_files(root: Path) -> list:
     single = root / "model.safetensors"
     index = root / "model.safetensors.index.json"
     if index.is_file():
-        doc = read_json_file(index, index.name)
+        doc = read_json_file(index, index.name, MAX_INDEX_BYTES)
         wm = doc.get("weight_map") if isinstance(doc, dict) else None
         if not isinstance(wm, dict):
             raise _refuse(f"{index.name}: weight_map is not an object")
@@ -132,6 +134,16 @@ def _read_tensor(path: Path, data_start: int, name: str, entry, st_handle):
         raw = np.memmap(path, dtype=np_dtype, mode="r", offset=data_start + begin,
                         shape=tuple(shape))
     return Bf16Bits(raw) if dtype == "BF16" else raw
+
+
+def _differ(a, b) -> bool:
+    """Whether two stored tensors, (file, data start, entry) each, hold different values; read
+    through read-only memory maps a block of rows at a time, whatever the stored types."""
+    (fa, sa, ea), (fb, sb, eb) = a, b
+    if ea[1] != eb[1]:
+        return True
+    return not same_values(engine_tensor(_read_tensor(fa, sa, _HEAD, ea, None), _HEAD),
+                           engine_tensor(_read_tensor(fb, sb, _EMBED, eb, None), _EMBED))
 
 
 def _wrapped(f: Path, thunk, name=None):
@@ -196,6 +208,7 @@ def open_checkpoint(path) -> "Checkpoint":
     headers = []
     seen = {}
     total = 0
+    stored = {}  # name -> (file, data start, entry), of the two tensors a tie may join
     for f in files:
         entries, start = read_header(f)
         keep = {}
@@ -205,8 +218,10 @@ def open_checkpoint(path) -> "Checkpoint":
             seen[name] = f.name
             if name.endswith(_IGNORED_SUFFIXES):
                 continue
-            if name == "lm_head.weight" and cfg.tie_word_embeddings:
-                continue  # tied: the embedding table is the head, loaded once
+            if name in (_HEAD, _EMBED):
+                stored[name] = (f, start, e)
+            if name == _HEAD and cfg.tie_word_embeddings:
+                continue  # decided below, once every header is read
             want = shapes.get(name)
             if want is None:
                 raise _refuse(f"{f.name}: tensor '{name}' is not part of a Qwen3 model with this "
@@ -217,6 +232,18 @@ def open_checkpoint(path) -> "Checkpoint":
             keep[name] = e
             total += e[3] - e[2]
         headers.append((f, start, keep))
+    if cfg.tie_word_embeddings and _HEAD in stored and _EMBED in stored \
+            and _differ(stored[_HEAD], stored[_EMBED]):
+        cfg = type(cfg)(**{**dict(cfg), "tie_word_embeddings": False})
+        f, start, e = stored[_HEAD]
+        want = expected_shapes(cfg)[_HEAD]
+        if e[1] != want:
+            raise _refuse(f"{f.name}: tensor '{_HEAD}' has shape {list(e[1])}, config.json "
+                          f"declares {list(want)}")
+        next(k for g, _, k in headers if g == f)[_HEAD] = e
+        total += e[3] - e[2]
+        warn_untied_head("the checkpoint ships", stacklevel=2)
+        shapes = expected_shapes(cfg)
     found = {n for _, _, k in headers for n in k}
     missing = [n for n in shapes if n not in found]
     if missing:

@@ -20,17 +20,23 @@ Two limits, both fixed when the session opens:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
+import threading
 from collections.abc import Mapping
 
 import numpy as np
 
 from .. import _core
+from .._convert import as_i64_clamped
 from ..errors import ResidentError, ResidentUnavailableError
 from .config import CONFIG_KEYS, ResidentConfig, make_config  # noqa: F401 (re-exported)
 from .contract import RESIDENT_WEIGHT_FORMATS, residentk_footprint
 from .weights import engine_tensor, expected_shapes, random_weights  # noqa: F401 (re-exported)
+from .weights import EMBED as _EMBED
+from .weights import HEAD as _HEAD
+from .weights import same_values, warn_untied_head
 
 _c = _core.residentk
 
@@ -53,28 +59,49 @@ def _resolve_device(device: str, weights: str = "f32") -> str:
 
 
 def _open_engine(cfg: ResidentConfig, max_ctx: int, device: str, weights: str = "f32"):
-    if isinstance(max_ctx, bool) or not isinstance(max_ctx, numbers.Integral):
-        raise TypeError(f"max_ctx must be an int, got {type(max_ctx).__name__}")
-    if weights not in WEIGHT_FORMATS:
-        raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
+    # A max_ctx past int64 is clamped to int64's end: the core refuses it as too large (602).
+    max_ctx = as_i64_clamped(max_ctx, "max_ctx")
+    if not isinstance(weights, str) or weights not in WEIGHT_FORMATS:  # the core's 601 too
+        raise ResidentError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}", 601)
     factory = (_core.session.cuda_session if _resolve_device(device, weights) == "cuda"
                else _core.session.cpu_session)
     return factory(cfg.d_model, cfg.h_q, cfg.h_kv, cfg.d_head, cfg.d_ff, cfg.n_layers, cfg.vocab,
-                   cfg.rms_eps, cfg.rope_theta, cfg.tie_word_embeddings, int(max_ctx),
+                   cfg.rms_eps, cfg.rope_theta, cfg.tie_word_embeddings, max_ctx,
                    weights=weights)
 
 
+def _out_of_vocab(what: str, token, vocab: int) -> ResidentError:
+    return ResidentError(f"{what}: token id {token} is outside the vocabulary [0, {vocab})", 601)
+
+
 def _token_ids(ids, vocab: int, what: str) -> np.ndarray:
-    a = np.asarray(ids)
+    """ids as C-contiguous int64, every one checked against [0, vocab) in its own type first,
+    so an id past int64 is reported as the caller wrote it, never wrapped."""
+    try:
+        a = np.asarray(ids)
+    except ValueError:  # a ragged nest of lists
+        raise TypeError(f"{what} must be a 1-D sequence of integer token ids") from None
     if a.ndim == 0:
         a = a.reshape(1)
-    if a.ndim != 1 or not (a.size == 0 or np.issubdtype(a.dtype, np.integer)):
+    if a.ndim != 1:
         raise TypeError(f"{what} must be a 1-D sequence of integer token ids")
-    a = a.astype(np.int64, copy=False)
-    if a.size and (a.min() < 0 or a.max() >= vocab):
-        bad = int(a[(a < 0) | (a >= vocab)][0])
-        raise ResidentError(f"{what}: token id {bad} outside [0, {vocab})", 601)
-    return np.ascontiguousarray(a)
+    if a.size == 0:
+        return np.zeros(0, np.int64)
+    if a.dtype == object:  # Python ints past uint64 (or not ints at all)
+        vals = a.tolist()
+        if not all(isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+                   for v in vals):
+            raise TypeError(f"{what} must be a 1-D sequence of integer token ids")
+        for v in vals:
+            if not 0 <= v < vocab:
+                raise _out_of_vocab(what, int(v), vocab)
+        return np.array(vals, dtype=np.int64)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{what} must be a 1-D sequence of integer token ids, got dtype {a.dtype}")
+    bad = (a < 0) | (a >= vocab)
+    if bad.any():
+        raise _out_of_vocab(what, int(a[bad][0]), vocab)
+    return np.ascontiguousarray(a, dtype=np.int64)
 
 
 def _sampler(temperature, top_k, top_p, seed, vocab):
@@ -90,24 +117,37 @@ def _sampler(temperature, top_k, top_p, seed, vocab):
         if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
             raise TypeError("top_k must be an int or None")
         if top_k < 1:
-            raise ResidentError(f"top_k must be >= 1, got {top_k}", 601)
+            raise ResidentError(f"top_k must be >= 1 (or None for no limit), got {top_k}", 601)
     if top_p is not None:
         if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real):
             raise TypeError("top_p must be a number or None")
         if not (0.0 < float(top_p) <= 1.0):
-            raise ResidentError(f"top_p must lie in (0, 1], got {top_p}", 609)
+            raise ResidentError(f"top_p must lie in (0, 1] (or None for no limit), got {top_p}",
+                                609)
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+            raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+        if seed < 0:
+            raise ResidentError(f"seed must be >= 0 (numpy's generators take no negative "
+                                f"seed), got {seed}", 601)
     if temperature == 0.0:
         return lambda logits: int(np.argmax(logits))
     rng = np.random.default_rng(seed)
 
     def pick(logits):
-        z = logits.astype(np.float64) / temperature
+        # Shift by the maximum before dividing: z - max <= 0, so at any temperature > 0 (a
+        # subnormal one too) the quotient is finite or -inf and exp never sees inf - inf. Tiny
+        # temperatures thus sample uniformly among the maxima, the limit of the softmax.
+        z = logits.astype(np.float64)
+        if not np.isfinite(z).all():
+            raise ResidentError("the logits hold NaN or infinity: nothing to sample from", 609)
         order = np.argsort(-z, kind="stable")
         if top_k is not None:
             order = order[: min(int(top_k), vocab)]
         zs = z[order]
-        p = np.exp(zs - zs[0])
-        p /= p.sum()
+        with np.errstate(over="ignore", under="ignore"):
+            p = np.exp((zs - zs[0]) / temperature)
+        p /= p.sum()  # p[0] == 1: the sum is >= 1
         if top_p is not None:
             before = np.cumsum(p) - p
             keep = before < float(top_p)
@@ -125,8 +165,15 @@ class ResidentSession:
     ``ResidentSession(config, tensors, *, max_ctx=512, device="cpu", weights="f32")``: config a
     mapping with CONFIG_KEYS, tensors a mapping (or iterable of pairs) of HuggingFace tensor names
     to arrays or torch tensors (a transformers model's ``state_dict()`` works as is), each
-    shape-checked (607 naming the tensor) and converted as it arrives. With tied embeddings a
-    shipped ``lm_head.weight`` is ignored: the embedding table is the head.
+    shape-checked (607 naming the tensor) and converted as it arrives; floating-point data only
+    (an integer, bool or complex tensor is a TypeError). With tied embeddings the embedding table
+    is the head and a shipped ``lm_head.weight`` equal to it is skipped; one that differs is kept
+    as a separate head with a ResidentWarning, as transformers keeps it (a stream of pairs, which
+    cannot be looked ahead in, is refused then, 607).
+
+    One session holds one sequence and may be shared between threads: every call, and the
+    whole of ``generate``, owns it while it runs, and ``hold()`` owns it for a caller's own
+    block of calls.
 
     ``weights`` is how the weight matrices are held resident: "f32", "bf16", "f16" (round to
     nearest even; a value past float16's 65504 is refused, 609) or "int8" (per row, blocks of 32
@@ -137,20 +184,50 @@ class ResidentSession:
 
     def __init__(self, config, tensors, *, max_ctx: int = 512, device: str = "cpu",
                  weights: str = "f32"):
+        self._open(make_config(config), tensors, max_ctx, device, weights, check_head=True)
+
+    def _open(self, cfg, tensors, max_ctx, device, weights, check_head):
+        """check_head=False where the caller knows no conflicting lm_head.weight comes (the
+        loader decided the tie from the files; random weights have none), so the stream's
+        embedding table is not held for the comparison."""
+        tied = cfg.tie_word_embeddings
+        if tied and check_head and isinstance(tensors, Mapping) and _HEAD in tensors \
+                and _EMBED in tensors and _head_differs(tensors[_HEAD], tensors[_EMBED]):
+            cfg = ResidentConfig(**{**dict(cfg), "tie_word_embeddings": False})
+            tied = False
+            warn_untied_head("the tensors given hold", stacklevel=3)
+        self._config = cfg
         # The engine allocates its resident buffers (the KV cache at capacity) up front, so
         # streaming a checkpoint in costs one tensor on top of them, never a second model.
-        self._config = make_config(config)
-        self._engine = _open_engine(self._config, max_ctx, device, weights)
+        self._engine = _open_engine(cfg, max_ctx, device, weights)
         self._device = self._engine.device
         self._weights = weights
-        tied = self._config.tie_word_embeddings
+        # One sequence lives in the KV cache, so an operation of several engine calls
+        # (generate, or a caller's own prefill + steps under hold()) must own the session from
+        # its first call to its last: the engine serializes single calls only.
+        self._lock = threading.RLock()
+        self._decoding = False  # inside generate(), on the thread holding the lock
         pairs = tensors.items() if isinstance(tensors, Mapping) else tensors
+        # A stream of pairs cannot be looked ahead in: with a tied config, the first of the
+        # embedding table and a shipped head is kept (a reference) to compare with the second.
+        streamed = tied and check_head and not isinstance(tensors, Mapping)
+        first = {}
         for name, arr in pairs:
             if not isinstance(name, str):
                 raise TypeError(f"weight names must be str, got {type(name).__name__}")
-            if name == "lm_head.weight" and tied:
+            if streamed and name in (_HEAD, _EMBED):
+                other = first.pop(_EMBED if name == _HEAD else _HEAD, None)
+                if other is None:
+                    first[name] = arr
+                elif _head_differs(*((arr, other) if name == _HEAD else (other, arr))):
+                    raise ResidentError(
+                        "config ties the word embeddings but the lm_head.weight given differs "
+                        "from model.embed_tokens.weight; transformers then keeps the two apart, "
+                        "which a session fed a stream cannot do after it opened: pass the "
+                        "tensors as a mapping, or a config with tie_word_embeddings false", 607)
+            if name == _HEAD and tied:
                 continue  # tied: the embedding table is the head, loaded once
-            self._engine.set_weight(name, *engine_tensor(arr))
+            self._engine.set_weight(name, *engine_tensor(arr, name))
         missing = self._engine.missing_weights()
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -164,8 +241,9 @@ class ResidentSession:
         cfg = make_config(dict(d_model=d_model, h_q=h_q, h_kv=h_kv, d_head=d_head, d_ff=d_ff,
                                n_layers=n_layers, vocab=vocab, rms_eps=rms_eps,
                                rope_theta=rope_theta, tie_word_embeddings=tie_word_embeddings))
-        return cls(cfg, random_weights(cfg, seed), max_ctx=max_ctx, device=device,
-                   weights=weights)
+        self = cls.__new__(cls)
+        self._open(cfg, random_weights(cfg, seed), max_ctx, device, weights, check_head=False)
+        return self
 
     @classmethod
     def from_pretrained(cls, path, *, max_ctx: int = 512, device: str = "cpu", progress=None,
@@ -178,9 +256,10 @@ class ResidentSession:
         callable receives (bytes_done, bytes_total) after each tensor."""
         from .loader import open_checkpoint
 
-        ck = open_checkpoint(path)
-        return cls(ck.config, ck.tensors(progress), max_ctx=max_ctx, device=device,
-                   weights=weights)
+        ck = open_checkpoint(path)  # decides the tie as transformers does (see there)
+        self = cls.__new__(cls)
+        self._open(ck.config, ck.tensors(progress), max_ctx, device, weights, check_head=False)
+        return self
 
     # -- properties -------------------------------------------------------------------------
     config = property(lambda self: self._config, doc="The ResidentConfig this session holds.")
@@ -215,23 +294,53 @@ class ResidentSession:
                 f"n_layers={c.n_layers}, vocab={c.vocab}, max_ctx={self.max_ctx}, "
                 f"capacity={self.capacity}, position={self.position})")
 
+    # -- sharing ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def hold(self):
+        """Own the session for a block of calls: ``with s.hold(): s.reset(); s.prefill(a); ...``.
+
+        The session holds one sequence, so a caller's own sequence of prefill/step/reset calls
+        is only its own while no other thread's call can land between them. ``generate`` holds
+        the session for its whole run by itself; every call blocks while another thread holds
+        it. Reentrant: the holding thread may call any method inside the block (except from
+        ``generate``'s ``on_token``, which is refused: it would rewrite the cache that run is
+        decoding from)."""
+        with self._lock:
+            self._check_not_decoding("hold")
+            yield self
+
+    def _check_not_decoding(self, what: str) -> None:
+        # Only the thread that holds the lock can get here while _decoding is set: its own
+        # on_token callback, calling back into the run it is inside of.
+        if self._decoding:
+            raise RuntimeError(f"{what}() called from generate()'s on_token on the same session: "
+                               "it would rewrite the KV cache that generate is decoding from")
+
     # -- decoding -----------------------------------------------------------------------------
     def prefill(self, token_ids) -> np.ndarray:
         """Append token_ids at the current position; the last one's logits, float32 [vocab]."""
         ids = _token_ids(token_ids, self._config.vocab, "prefill token_ids")
         if ids.size == 0:
             raise ResidentError("prefill needs at least one token", 601)
-        return self._engine.prefill(ids)
+        with self._lock:
+            self._check_not_decoding("prefill")
+            return self._engine.prefill(ids)
 
     def step(self, token_id) -> np.ndarray:
         """Append one token; its logits, float32 [vocab]. 606 past capacity."""
         if isinstance(token_id, bool) or not isinstance(token_id, numbers.Integral):
             raise TypeError(f"token_id must be an int, got {type(token_id).__name__}")
-        return self._engine.step(int(token_id))
+        if not 0 <= token_id < self._config.vocab:
+            raise _out_of_vocab("step token_id", int(token_id), self._config.vocab)
+        with self._lock:
+            self._check_not_decoding("step")
+            return self._engine.step(int(token_id))
 
     def reset(self) -> None:
         """Rewind to position 0; the KV cache is kept, not reallocated."""
-        self._engine.reset()
+        with self._lock:
+            self._check_not_decoding("reset")
+            self._engine.reset()
 
     def generate(self, prompt_ids, n_new, *, temperature=0.0, top_k=None, top_p=None, seed=None,
                  stop_ids=(), on_token=None) -> list:
@@ -242,11 +351,20 @@ class ResidentSession:
         on_token(id) is called as each id is produced. Before any of it,
         residentk_context_check(len(prompt_ids), n_new, max_ctx) must pass (606 otherwise) and
         every argument is validated: a refusal leaves the session untouched.
+
+        The whole run holds the session (see hold()): threads sharing one session each get
+        their own sequence, one run after another, never tokens decoded from another's cache.
         """
         ids = _token_ids(prompt_ids, self._config.vocab, "prompt_ids")
+        if ids.size == 0:
+            raise ResidentError("prompt_ids is empty: generate needs at least one prompt token",
+                                601)
         if isinstance(n_new, bool) or not isinstance(n_new, numbers.Integral):
             raise TypeError(f"n_new must be an int, got {type(n_new).__name__}")
-        st = _c.residentk_context_check(int(ids.size), int(n_new), self.max_ctx)
+        if n_new < 0:
+            raise ResidentError(f"n_new must be >= 0, got {n_new}", 601)
+        st = _c.residentk_context_check(int(ids.size), as_i64_clamped(n_new, "n_new"),
+                                        self.max_ctx)
         if st != _c.RESIDENT_OK:
             raise ResidentError(
                 f"a prompt of {ids.size} tokens plus {n_new} new ones does not fit "
@@ -255,16 +373,26 @@ class ResidentSession:
         stop = {int(s) for s in stop_ids}
         if on_token is not None and not callable(on_token):
             raise TypeError("on_token must be callable")
-        self.reset()
+        with self._lock:
+            self._check_not_decoding("generate")
+            self._decoding = True
+            try:
+                return self._decode(ids, int(n_new), pick, float(temperature) == 0.0, stop,
+                                    on_token)
+            finally:
+                self._decoding = False
+
+    def _decode(self, ids, n_new, pick, greedy, stop, on_token) -> list:
+        eng = self._engine
+        eng.reset()
         out = []
         if n_new == 0:
             return out
-        logits = self.prefill(ids)
+        logits = eng.prefill(ids)
         # Greedy: the engine forms the argmax (numpy.argmax's order) where the logits are, so on
         # CUDA one id comes back per token instead of vocab logits.
-        greedy = float(temperature) == 0.0
         nxt = None
-        for i in range(int(n_new)):
+        for i in range(n_new):
             t = pick(logits) if nxt is None else nxt
             out.append(t)
             if on_token is not None:
@@ -272,7 +400,11 @@ class ResidentSession:
             if t in stop or i + 1 == n_new:
                 break
             if greedy:
-                nxt = self._engine.step_greedy(t)
+                nxt = eng.step_greedy(t)
             else:
-                logits = self._engine.step(t)
+                logits = eng.step(t)
         return out
+
+
+def _head_differs(head, embed) -> bool:
+    return not same_values(engine_tensor(head, _HEAD), engine_tensor(embed, _EMBED))

@@ -65,15 +65,19 @@ def random_weights(config, seed: int = 0) -> Iterator:
             yield name, a
 
 
-def engine_tensor(x) -> tuple:
+def engine_tensor(x, name: str = "weights") -> tuple:
     """(C-contiguous ndarray, source) for Session.set_weight: source 'f32', 'f16' or 'bf16'
-    (uint16 bit patterns). float32, float16 and bfloat16 data go through unconverted; other real
-    data (float64, integers) is cast to float32. torch tensors of any device are accepted."""
+    (uint16 bit patterns). float32, float16 and bfloat16 data go through unconverted; float64 is
+    rounded to float32. torch tensors of any device are accepted. Anything else (integers, bool,
+    complex, objects) is refused: an integer tensor is most likely a packed quantized format,
+    whose values are not the weights, and a complex one would lose its imaginary part."""
     if isinstance(x, Bf16Bits):
         return np.ascontiguousarray(x.bits).view(np.uint16), "bf16"
     if hasattr(x, "detach") and hasattr(x, "dtype") and hasattr(x, "cpu"):  # a torch tensor
         import torch
 
+        if not x.dtype.is_floating_point:
+            raise TypeError(f"{name} must hold floating-point values, got {x.dtype}")
         t = x.detach().cpu().contiguous()
         if t.dtype == torch.bfloat16:
             return t.view(torch.int16).numpy().view(np.uint16), "bf16"
@@ -87,9 +91,51 @@ def engine_tensor(x) -> tuple:
         return np.ascontiguousarray(a), "f32"
     if a.dtype == np.float16:
         return np.ascontiguousarray(a), "f16"
-    if a.dtype.kind not in "fiu":
-        raise TypeError(f"weights must hold real numbers, got dtype {a.dtype}")
+    if a.dtype.kind != "f":
+        raise TypeError(f"{name} must hold floating-point values, got dtype {a.dtype}")
     return np.ascontiguousarray(a, dtype=np.float32), "f32"
 
 
-__all__ = ["Bf16Bits", "tensor_table", "expected_shapes", "random_weights", "engine_tensor"]
+def _rows_f32(a: np.ndarray, source: str, lo: int, hi: int) -> np.ndarray:
+    block = np.asarray(a[lo:hi])
+    if source == "bf16":
+        return (block.astype(np.uint32) << 16).view(np.float32)
+    return block.astype(np.float32, copy=False)
+
+
+HEAD, EMBED = "lm_head.weight", "model.embed_tokens.weight"
+
+
+def warn_untied_head(holder: str, stacklevel: int) -> None:
+    """transformers (5.x) keeps a shipped lm_head.weight that differs from the embedding table
+    apart from it even when the config ties them, and warns; the session computes that same
+    model (a separate head, counted in the resident bytes) and says so."""
+    import warnings
+
+    from ..errors import ResidentWarning
+
+    warnings.warn(
+        f"the config ties the word embeddings (tie_word_embeddings: true) but {holder} an "
+        f"{HEAD} that differs from {EMBED}: the session keeps the two apart, as transformers "
+        "does; set tie_word_embeddings false to silence this", ResidentWarning,
+        stacklevel=stacklevel + 1)
+
+
+def same_values(a: tuple, b: tuple, rows_per_block: int = 4096) -> bool:
+    """Whether two engine_tensor results hold the same values (compared as float32, which
+    every source type widens to exactly), a block of rows at a time so two memory-mapped
+    embedding tables are never copied whole."""
+    (x, sx), (y, sy) = a, b
+    if x.shape != y.shape:
+        return False
+    if sx == sy and x.ctypes.data == y.ctypes.data:  # one buffer (a tied state_dict's pair)
+        return True
+    if x.ndim == 0:
+        x, y = x.reshape(1), y.reshape(1)
+    return all(np.array_equal(_rows_f32(x, sx, lo, lo + rows_per_block),
+                              _rows_f32(y, sy, lo, lo + rows_per_block))
+               for lo in range(0, x.shape[0], rows_per_block))
+
+
+__all__ = ["Bf16Bits", "tensor_table", "expected_shapes", "random_weights", "engine_tensor",
+           "same_values", "warn_untied_head", "HEAD", "EMBED"]
