@@ -477,10 +477,45 @@ def test_other_refusals():
     m.lm_head = torch.nn.Sequential(m.lm_head)
     with pytest.raises(ValueError, match="not an nn.Linear"):
         atf.apply_fused_loss(m)
-    with pytest.raises(ValueError, match="at least 1"):
-        atf.apply_fused_loss(make("Qwen3ForCausalLM"), chunk=0)
+    from algenta import LossError
+
+    # The chunk is refused when it is given, with the kernel's status, not at the first step.
+    for chunk, status in ((0, 581), (10**12, None), (2**70, None)):
+        m = make("Qwen3ForCausalLM")
+        with pytest.raises(LossError) as e:
+            atf.apply_fused_loss(m, chunk=chunk)
+        want = at.linear_cross_entropy if status is None else None
+        assert status is None or e.value.status == status
+        assert "chunk" in str(e.value) and "forward" not in m.__dict__
+        if want is not None:  # the same refusal the loss itself gives
+            with pytest.raises(LossError) as e2:
+                want(torch.zeros(2, 32), m.lm_head.weight.detach(), torch.zeros(2, dtype=int),
+                     chunk=chunk)
+            assert e.value.status == e2.value.status
+    patched = atf.apply_fused_loss(make("Qwen3ForCausalLM"), chunk=4)
+    with pytest.raises(LossError):
+        atf.apply_fused_loss(patched, chunk=10**12)
+    assert patched.forward.chunk == 4
     with pytest.raises(TypeError, match="chunk"):
         atf.apply_fused_loss(make("Qwen3ForCausalLM"), chunk=2.0)
+
+
+@pytest.mark.parametrize("num_items", [None, 0, 5])
+def test_sequences_of_one_position_give_the_stock_nan_and_zero_gradients(num_items):
+    # Nothing is scored (the only position has no next token): the stock loss averages over no
+    # token, NaN with zero gradients, and a Trainer run goes on; so must the fused one.
+    stock = make("Qwen3ForCausalLM")
+    fused = atf.apply_fused_loss(copy.deepcopy(stock))
+    ids = torch.randint(3, V, (2, 1), generator=torch.Generator().manual_seed(4))
+    kw = {} if num_items is None else dict(num_items_in_batch=torch.tensor(num_items))
+    losses = []
+    for m in (stock, fused):
+        m.zero_grad(set_to_none=False)
+        loss = m(input_ids=ids, labels=ids, **kw).loss
+        loss.backward()
+        losses.append(loss)
+        assert all(not p.grad.any() for p in m.parameters() if p.grad is not None)
+    assert torch.equal(losses[0], losses[1]) or (losses[0].isnan() and losses[1].isnan())
 
 
 def test_import_algenta_imports_neither_torch_nor_transformers():

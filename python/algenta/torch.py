@@ -41,7 +41,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from . import _core
-from ._convert import I64_MAX, I64_MIN, as_float, as_int
+from ._convert import I64_MAX, I64_MIN, as_float, as_i64_clamped, as_int
 from .errors import LossError
 from .lossk.cross_entropy import HalfBits, vocab_shard_pass
 from .lossk.cross_entropy import linear_cross_entropy as _np_linear_cross_entropy
@@ -118,8 +118,8 @@ def _check(input, weight, target, bias, class_weight, reduction, ignore_index, l
     cap = None if softcap is None else as_float(softcap, "softcap")
     zs = as_float(lse_square_scale, "lse_square_scale")
     k = as_int(shift, "shift")
-    if chunk is not None:
-        chunk = as_int(chunk, "chunk")
+    if chunk is not None:  # past int64 clamped (the op's schema takes int64): the core's 583
+        chunk = as_i64_clamped(chunk, "chunk")
     if input.dim() < 1 or weight.dim() != 2:
         raise LossError(f"input must be [..., d_model] and linear_weight [vocab, d_model], got "
                         f"shapes {tuple(input.shape)} and {tuple(weight.shape)}", 582)
@@ -382,26 +382,63 @@ def _setup_fwd(ctx, inputs, output):
     ctx.mark_non_differentiable(z, pred, acc, dh, dw, db)
     if not lse_grad:
         ctx.mark_non_differentiable(lse)
+    # Unmaterialized: autograd would otherwise hand backward a zero tensor for every output
+    # without a gradient, d_weight's shape among them (a zero-filled copy of the weight).
+    ctx.set_materialize_grads(False)
+    ctx.loss_shape = loss.shape
     ctx.opts = (reduction, ii, ls, cap, zs, shift, chunk)
     ctx.precomputed = reduction != "none" and not lse_grad
     ctx.lse_grad = lse_grad
-    ctx.save_for_backward(input, weight, target, bias, class_weight, dh, dw, db)
+    # The forward's gradients are as large as the weight. Eager: held as a plain attribute, so
+    # the first backward can take them, scale them in place and hand them on as the gradients
+    # themselves (no second and third copy of d_weight); a later backward of a retained graph
+    # finds them gone and makes its own pass. Compiled: saved tensors, scaled out of place, and
+    # the compiler plans the memory.
+    ctx.eager = not torch.compiler.is_compiling()
+    ctx.grads = [dh, dw, db] if ctx.precomputed and ctx.eager else None
+    if ctx.eager:
+        ctx.save_for_backward(input, weight, target, bias, class_weight)
+    else:
+        ctx.save_for_backward(input, weight, target, bias, class_weight, dh, dw, db)
+
+
+def _scaled(g: Tensor, by: Tensor) -> Tensor:
+    """g * by, in place (g is the forward's own buffer, referenced by nothing else). An upstream
+    gradient of exactly 1 (loss.backward()) skips the pass over g. A non-finite one (a sum
+    divided by num_items_in_batch = 0) keeps g's exact zeros zero, as autograd's own chain does
+    for ignored tokens (their gradient is a zero, not upstream * 0 = NaN). On CUDA, reading the
+    scalar waits for the stream once per backward of the loss."""
+    b = float(by)
+    if b == 1.0:
+        return g
+    if math.isfinite(b):
+        return g.mul_(by)  # the same type promotion, hence the same bits, as g * by
+    return torch.where(g == 0, g, g * by)
 
 
 def _backward_fwd(ctx, g_loss, g_lse, *_unused):
-    input, weight, target, bias, class_weight, dh, dw, db = ctx.saved_tensors
+    input, weight, target, bias, class_weight = ctx.saved_tensors[:5]
+    if g_loss is None:  # only the lse was used: the loss's upstream gradient is zero
+        g_loss = torch.zeros(ctx.loss_shape, dtype=_loss_dtype(input.dtype), device=input.device)
     need_dh, need_dw, _, need_db = ctx.needs_input_grad[:4]
-    if ctx.precomputed:  # the forward's gradients of the loss, times the upstream scalar
-        gdh = dh * g_loss if need_dh else None
-        gdw = dw * g_loss if need_dw else None
-        gdb = db * g_loss if need_db else None
-    else:
-        gdh, gdw, gdb = _lce_grad(input, weight, target, bias, class_weight, g_loss,
-                                  g_lse if ctx.lse_grad else None, *ctx.opts, need_dh, need_dw,
-                                  need_db)
-        gdh, gdw, gdb = (gdh if need_dh else None, gdw if need_dw else None,
-                         gdb if need_db else None)
-    return (gdh, gdw, None, gdb) + (None,) * 13
+    if ctx.precomputed and not ctx.eager:
+        dh, dw, db = ctx.saved_tensors[5:]
+        return (dh * g_loss if need_dh else None, dw * g_loss if need_dw else None, None,
+                db * g_loss if need_db else None) + (None,) * 13
+    if ctx.precomputed:
+        if ctx.grads is not None:  # the first backward: the forward's gradients, taken
+            (dh, dw, db), ctx.grads = ctx.grads, None
+        else:  # a retained graph's next backward: the forward's pass again, the same bits
+            one = torch.ones((), dtype=_loss_dtype(input.dtype), device=input.device)
+            dh, dw, db = _lce_grad(input, weight, target, bias, class_weight, one, None,
+                                   *ctx.opts, need_dh, need_dw, need_db)
+        return (_scaled(dh, g_loss) if need_dh else None, _scaled(dw, g_loss) if need_dw else None,
+                None, _scaled(db, g_loss) if need_db else None) + (None,) * 13
+    gdh, gdw, gdb = _lce_grad(input, weight, target, bias, class_weight, g_loss,
+                              g_lse if ctx.lse_grad else None, *ctx.opts, need_dh, need_dw,
+                              need_db)
+    return (gdh if need_dh else None, gdw if need_dw else None, None,
+            gdb if need_db else None) + (None,) * 13
 
 
 _lce_fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)

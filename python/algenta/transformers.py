@@ -199,10 +199,16 @@ class _FusedLossForward:
                 raise ValueError(f"{name} have shape {tuple(target.shape)}, the final hidden "
                                  f"states {tuple(hidden.shape)}: one label per input position "
                                  f"is needed, shape {lead}")
+        ignore_index = kwargs.get("ignore_index", -100)
+        if shift and hidden.shape[-2] <= shift:
+            # Sequences of one position score nothing: ForCausalLMLoss then averages over no
+            # token (NaN loss, zero gradients) instead of refusing; so does the fused loss, with
+            # every position ignored in place of a shift that leaves none.
+            target, shift = torch.full_like(target, ignore_index), 0
         num_items = kwargs.get("num_items_in_batch")
         loss = at.linear_cross_entropy(
             hidden, head.weight, target, linear_bias=head.bias,
-            ignore_index=kwargs.get("ignore_index", -100), shift=shift, softcap=cap,
+            ignore_index=ignore_index, shift=shift, softcap=cap,
             reduction="mean" if num_items is None else "sum", chunk=self.chunk)
         if num_items is not None:
             # transformers' fixed_cross_entropy: the sum over this micro-batch divided by the
@@ -221,6 +227,21 @@ class _FusedLossForward:
         return out if return_dict else out.to_tuple()
 
 
+def _check_chunk(chunk, model) -> None:
+    """The chunk is refused here, with the kernel's own status, not at the first training step:
+    < 1 is 581, past int64 583, one whose chunk x vocab logits exceed the budget 587."""
+    if chunk is None:
+        return
+    from .errors import LossError
+    from .lossk.contract import LOSS_OK, loss_chunk_check, loss_status_name
+
+    vocab = model.lm_head.weight.shape[0]
+    st = loss_chunk_check(chunk, vocab)
+    if st != LOSS_OK:
+        raise LossError(f"chunk={chunk} refused for this model's vocabulary of {vocab}: "
+                        f"{loss_status_name(st)}", st)
+
+
 def apply_fused_loss(model, *, chunk=None):
     """Patches ``model`` (a supported ``*ForCausalLM`` instance) in place and returns it: its
     training forward with ``labels`` computes the loss with the fused linear + cross-entropy
@@ -231,7 +252,8 @@ def apply_fused_loss(model, *, chunk=None):
     bounds the temporary logits at ``chunk x vocab`` and changes no result by a single bit.
     Applying again to a patched model only updates ``chunk``.
 
-    Raises ``TypeError`` for something that is not a transformers model and ``ValueError`` for
+    Raises ``TypeError`` for something that is not a transformers model, ``LossError`` (a
+    ``ValueError``, with the kernel's status) for a chunk it would refuse, and ``ValueError`` for
     an unsupported architecture (the message names the supported ones), a subclass overriding
     ``forward``, a forward already replaced on the instance, a head that is not a plain
     ``nn.Linear`` without hooks, a replaced ``loss_function``, or a head on neither the CPU nor
@@ -249,14 +271,13 @@ def apply_fused_loss(model, *, chunk=None):
 
     if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int)):
         raise TypeError(f"chunk must be an int or None, got {type(chunk).__name__}")
-    if chunk is not None and chunk < 1:
-        raise ValueError(f"chunk must be at least 1, got {chunk}")
     if not isinstance(model, transformers.PreTrainedModel):
         raise TypeError("apply_fused_loss takes a transformers model instance (one of "
                         f"{_supported_list()}), got {type(model).__name__}")
 
     existing = model.__dict__.get("forward")
     if isinstance(existing, _FusedLossForward):
+        _check_chunk(chunk, model)
         existing.chunk = chunk
         return model
     if existing is not None:
@@ -290,6 +311,7 @@ def apply_fused_loss(model, *, chunk=None):
         raise ValueError(f"lm_head.weight is on {model.lm_head.weight.device}; algenta.torch "
                          "computes on CPU and CUDA tensors")
 
+    _check_chunk(chunk, model)
     model.forward = _FusedLossForward(model, arch, _ARCHITECTURES[arch], chunk, ForCausalLMLoss,
                                       CausalLMOutputWithPast)
     return model
