@@ -109,4 +109,28 @@ def reference_full(hidden, weight, targets, *, bias=None, class_weight=None, red
     return {"loss": loss, "lse": lse.reshape(out_shape), "z": zred, "n_valid": nv,
             "per": (ce + zl).reshape(out_shape), "pred": pred.reshape(out_shape),
             "accuracy": float((pred == y)[valid].mean()) if nv else np.nan,
-            "d_hidden": dh, "d_weight": dz.T @ x, "d_bias": dz.sum(axis=0)}
+            "d_hidden": dh, "d_weight": dz.T @ x, "d_bias": dz.sum(axis=0), "d_logits": dz,
+            "x": x}
+
+
+# bfloat16's unit roundoff: round to nearest moves a value by at most 2^-8 of itself.
+BF16_U = 2.0 ** -8
+
+
+def bf16_dot_path() -> bool:
+    """Whether bfloat16 inputs take the bf16 dot-product path here (vdpbf16ps), whose gradient
+    products take d_logits rounded to bfloat16 (the CUDA backend's rounding)."""
+    import algenta
+
+    return algenta._core.bf16_path() == "vdpbf16ps"
+
+
+def bf16_gradient_bounds(ref, weight):
+    """(d_hidden, d_weight) bounds of what rounding d_logits to bfloat16 can add: each
+    coefficient moves by at most BF16_U of itself, so a gradient cell by at most BF16_U times
+    the sum of |coefficient x operand| over its reduction (V for d_hidden, tokens for
+    d_weight). Zero where the path multiplies float32 d_logits (widening)."""
+    if not bf16_dot_path():
+        return 0.0, 0.0
+    dz, x = np.abs(ref["d_logits"]), np.abs(ref["x"])
+    return BF16_U * (dz @ np.abs(np.asarray(weight, np.float64))), BF16_U * (dz.T @ x)

@@ -321,7 +321,7 @@ def test_bit_identical_for_every_thread_count():
 
 def _isas():
     names = ["generic"]
-    for isa in ("avx2", "avx512"):
+    for isa in ("avx2", "avx512", "avx512bf16"):
         res = subprocess.run([sys.executable, "-c", "import algenta; print(algenta._core.isa_name())"],
                              env=dict(os.environ, ALGENTA_ISA=isa), capture_output=True, text=True)
         if res.stdout.strip() == isa:
@@ -346,6 +346,26 @@ def test_every_instruction_set_agrees_with_the_reference():
             assert abs(r.loss - ref["loss"]) < tol * 10, (r.loss, ref["loss"])
             assert np.abs(r.d_hidden - ref["d_hidden"]).max() < tol
             assert np.abs(r.d_weight - ref["d_weight"]).max() < tol
+        # bfloat16 inputs on this instruction set's path (widened, or bf16 dot products), float32
+        # gradients: float32 accumulation, plus the d_logits rounding of the dot-product path
+        from algenta.lossk.cross_entropy import HalfBits
+        from lossk_reference import bf16_gradient_bounds, reference_full
+        u = rng.standard_normal((37, 41)).astype(np.float32).view(np.uint32) >> 16
+        hb = u.astype(np.uint16)
+        wb = ((rng.standard_normal((523, 41)) / 6).astype(np.float32).view(np.uint32) >> 16
+              ).astype(np.uint16)
+        h64, w64 = [(b.astype(np.uint32) << 16).view(np.float32).astype(np.float64) for b in (hb, wb)]
+        t = rng.integers(0, 523, 37)
+        r = algenta.linear_cross_entropy(HalfBits(hb, "bfloat16"), HalfBits(wb, "bfloat16"), t,
+                                         chunk=5, with_grad=True, grad_dtype="float32")
+        q = algenta.linear_cross_entropy(HalfBits(hb, "bfloat16"), HalfBits(wb, "bfloat16"), t,
+                                         chunk=37, with_grad=True, grad_dtype="float32")
+        assert np.array_equal(r.d_weight, q.d_weight) and r.loss == q.loss
+        ref = reference_full(h64, w64, t)
+        ch, cw_ = bf16_gradient_bounds(ref, w64)
+        assert abs(r.loss - ref["loss"]) < 2e-4
+        assert np.all(np.abs(r.d_hidden - ref["d_hidden"]) <= ch + 2e-5)
+        assert np.all(np.abs(r.d_weight - ref["d_weight"]) <= cw_ + 2e-5)
         print("ok", algenta._core.isa_name())
     """) % os.path.dirname(__file__)
     for isa in _isas():

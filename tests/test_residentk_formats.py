@@ -167,7 +167,7 @@ def test_bit_identical_for_every_thread_count():
     np.testing.assert_array_equal(a, _probe(3))
 
 
-@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
+@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512", "avx512bf16"])
 def test_every_instruction_set_against_the_float64_reference(isa):
     """Each ISA's widening loads and dots (the decode steps) and widened prefill tiles, in every
     format, against the float64 reference over the values the format holds."""

@@ -531,7 +531,7 @@ def test_logits_are_bit_identical_for_every_thread_count():
     np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
+@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512", "avx512bf16"])
 def test_every_instruction_set_matches_the_reference(isa):
     import os
     import subprocess

@@ -30,6 +30,11 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("isa_name", [] { return std::string(algenta::kern::isa_name()); },
         "Instruction set of the active CPU kernels (or why ALGENTA_ISA was refused).");
+  m.def("bf16_path", [] {
+        return std::string(algenta::kern::ops<float>().bf16dot.gemm_papb ? "vdpbf16ps" : "widen");
+      },
+        "How lossk multiplies bfloat16 inputs on this host: 'vdpbf16ps' (bf16 dot products, "
+        "d_logits rounded to bf16 for the gradient products) or 'widen' (to float32, FMA).");
 
   bind_lossk(m);
   bind_residentk(m);

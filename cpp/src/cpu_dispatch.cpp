@@ -17,6 +17,9 @@ extern const IsaTable isa_avx2_table;
 #ifdef ALGENTA_HAS_ISA_avx512
 extern const IsaTable isa_avx512_table;
 #endif
+#ifdef ALGENTA_HAS_ISA_avx512bf16
+extern const IsaTable isa_avx512bf16_table;
+#endif
 
 namespace {
 
@@ -37,12 +40,18 @@ bool host_has(const char* name) {
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
            __builtin_cpu_supports("f16c");
+  // AVX-512 plus vdpbf16ps (AMD Zen 4 and later, Intel Cooper Lake and Sapphire Rapids on).
+  if (std::strcmp(name, "avx512bf16") == 0)
+    return host_has("avx512") && __builtin_cpu_supports("avx512bf16");
 #endif
   return std::strcmp(name, "generic") == 0;
 }
 
 Choice choose() {
   const IsaTable* compiled[] = {
+#ifdef ALGENTA_HAS_ISA_avx512bf16
+      &isa_avx512bf16_table,
+#endif
 #ifdef ALGENTA_HAS_ISA_avx512
       &isa_avx512_table,
 #endif

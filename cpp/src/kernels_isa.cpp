@@ -13,9 +13,10 @@
 #include <cstring>
 #include <limits>
 
+#include "algenta/half.hpp"
 #include "algenta/kernels.hpp"
 
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX512BF16__)
 #include <immintrin.h>
 #endif
 
@@ -94,62 +95,22 @@ struct F16 {
 };
 inline float widen(float x) { return x; }
 inline double widen(double x) { return x; }
-// bfloat16 is the top half of a float32: exact.
-inline float widen(BF16 x) {
-  const uint32_t b = uint32_t(x.u) << 16;
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
-// IEEE binary16 -> float32, exact (every half is a float).
+inline float widen(BF16 x) { return half::bf16_to_f32(x.u); }
 inline float widen(F16 x) {
 #if defined(__F16C__)
-  return _cvtsh_ss(x.u);
+  return _cvtsh_ss(x.u);  // the same exact value as half::f16_to_f32, one instruction
 #else
-  const uint32_t sign = uint32_t(x.u & 0x8000u) << 16;
-  const uint32_t e = (x.u >> 10) & 0x1fu, m = x.u & 0x3ffu;
-  uint32_t bits;
-  if (e == 0) {
-    float f = float(m) * 5.9604644775390625e-8f;  // subnormal or zero: m * 2^-24
-    std::memcpy(&bits, &f, 4);
-    bits |= sign;
-  } else if (e == 31) {
-    bits = sign | 0x7f800000u | (m << 13);
-  } else {
-    bits = sign | ((e + 112u) << 23) | (m << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
+  return half::f16_to_f32(x.u);
 #endif
 }
 
-// float32 -> bfloat16 / binary16 bits, round to nearest even; NaN stays a (quiet) NaN and a
-// value past the half format's range becomes infinity, as a hardware conversion does.
-inline uint16_t narrow_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
+// float32 -> half bits with the one definition of rounding (half.hpp).
+inline uint16_t narrow_bf16(float f) { return half::f32_to_bf16(f); }
 inline uint16_t narrow_f16(float f) {
 #if defined(__F16C__)
-  return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+  return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);  // == half::f32_to_f16 for every non-NaN
 #else
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  x &= 0x7fffffffu;
-  if (x > 0x7f800000u) return uint16_t(sign | 0x7e00u);   // NaN
-  if (x >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // >= 65520 rounds to infinity
-  if (x < 0x38800000u) {                                  // below 2^-14: a subnormal half
-    float a;
-    std::memcpy(&a, &x, 4);
-    return uint16_t(sign | uint32_t(std::nearbyint(a * 16777216.0f)));  // a * 2^24, RNE
-  }
-  x += 0x0fffu + ((x >> 13) & 1u);
-  return uint16_t(sign | ((x - 0x38000000u) >> 13));
+  return half::f32_to_f16(f);
 #endif
 }
 
@@ -447,6 +408,293 @@ int64_t row_quantum() {
   return MR<T>;
 }
 
+#if defined(__AVX512BF16__)
+// ---- bfloat16 dot products (AVX512-BF16: vdpbf16ps) --------------------------------------------
+// Operands are packed as k-pairs: one uint32 holds the bf16 values of k = 2p (low half) and
+// 2p + 1 (high half), the unit vdpbf16ps multiplies: per float32 lane, acc += a[2p] b[2p] +
+// a[2p+1] b[2p+1], the products exact (8-bit significands), the sum in float32. Pairs always
+// start at k = 0 of the whole product (K blocks hold KC = 256 values, an even count), so a cell's
+// chain, and with it its bits, never depends on where the caller split K; an odd K pads its last
+// pair with a zero. Every operand is bf16: the caller rounds float32 d_logits to bf16 first (with
+// the one rounding both backends use, half::f32_to_bf16). The instruction treats subnormal
+// inputs and results as zero (below 1.2e-38, far under anything a loss or its gradient carries).
+constexpr int DP_MR = 12;  // 12 x 2 zmm accumulators, as the float32 kernel
+constexpr int DP_NV = 2;
+constexpr int64_t DP_NR = DP_NV * 16;
+constexpr int64_t DP_NC = 64 * DP_NR;
+static_assert(KC % 2 == 0 && MC % DP_MR == 0, "k blocks hold whole pairs, MC whole panels");
+
+inline uint32_t kpair(uint16_t lo, uint16_t hi) { return uint32_t(lo) | (uint32_t(hi) << 16); }
+
+int64_t dp_pairs(int64_t k) { return (k + 1) / 2; }
+
+// A block (mc x kc) of bf16 -> panels of DP_MR rows: Ap[panel][p][r] = pair(A[r][2p],
+// A[r][2p+1]), zero rows past mc and a zero high half past kc.
+inline void dp_pack_a(int64_t mc, int64_t kc, const BF16* A, int64_t rsa, int64_t csa,
+                      uint32_t* Ap) {
+  const int64_t kp = dp_pairs(kc), kfull = kc / 2;
+  for (int64_t i0 = 0; i0 < mc; i0 += DP_MR) {
+    const int64_t mr = mc - i0 < DP_MR ? mc - i0 : DP_MR;
+    uint32_t* dst = Ap + i0 * kp;
+    if (csa == 1) {  // k-contiguous rows (hidden, d_logits): a pair is two adjacent bf16
+      for (int64_t r = 0; r < mr; ++r) {
+        const BF16* src = A + (i0 + r) * rsa;
+        for (int64_t p = 0; p < kfull; ++p) {
+          uint32_t u;
+          std::memcpy(&u, src + 2 * p, 4);  // little-endian: k = 2p in the low half
+          dst[p * DP_MR + r] = u;
+        }
+        if (kp > kfull) dst[kfull * DP_MR + r] = kpair(src[kc - 1].u, 0);
+      }
+    } else {  // row-contiguous (d_logits read transposed): two k rows interleaved
+      for (int64_t p = 0; p < kp; ++p) {
+        const BF16* lo = A + i0 * rsa + 2 * p * csa;
+        const bool has_hi = 2 * p + 1 < kc;
+        for (int64_t r = 0; r < mr; ++r)
+          dst[p * DP_MR + r] =
+              kpair(lo[r * rsa].u, has_hi ? lo[r * rsa + csa].u : uint16_t(0));
+      }
+    }
+    for (int64_t r = mr; r < DP_MR; ++r)
+      for (int64_t p = 0; p < kp; ++p) dst[p * DP_MR + r] = 0;
+  }
+}
+
+// 16 x 16 dwords: r[i] <- column i of the rows r[0..15] (four rounds of unpack / lane shuffle).
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {  // 128-bit lanes: rows i, i+4, i+8, i+12 hold the quarters
+    t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+    r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
+    r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xdd);
+  }
+}
+
+// B block (kc x nc) of bf16 -> panels of DP_NR columns: Bp[panel][p][c] = pair(B[2p][c],
+// B[2p+1][c]), zero columns past nc.
+inline void dp_pack_b(int64_t kc, int64_t nc, const BF16* B, int64_t rsb, int64_t csb,
+                      uint32_t* Bp) {
+  const int64_t kp = dp_pairs(kc), kfull = kc / 2;
+  for (int64_t j0 = 0; j0 < nc; j0 += DP_NR) {
+    const int64_t w = nc - j0 < DP_NR ? nc - j0 : DP_NR;
+    uint32_t* dst = Bp + j0 * kp;
+    if (rsb == 1) {
+      // k-contiguous columns (B = W^T): a pair is two adjacent bf16 in memory, so 16 columns
+      // x 16 pairs are 16 rows of 64 bytes, transposed in registers.
+      int64_t c0 = 0;
+      for (; c0 + 16 <= w; c0 += 16) {
+        int64_t p0 = 0;
+        for (; p0 + 16 <= kfull; p0 += 16) {
+          __m512i r[16];
+          for (int i = 0; i < 16; ++i)
+            r[i] = _mm512_loadu_si512(static_cast<const void*>(B + (j0 + c0 + i) * csb + 2 * p0));
+          transpose16(r);
+          for (int i = 0; i < 16; ++i)
+            _mm512_storeu_si512(static_cast<void*>(dst + (p0 + i) * DP_NR + c0), r[i]);
+        }
+        for (int64_t c = c0; c < c0 + 16; ++c) {
+          const BF16* src = B + (j0 + c) * csb;
+          for (int64_t p = p0; p < kfull; ++p)
+            dst[p * DP_NR + c] = kpair(src[2 * p].u, src[2 * p + 1].u);
+        }
+      }
+      for (int64_t c = c0; c < w; ++c) {
+        const BF16* src = B + (j0 + c) * csb;
+        for (int64_t p = 0; p < kfull; ++p) dst[p * DP_NR + c] = kpair(src[2 * p].u, src[2 * p + 1].u);
+      }
+      if (kp > kfull)
+        for (int64_t c = 0; c < w; ++c) dst[kfull * DP_NR + c] = kpair(B[(j0 + c) * csb + kc - 1].u, 0);
+    } else {
+      // column-contiguous (W, or the chunk's hidden rows): two rows interleaved.
+      for (int64_t p = 0; p < kp; ++p) {
+        const BF16* lo = B + 2 * p * rsb + j0 * csb;
+        const BF16* hi = lo + rsb;
+        const bool has_hi = 2 * p + 1 < kc;
+        uint32_t* d = dst + p * DP_NR;
+        for (int64_t c = 0; c < w; ++c)
+          d[c] = kpair(lo[c * csb].u, has_hi ? hi[c * csb].u : uint16_t(0));
+      }
+    }
+    for (int64_t c = w; c < DP_NR; ++c)
+      for (int64_t p = 0; p < kp; ++p) dst[p * DP_NR + c] = 0;
+  }
+}
+
+// R x DP_NR tile: C = (load ? C : 0) + sum_p a[p][:] . b[p][:], one chain per cell in pair order.
+template <int R>
+void dp_ukernel(int64_t kp, const uint32_t* __restrict a, const uint32_t* __restrict b, float* c,
+                int64_t ldc, bool load) {
+  __m512 acc[R][DP_NV];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < DP_NV; ++j)
+      acc[i][j] = load ? _mm512_loadu_ps(c + i * ldc + j * 16) : _mm512_setzero_ps();
+  for (int64_t p = 0; p < kp; ++p) {
+    __m512bh bv[DP_NV];
+    for (int j = 0; j < DP_NV; ++j)
+      bv[j] = (__m512bh)_mm512_loadu_si512(static_cast<const void*>(b + p * DP_NR + j * 16));
+    for (int i = 0; i < R; ++i) {
+      const __m512bh ai = (__m512bh)_mm512_set1_epi32(int(a[p * DP_MR + i]));
+      for (int j = 0; j < DP_NV; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], ai, bv[j]);
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < DP_NV; ++j) _mm512_storeu_ps(c + i * ldc + j * 16, acc[i][j]);
+}
+
+using DpUkernelFn = void (*)(int64_t, const uint32_t*, const uint32_t*, float*, int64_t, bool);
+
+template <int... Rs>
+constexpr std::array<DpUkernelFn, sizeof...(Rs)> dp_ukernel_table(std::integer_sequence<int, Rs...>) {
+  return {{&dp_ukernel<Rs + 1>...}};
+}
+
+inline const std::array<DpUkernelFn, DP_MR>& dp_ukernels() {
+  static constexpr std::array<DpUkernelFn, DP_MR> table =
+      dp_ukernel_table(std::make_integer_sequence<int, DP_MR>{});
+  return table;
+}
+
+// gemm_core's driver over pair-packed panels. A: bf16 (packed here, block by block) or Afull
+// (packed by dp_pack_a_rows, amp rows, this call's rows from a0); B: bf16 or Bfull (packed by
+// dp_pack_b_full). ws: the float32 kernels' gemm_ws_elems(), which is larger than needed.
+void dp_gemm_core(int64_t M, int64_t N, int64_t K, const BF16* A, int64_t rsa, int64_t csa,
+                  const BF16* B, int64_t rsb, int64_t csb, const uint32_t* Afull, int64_t amp,
+                  int64_t a0, const uint32_t* Bfull, float* C, int64_t ldc, bool accumulate,
+                  float* ws) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    if (!accumulate)
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = 0.0f;
+    return;
+  }
+  uint32_t* Ap = reinterpret_cast<uint32_t*>(align64(ws));
+  uint32_t* Bp = align64(Ap + MC * (KC / 2));
+  float* tile = reinterpret_cast<float*>(align64(Bp + (KC / 2) * DP_NC));
+  const int64_t npad = (N + DP_NR - 1) / DP_NR * DP_NR;
+  for (int64_t jc = 0; jc < N; jc += DP_NC) {
+    const int64_t nc = N - jc < DP_NC ? N - jc : DP_NC;
+    for (int64_t pc = 0; pc < K; pc += KC) {
+      const int64_t kc = K - pc < KC ? K - pc : KC, kp = dp_pairs(kc);
+      const bool load = accumulate || pc > 0;  // later k blocks continue the same chain
+      const uint32_t* Bk;
+      if (Bfull) {
+        Bk = Bfull + (pc / 2) * npad + jc * kp;
+      } else {
+        dp_pack_b(kc, nc, B + pc * rsb + jc * csb, rsb, csb, Bp);
+        Bk = Bp;
+      }
+      for (int64_t ic = 0; ic < M; ic += MC) {
+        const int64_t mc = M - ic < MC ? M - ic : MC;
+        const uint32_t* Ak;
+        if (Afull) {
+          Ak = Afull + (pc / 2) * amp + (a0 + ic) * kp;
+        } else {
+          dp_pack_a(mc, kc, A + ic * rsa + pc * csa, rsa, csa, Ap);
+          Ak = Ap;
+        }
+        for (int64_t jr = 0; jr < nc; jr += DP_NR) {
+          const int64_t nr_ = nc - jr < DP_NR ? nc - jr : DP_NR;
+          for (int64_t ir = 0; ir < mc; ir += DP_MR) {
+            const int64_t mr_ = mc - ir < DP_MR ? mc - ir : DP_MR;
+            float* c = C + (ic + ir) * ldc + jc + jr;
+            const DpUkernelFn uk = dp_ukernels()[size_t(mr_ - 1)];
+            if (nr_ == DP_NR) {
+              uk(kp, Ak + ir * kp, Bk + jr * kp, c, ldc, load);
+            } else {  // column edge: the same kernel on a zero-padded full-width tile
+              if (load)
+                for (int64_t i = 0; i < mr_; ++i)
+                  for (int64_t j = 0; j < nr_; ++j) tile[i * DP_NR + j] = c[i * ldc + j];
+              uk(kp, Ak + ir * kp, Bk + jr * kp, tile, DP_NR, load);
+              for (int64_t i = 0; i < mr_; ++i)
+                for (int64_t j = 0; j < nr_; ++j) c[i * ldc + j] = tile[i * DP_NR + j];
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+int64_t dp_packed_a_elems(int64_t M, int64_t K) {
+  return dp_pairs(K) * ((M + DP_MR - 1) / DP_MR * DP_MR) + 16;
+}
+
+void dp_pack_a_rows(int64_t M, int64_t K, int64_t r0, int64_t r1, const uint16_t* A, int64_t rsa,
+                    int64_t csa, uint32_t* Afull) {
+  const int64_t mp = (M + DP_MR - 1) / DP_MR * DP_MR;
+  const BF16* a = reinterpret_cast<const BF16*>(A);
+  for (int64_t pc = 0; pc < K; pc += KC) {
+    const int64_t kc = K - pc < KC ? K - pc : KC;
+    dp_pack_a(r1 - r0, kc, a + r0 * rsa + pc * csa, rsa, csa,
+              Afull + (pc / 2) * mp + r0 * dp_pairs(kc));
+  }
+}
+
+int64_t dp_packed_b_elems(int64_t K, int64_t N) {
+  return dp_pairs(K) * ((N + DP_NR - 1) / DP_NR * DP_NR) + 16;
+}
+
+int64_t dp_packed_b_max_cols() { return DP_NC; }
+
+void dp_pack_b_full(int64_t K, int64_t N, const uint16_t* B, int64_t rsb, int64_t csb,
+                    uint32_t* Bfull) {
+  const int64_t npad = (N + DP_NR - 1) / DP_NR * DP_NR;
+  const BF16* b = reinterpret_cast<const BF16*>(B);
+  for (int64_t pc = 0; pc < K; pc += KC) {
+    const int64_t kc = K - pc < KC ? K - pc : KC;
+    dp_pack_b(kc, N, b + pc * rsb, rsb, csb, Bfull + (pc / 2) * npad);
+  }
+}
+
+void dp_gemm_papb(int64_t Mfull, int64_t row0, int64_t M, int64_t N, int64_t K,
+                  const uint32_t* Afull, const uint32_t* Bfull, float* C, int64_t ldc,
+                  bool accumulate, float* ws) {
+  const int64_t mp = (Mfull + DP_MR - 1) / DP_MR * DP_MR;
+  dp_gemm_core(M, N, K, nullptr, 0, 0, nullptr, 0, 0, Afull, mp, row0, Bfull, C, ldc,
+                     accumulate, ws);
+}
+
+void dp_gemm_bb(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t rsa, int64_t csa,
+                const uint16_t* B, int64_t rsb, int64_t csb, float* C, int64_t ldc,
+                bool accumulate, float* ws) {
+  dp_gemm_core(M, N, K, reinterpret_cast<const BF16*>(A), rsa, csa,
+                     reinterpret_cast<const BF16*>(B), rsb, csb, nullptr, 0, 0, nullptr, C, ldc,
+                     accumulate, ws);
+}
+
+void dp_gemm_bpb(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t rsa, int64_t csa,
+                 const uint32_t* Bfull, float* C, int64_t ldc, bool accumulate, float* ws) {
+  dp_gemm_core(M, N, K, reinterpret_cast<const BF16*>(A), rsa, csa, nullptr, 0, 0, nullptr,
+                     0, 0, Bfull, C, ldc, accumulate, ws);
+}
+
+int64_t dp_row_quantum() { return DP_MR; }
+
+constexpr Bf16DotOps kBf16Dot = {dp_packed_a_elems, dp_pack_a_rows, dp_packed_b_elems,
+                                 dp_packed_b_max_cols, dp_pack_b_full, dp_gemm_papb,
+                                 dp_gemm_bb, dp_gemm_bpb, dp_row_quantum};
+#else
+constexpr Bf16DotOps kBf16Dot = {};  // this instruction set has no bf16 dot product
+#endif
+
 // ---- vectorized exp ------------------------------------------------------------------------
 // exp(x) = 2^n * p(r), n = round(x / ln2), r = x - n*ln2 (two-constant Cody-Waite split, so r is
 // exact to well below an ulp), p a Taylor polynomial: degree 13 for double (truncation < 1e-17
@@ -698,7 +946,8 @@ const IsaTable ALGENTA_CAT(ALGENTA_ISA_NS, _table) = {
       ALGENTA_ISA_NS::pack_a_rows_h<ALGENTA_ISA_NS::F16>},
      {ALGENTA_ISA_NS::gemm_bh<ALGENTA_ISA_NS::BF16>, ALGENTA_ISA_NS::gemm_bh<ALGENTA_ISA_NS::F16>},
      {ALGENTA_ISA_NS::narrow_h<HALF_BF16>, ALGENTA_ISA_NS::narrow_h<HALF_F16>},
-     {ALGENTA_ISA_NS::widen_h<HALF_BF16>, ALGENTA_ISA_NS::widen_h<HALF_F16>}},
+     {ALGENTA_ISA_NS::widen_h<HALF_BF16>, ALGENTA_ISA_NS::widen_h<HALF_F16>},
+     ALGENTA_ISA_NS::kBf16Dot},
     {ALGENTA_ISA_NS::gemm<double>, ALGENTA_ISA_NS::gemm_ws_elems<double>,
      ALGENTA_ISA_NS::pack_b_full<double>, ALGENTA_ISA_NS::packed_b_elems<double>,
      ALGENTA_ISA_NS::packed_b_max_cols<double>, ALGENTA_ISA_NS::gemm_pb<double>,
@@ -707,7 +956,7 @@ const IsaTable ALGENTA_CAT(ALGENTA_ISA_NS, _table) = {
      ALGENTA_ISA_NS::block_stats<double>, ALGENTA_ISA_NS::logit_epilogue<double>,
      ALGENTA_ISA_NS::softmax_grad<double>,
      {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr},
-     {nullptr, nullptr}},
+     {nullptr, nullptr}, {}},
 };
 
 }  // namespace kern

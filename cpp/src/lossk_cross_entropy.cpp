@@ -198,11 +198,19 @@ template <class T>
 void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
   const kern::IsaOps<T>& K = kern::ops<T>();
   const int64_t N = a.n_tok, D = a.d_model, V = a.vocab;
-  const int64_t C = a.chunk < N ? a.chunk : N;
-  const int64_t VB = LOSS_VOCAB_BLOCK;
-  const int64_t nVB = ceil_div(V, VB);
   const bool half_in = is_half(a.elem);
   const int hk = half_kind(a.elem);
+  // bfloat16 inputs on an instruction set with a bf16 dot product multiply bf16 by bf16 (the
+  // logits exactly as stored; d_logits rounded to bf16 once, half::f32_to_bf16, as the CUDA
+  // backend rounds them). Its products take k in pairs, and the d_weight product's k is the
+  // tokens, chained chunk after chunk: every chunk but the last holds an even number of tokens,
+  // so the pairs, and the bits, are the same for every chunk size.
+  const kern::Bf16DotOps& DP = K.bf16dot;
+  const bool dp = a.elem == Elem::BF16 && DP.gemm_papb != nullptr;
+  int64_t C = a.chunk < N ? a.chunk : N;
+  if (dp && C < N) C = C < 2 ? 2 : C & ~int64_t(1);
+  const int64_t VB = LOSS_VOCAB_BLOCK;
+  const int64_t nVB = ceil_div(V, VB);
   const bool want_dh = out.d_hidden != nullptr, want_dw = out.d_weight != nullptr;
   const bool want_db = out.d_bias != nullptr;
   const bool with_grad = want_dh || want_dw || want_db;
@@ -215,7 +223,7 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
   const T* stats_w = eps > 0.0 || out.logit_sum ? cw : nullptr;
   const int nthreads = omp_get_max_threads();
   // d tiles of the d_weight product: each packed once per chunk, at most packed_b_max_cols wide.
-  const int64_t dtile_w = K.packed_b_max_cols();
+  const int64_t dtile_w = dp ? DP.packed_b_max_cols() : K.packed_b_max_cols();
   const int64_t n_dtiles = ceil_div(D, dtile_w);
   const size_t esz = half_in ? 2 : sizeof(T);
   const unsigned char* hidden = static_cast<const unsigned char*>(a.hidden);
@@ -224,19 +232,26 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
   // ---- every allocation, before any work --------------------------------------------------
   const int64_t ws_elems = K.gemm_ws_elems();
   // one (D, VB) block of W^T, packed (a narrower vocab needs no more than its own width)
-  const int64_t wpack_elems = K.packed_b_elems(D, std::min(VB, V));
+  const int64_t wpack_elems = dp ? DP.packed_b_elems(D, std::min(VB, V))
+                                 : K.packed_b_elems(D, std::min(VB, V));
   Buffer<T> ws(size_t(nthreads) * size_t(ws_elems));
-  Buffer<T> wpack(size_t(nthreads) * size_t(wpack_elems));
+  Buffer<T> wpack(dp ? 0 : size_t(nthreads) * size_t(wpack_elems));
+  Buffer<uint32_t> wpack_dp(dp ? size_t(nthreads) * size_t(wpack_elems) : 0);
   Buffer<T> tiles(with_grad ? 0 : size_t(nthreads) * size_t(ROWS * VB));
   ChunkScratch logits_mem(with_grad ? sizeof(T) * size_t(C * V) : 0);
   T* const logits = logits_mem.as<T>();  // (C, V): the one chunk in flight
   std::vector<int64_t> hpack_off(size_t(n_dtiles) + 1, 0);
   for (int64_t j = 0; j < n_dtiles; ++j) {
     const int64_t cols = D - j * dtile_w < dtile_w ? D - j * dtile_w : dtile_w;
-    hpack_off[size_t(j) + 1] = hpack_off[size_t(j)] + K.packed_b_elems(C, cols);
+    hpack_off[size_t(j) + 1] =
+        hpack_off[size_t(j)] + (dp ? DP.packed_b_elems(C, cols) : K.packed_b_elems(C, cols));
   }
-  Buffer<T> hpack(want_dw ? size_t(hpack_off[size_t(n_dtiles)]) : 0);  // (C, D) packed
-  Buffer<T> apack(size_t(K.packed_a_elems(C, D)));  // the chunk's hidden rows, packed
+  // (C, D) packed for the d_weight product, and the chunk's hidden rows packed for the logits:
+  // float32 panels, or bf16 pairs on the dot-product path.
+  const size_t hpack_n = want_dw ? size_t(hpack_off[size_t(n_dtiles)]) : 0;
+  const size_t apack_n = size_t(dp ? DP.packed_a_elems(C, D) : K.packed_a_elems(C, D));
+  Buffer<T> hpack(dp ? 0 : hpack_n), apack(dp ? 0 : apack_n);
+  Buffer<uint32_t> hpack_dp(dp ? hpack_n : 0), apack_dp(dp ? apack_n : 0);
   Buffer<kern::BlockStats> stats(static_cast<size_t>(C * nVB));  // (C, nVB)
   Buffer<int32_t> blk_arg(want_pred ? static_cast<size_t>(C * nVB) : 0);  // first max per block
   Buffer<double> ztarget(static_cast<size_t>(C)), lse(static_cast<size_t>(N)),
@@ -289,7 +304,10 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
 #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < n_rg; ++g) {
       const int64_t r0 = g * ROWS, r1 = std::min(c, (g + 1) * ROWS);
-      if (half_in)
+      if (dp)
+        DP.pack_a_rows(c, D, r0, r1, reinterpret_cast<const uint16_t*>(Hc), D, 1,
+                       apack_dp.data());
+      else if (half_in)
         K.pack_a_rows_h[hk](c, D, r0, r1, reinterpret_cast<const uint16_t*>(Hc), D, 1,
                             apack.data());
       else
@@ -304,8 +322,12 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
       const int64_t rs1 = std::min(c, rs0 + rs_rows);
       const int64_t v0 = vb * VB, cols = V - v0 < VB ? V - v0 : VB;
       T* wp = wpack.data() + size_t(tid) * size_t(wpack_elems);
+      uint32_t* wpd = wpack_dp.data() + size_t(tid) * size_t(wpack_elems);
       T* wsp = ws.data() + size_t(tid) * size_t(ws_elems);
-      if (half_in)
+      if (dp)
+        DP.pack_b_full(D, cols, reinterpret_cast<const uint16_t*>(weight + size_t(v0 * D) * esz),
+                       1, D, wpd);
+      else if (half_in)
         K.pack_b_full_h[hk](D, cols, reinterpret_cast<const uint16_t*>(weight + size_t(v0 * D) * esz),
                             1, D, wp);
       else
@@ -321,7 +343,14 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
           dst = tiles.data() + size_t(tid) * size_t(ROWS * VB);
           ldd = VB;
         }
-        K.gemm_papb(c, r0, rows, cols, D, apack.data(), wp, dst, ldd, false, wsp);
+        if constexpr (std::is_same<T, float>::value) {
+          if (dp)
+            DP.gemm_papb(c, r0, rows, cols, D, apack_dp.data(), wpd, dst, ldd, false, wsp);
+          else
+            K.gemm_papb(c, r0, rows, cols, D, apack.data(), wp, dst, ldd, false, wsp);
+        } else {
+          K.gemm_papb(c, r0, rows, cols, D, apack.data(), wp, dst, ldd, false, wsp);
+        }
         for (int64_t r = 0; r < rows; ++r) {
           T* z = dst + r * ldd;
           if (bias || cap > 0.0) K.logit_epilogue(z, cols, bias ? bias + v0 : nullptr, cap);
@@ -439,17 +468,47 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
 
     if (!with_grad) continue;
     const T* G = logits;  // (c, V) d_logits of this chunk
-    // 3. d_hidden rows of this chunk = G (c, V) @ W (V, D): one chain over v per cell. Items
+    // 3. d_bias (V) += column sums of G, each cell one chain over tokens in token order.
+    if (want_db) {
+      const int64_t VC = 1024;
+#pragma omp parallel for schedule(static)
+      for (int64_t v0 = 0; v0 < V; v0 += VC) {
+        const int64_t v1 = std::min(V, v0 + VC);
+        T* db = out.d_bias;
+        for (int64_t r = 0; r < c; ++r) {
+          const T* gr = G + r * V;
+          for (int64_t v = v0; v < v1; ++v) db[v] += gr[v];
+        }
+      }
+    }
+    // On the bf16 dot-product path both gradient products take G in bf16: rounded once, in
+    // place (row r's bf16 values end up in the first half of the buffer, row-major, ld V).
+    const uint16_t* Gb = reinterpret_cast<const uint16_t*>(logits);
+    if constexpr (std::is_same<T, float>::value) {
+      if (dp) narrow_in_place(logits, c * V, kern::HALF_BF16, K);
+    }
+    // 4. d_hidden rows of this chunk = G (c, V) @ W (V, D): one chain over v per cell. Items
     //    split D only; each call packs every W block once for all c rows.
     if (want_dh) {
       T* dh = half_dh ? dh_rows.data() : static_cast<T*>(out.d_hidden) + t0 * D;
-      const int64_t dt = tile_size(D, 16, 2 * nthreads, K.packed_b_max_cols());
+      // Each item packs all of G (c, V) again: on the bf16 path, whose packing is a larger share
+      // of the work, one item per thread.
+      const int64_t dt = tile_size(D, 16, dp ? nthreads : 2 * nthreads,
+                                   dp ? DP.packed_b_max_cols() : K.packed_b_max_cols());
       const int64_t n_dt = ceil_div(D, dt);
 #pragma omp parallel for schedule(dynamic)
       for (int64_t item = 0; item < n_dt; ++item) {
         const int tid = omp_get_thread_num();
         const int64_t d0 = item * dt, cols = D - d0 < dt ? D - d0 : dt;
         T* wsp = ws.data() + size_t(tid) * size_t(ws_elems);
+        if constexpr (std::is_same<T, float>::value) {
+          if (dp) {
+            DP.gemm_bb(c, cols, V, Gb, V, 1,
+                       reinterpret_cast<const uint16_t*>(weight + size_t(d0) * esz), D, 1,
+                       dh + d0, D, false, wsp);
+            continue;
+          }
+        }
         if (half_in)
           K.gemm_bh[hk](c, cols, V, G, V, 1,
                         reinterpret_cast<const uint16_t*>(weight + size_t(d0) * esz), D, 1,
@@ -465,13 +524,16 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
         for (int64_t r = 0; r < c; ++r) K.narrow_h[ok](dh + r * D, o + r * D, D);
       }
     }
-    // 4. d_weight (V, D) += G^T (V, c) @ Hc (c, D): each cell continues its chain over tokens
+    // 5. d_weight (V, D) += G^T (V, c) @ Hc (c, D): each cell continues its chain over tokens
     //    in token order, chunk after chunk. Hc is packed once per chunk and shared.
     if (want_dw) {
 #pragma omp parallel for schedule(static)
       for (int64_t j = 0; j < n_dtiles; ++j) {
         const int64_t d0 = j * dtile_w, cols = D - d0 < dtile_w ? D - d0 : dtile_w;
-        if (half_in)
+        if (dp)
+          DP.pack_b_full(c, cols, reinterpret_cast<const uint16_t*>(Hc + size_t(d0) * esz), D, 1,
+                         hpack_dp.data() + hpack_off[size_t(j)]);
+        else if (half_in)
           K.pack_b_full_h[hk](c, cols, reinterpret_cast<const uint16_t*>(Hc + size_t(d0) * esz),
                               D, 1, hpack.data() + hpack_off[size_t(j)]);
         else
@@ -488,21 +550,16 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
         const int64_t rows = V - v0 < VR ? V - v0 : VR, cols = D - d0 < dtile_w ? D - d0 : dtile_w;
         // The first chunk starts each chain at 0 (no memset pass over d_weight); later chunks
         // continue it. Either way one chain per cell, so the bits do not depend on C.
-        K.gemm_pb(rows, cols, c, G + v0, 1, V, hpack.data() + hpack_off[size_t(j)],
-                  out.d_weight + v0 * D + d0, D, t0 > 0, ws.data() + size_t(tid) * size_t(ws_elems));
-      }
-    }
-    // 5. d_bias (V) += column sums of G, each cell one chain over tokens in token order.
-    if (want_db) {
-      const int64_t VC = 1024;
-#pragma omp parallel for schedule(static)
-      for (int64_t v0 = 0; v0 < V; v0 += VC) {
-        const int64_t v1 = std::min(V, v0 + VC);
-        T* db = out.d_bias;
-        for (int64_t r = 0; r < c; ++r) {
-          const T* gr = G + r * V;
-          for (int64_t v = v0; v < v1; ++v) db[v] += gr[v];
+        T* wsp = ws.data() + size_t(tid) * size_t(ws_elems);
+        if constexpr (std::is_same<T, float>::value) {
+          if (dp) {
+            DP.gemm_bpb(rows, cols, c, Gb + v0, 1, V, hpack_dp.data() + hpack_off[size_t(j)],
+                        out.d_weight + v0 * D + d0, D, t0 > 0, wsp);
+            continue;
+          }
         }
+        K.gemm_pb(rows, cols, c, G + v0, 1, V, hpack.data() + hpack_off[size_t(j)],
+                  out.d_weight + v0 * D + d0, D, t0 > 0, wsp);
       }
     }
   }

@@ -119,7 +119,7 @@ const Simd& simd() {
   static const Simd table = [] {
 #if defined(__x86_64__)
     const std::string name = kern::isa().name;
-    if (name == "avx512") return ALGENTA_SIMD_TABLE(simd_avx512);
+    if (name == "avx512" || name == "avx512bf16") return ALGENTA_SIMD_TABLE(simd_avx512);
     if (name == "avx2") return ALGENTA_SIMD_TABLE(simd_avx2);
 #endif
     return ALGENTA_SIMD_TABLE(simd_generic);

@@ -1,5 +1,5 @@
 // Internal: the hot CPU kernels, compiled once per instruction set (kernels_isa.cpp with
-// ALGENTA_ISA_NS = isa_generic / isa_avx2 / isa_avx512) and chosen at run time by
+// ALGENTA_ISA_NS = isa_generic / isa_avx2 / isa_avx512 / isa_avx512bf16) and chosen at run time by
 // cpu_dispatch.cpp. Not part of any family's contract.
 //
 // Exactness: every GEMM output cell is ONE multiply-add chain over k in increasing order,
@@ -23,6 +23,34 @@ struct BlockStats {
 
 // Half-precision element storage (bit patterns in uint16_t): bfloat16 or IEEE binary16.
 enum Half : int { HALF_BF16 = 0, HALF_F16 = 1 };
+
+// bfloat16 dot-product GEMMs (AVX512-BF16 vdpbf16ps), the fast path of bfloat16 lossk inputs;
+// every pointer null in an instruction set without them. Operands are packed as k-pairs of bf16
+// (uint32 each, see kernels_isa.cpp), accumulation is float32, and each output cell is one
+// chain over k-pairs in increasing order, started from 0 or continued from C: the same split
+// invariance as the float32 GEMMs, provided every split of K falls on an even k.
+struct Bf16DotOps {
+  // A (M x K bf16) packed once, by disjoint row ranges [r0, r1), r0 a multiple of row_quantum().
+  int64_t (*packed_a_elems)(int64_t M, int64_t K);  // uint32 elements
+  void (*pack_a_rows)(int64_t M, int64_t K, int64_t r0, int64_t r1, const uint16_t* A,
+                      int64_t rsa, int64_t csa, uint32_t* Ap);
+  // B (K x N bf16, N <= packed_b_max_cols()) packed once.
+  int64_t (*packed_b_elems)(int64_t K, int64_t N);  // uint32 elements
+  int64_t (*packed_b_max_cols)();
+  void (*pack_b_full)(int64_t K, int64_t N, const uint16_t* B, int64_t rsb, int64_t csb,
+                      uint32_t* Bp);
+  // C (+)= rows [row0, row0 + m) of a packed A times a packed B (the logits).
+  void (*gemm_papb)(int64_t M, int64_t row0, int64_t m, int64_t N, int64_t K, const uint32_t* Ap,
+                    const uint32_t* Bp, float* C, int64_t ldc, bool accumulate, float* ws);
+  // C (+)= A (bf16) times B (bf16), both strided views packed as they are used: d_hidden.
+  void (*gemm_bb)(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t rsa, int64_t csa,
+                  const uint16_t* B, int64_t rsb, int64_t csb, float* C, int64_t ldc,
+                  bool accumulate, float* ws);
+  // C (+)= A (bf16, a strided view) times a packed B: d_weight.
+  void (*gemm_bpb)(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t rsa, int64_t csa,
+                   const uint32_t* Bp, float* C, int64_t ldc, bool accumulate, float* ws);
+  int64_t (*row_quantum)();
+};
 
 template <class T>
 struct IsaOps {
@@ -74,6 +102,9 @@ struct IsaOps {
   void (*narrow_h[2])(const T* src, uint16_t* dst, int64_t n);
   // dst[i] = src[i] widened exactly.
   void (*widen_h[2])(const uint16_t* src, T* dst, int64_t n);
+  // bfloat16 dot products (T = float only), where the instruction set has them; ws is
+  // gemm_ws_elems() of this table.
+  Bf16DotOps bf16dot;
 };
 
 struct IsaTable {
@@ -83,7 +114,7 @@ struct IsaTable {
 };
 
 // The table for the best instruction set this host supports, or the one named by the
-// environment variable ALGENTA_ISA (generic, avx2, avx512) when set; an unknown or unsupported
+// environment variable ALGENTA_ISA (generic, avx2, avx512, avx512bf16) when set; an unknown or unsupported
 // name there is refused with a clear message the first time kernels are needed.
 const IsaTable& isa();
 // Name of the active instruction set ("avx2", ...), or the refusal message if ALGENTA_ISA is bad.
