@@ -55,6 +55,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "algenta/half.hpp"
 #include "algenta/lossk.hpp"
 #include "algenta/session.hpp"
 #include "algenta/status_error.hpp"
@@ -103,11 +104,20 @@ __device__ __forceinline__ double dtanh(double x) { return tanh(x); }
 __device__ __forceinline__ float dfma(float a, float b, float c) { return fmaf(a, b, c); }
 __device__ __forceinline__ double dfma(double a, double b, double c) { return fma(a, b, c); }
 
+// float -> bfloat16 with the rounding the CPU backend uses too (algenta/half.hpp): a bf16
+// gradient, and the bf16 d_logits the backward products take, are the same bits on both.
+__device__ __forceinline__ __nv_bfloat16 to_bf16(float v) {
+  const uint16_t b = half::f32_to_bf16(v);
+  __nv_bfloat16 h;
+  memcpy(&h, &b, 2);
+  return h;
+}
+
 // A result cell in its output type: float/double as they are, halves rounded to nearest even
 // (as the CPU backend narrows).
 __device__ __forceinline__ void put(float* p, float v) { *p = v; }
 __device__ __forceinline__ void put(double* p, double v) { *p = v; }
-__device__ __forceinline__ void put(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void put(__nv_bfloat16* p, float v) { *p = to_bf16(v); }
 __device__ __forceinline__ void put(__half* p, float v) { *p = __float2half_rn(v); }
 
 template <class X>
@@ -175,7 +185,7 @@ __device__ __forceinline__ typename TileTypes<MMA, T>::S stage(X x) {
     return T(widen(x));
   } else if constexpr (MMA == WMMA_BF16) {
     if constexpr (std::is_same<X, __nv_bfloat16>::value) return x;
-    else return __float2bfloat16_rn(widen(x));
+    else return to_bf16(widen(x));
   } else if constexpr (MMA == WMMA_F16) {
     if constexpr (std::is_same<X, __half>::value) return x;
     else return __float2half_rn(widen(x));
