@@ -197,8 +197,8 @@ py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t>
   std::unique_ptr<void, FreeDeleter> dw_buf, db_buf;
   if (want_dw) {
     if (half(grad_elem)) {
-      dw_buf.reset(std::malloc(size_t(vocab) * size_t(d_model) * sizeof(T)));
-      if (!dw_buf) throw std::bad_alloc();
+      // As large as the weight: huge pages, so first touch is not a fault per 4 KiB.
+      dw_buf.reset(algenta::huge_malloc(size_t(vocab) * size_t(d_model) * sizeof(T)));
       out.d_weight = static_cast<T*>(dw_buf.get());
     } else {
       py::array_t<T> g({vocab, d_model});
@@ -208,8 +208,7 @@ py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t>
   }
   if (want_db) {
     if (half(grad_elem)) {
-      db_buf.reset(std::malloc(size_t(vocab) * sizeof(T)));
-      if (!db_buf) throw std::bad_alloc();
+      db_buf.reset(algenta::huge_malloc(size_t(vocab) * sizeof(T)));
       out.d_bias = static_cast<T*>(db_buf.get());
     } else {
       py::array_t<T> g(vocab);

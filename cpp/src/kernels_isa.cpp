@@ -413,7 +413,7 @@ int64_t row_quantum() {
 // Operands are packed as k-pairs: one uint32 holds the bf16 values of k = 2p (low half) and
 // 2p + 1 (high half), the unit vdpbf16ps multiplies: per float32 lane, acc += a[2p] b[2p] +
 // a[2p+1] b[2p+1], the products exact (8-bit significands), the sum in float32. Pairs always
-// start at k = 0 of the whole product (K blocks hold KC = 256 values, an even count), so a cell's
+// start at k = 0 of the whole product (K blocks hold DP_KC values, an even count), so a cell's
 // chain, and with it its bits, never depends on where the caller split K; an odd K pads its last
 // pair with a zero. Every operand is bf16: the caller rounds float32 d_logits to bf16 first (with
 // the one rounding both backends use, half::f32_to_bf16). The instruction treats subnormal
@@ -421,8 +421,15 @@ int64_t row_quantum() {
 constexpr int DP_MR = 12;  // 12 x 2 zmm accumulators, as the float32 kernel
 constexpr int DP_NV = 2;
 constexpr int64_t DP_NR = DP_NV * 16;
-constexpr int64_t DP_NC = 64 * DP_NR;
-static_assert(KC % 2 == 0 && MC % DP_MR == 0, "k blocks hold whole pairs, MC whole panels");
+// k blocks of 512 values (256 pairs): a d_weight cell's chain over a 512-token chunk stays in
+// registers for the whole chunk, and a B micro-panel (256 pairs x 32 columns, 32 KB) is still
+// read from L1/L2 far faster than the dot products consume it. NC halves to keep B's block in L2.
+constexpr int64_t DP_KC = 512;
+constexpr int64_t DP_NC = 32 * DP_NR;
+static_assert(DP_KC % 2 == 0 && MC % DP_MR == 0, "k blocks hold whole pairs, MC whole panels");
+static_assert(MC * (DP_KC / 2) + (DP_KC / 2) * DP_NC + DP_MR * DP_NR + 3 * 64 <=
+                  MC * KC + KC * NC<float>() + MR<float> * nr<float>() + 3 * 64,
+              "the float32 kernels' workspace holds the pair-packed panels");
 
 inline uint32_t kpair(uint16_t lo, uint16_t hi) { return uint32_t(lo) | (uint32_t(hi) << 16); }
 
@@ -446,7 +453,17 @@ inline void dp_pack_a(int64_t mc, int64_t kc, const BF16* A, int64_t rsa, int64_
         }
         if (kp > kfull) dst[kfull * DP_MR + r] = kpair(src[kc - 1].u, 0);
       }
-    } else {  // row-contiguous (d_logits read transposed): two k rows interleaved
+    } else if (rsa == 1 && mr == DP_MR) {  // d_logits read transposed: two k rows interleaved
+      for (int64_t p = 0; p < kp; ++p) {
+        const BF16* __restrict lo = A + i0 + 2 * p * csa;
+        const BF16* __restrict hi = 2 * p + 1 < kc ? lo + csa : nullptr;
+        uint32_t* __restrict d = dst + p * DP_MR;
+        if (hi)
+          for (int r = 0; r < DP_MR; ++r) d[r] = kpair(lo[r].u, hi[r].u);
+        else
+          for (int r = 0; r < DP_MR; ++r) d[r] = kpair(lo[r].u, 0);
+      }
+    } else {
       for (int64_t p = 0; p < kp; ++p) {
         const BF16* lo = A + i0 * rsa + 2 * p * csa;
         const bool has_hi = 2 * p + 1 < kc;
@@ -586,13 +603,13 @@ void dp_gemm_core(int64_t M, int64_t N, int64_t K, const BF16* A, int64_t rsa, i
     return;
   }
   uint32_t* Ap = reinterpret_cast<uint32_t*>(align64(ws));
-  uint32_t* Bp = align64(Ap + MC * (KC / 2));
-  float* tile = reinterpret_cast<float*>(align64(Bp + (KC / 2) * DP_NC));
+  uint32_t* Bp = align64(Ap + MC * (DP_KC / 2));
+  float* tile = reinterpret_cast<float*>(align64(Bp + (DP_KC / 2) * DP_NC));
   const int64_t npad = (N + DP_NR - 1) / DP_NR * DP_NR;
   for (int64_t jc = 0; jc < N; jc += DP_NC) {
     const int64_t nc = N - jc < DP_NC ? N - jc : DP_NC;
-    for (int64_t pc = 0; pc < K; pc += KC) {
-      const int64_t kc = K - pc < KC ? K - pc : KC, kp = dp_pairs(kc);
+    for (int64_t pc = 0; pc < K; pc += DP_KC) {
+      const int64_t kc = K - pc < DP_KC ? K - pc : DP_KC, kp = dp_pairs(kc);
       const bool load = accumulate || pc > 0;  // later k blocks continue the same chain
       const uint32_t* Bk;
       if (Bfull) {
@@ -641,8 +658,8 @@ void dp_pack_a_rows(int64_t M, int64_t K, int64_t r0, int64_t r1, const uint16_t
                     int64_t csa, uint32_t* Afull) {
   const int64_t mp = (M + DP_MR - 1) / DP_MR * DP_MR;
   const BF16* a = reinterpret_cast<const BF16*>(A);
-  for (int64_t pc = 0; pc < K; pc += KC) {
-    const int64_t kc = K - pc < KC ? K - pc : KC;
+  for (int64_t pc = 0; pc < K; pc += DP_KC) {
+    const int64_t kc = K - pc < DP_KC ? K - pc : DP_KC;
     dp_pack_a(r1 - r0, kc, a + r0 * rsa + pc * csa, rsa, csa,
               Afull + (pc / 2) * mp + r0 * dp_pairs(kc));
   }
@@ -658,8 +675,8 @@ void dp_pack_b_full(int64_t K, int64_t N, const uint16_t* B, int64_t rsb, int64_
                     uint32_t* Bfull) {
   const int64_t npad = (N + DP_NR - 1) / DP_NR * DP_NR;
   const BF16* b = reinterpret_cast<const BF16*>(B);
-  for (int64_t pc = 0; pc < K; pc += KC) {
-    const int64_t kc = K - pc < KC ? K - pc : KC;
+  for (int64_t pc = 0; pc < K; pc += DP_KC) {
+    const int64_t kc = K - pc < DP_KC ? K - pc : DP_KC;
     dp_pack_b(kc, N, b + pc * rsb, rsb, csb, Bfull + (pc / 2) * npad);
   }
 }

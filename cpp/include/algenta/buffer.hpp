@@ -12,6 +12,21 @@
 
 namespace algenta {
 
+// malloc for large blocks: 2 MiB aligned and advised as transparent huge pages from 2 MiB up,
+// else 64-byte aligned. Released with std::free (so a caller may hand it to an owner that frees
+// it, or shrink it with realloc). Throws std::bad_alloc.
+inline void* huge_malloc(size_t bytes) {
+  const size_t huge = size_t(1) << 21;
+  if (bytes > size_t(-1) - huge) throw std::bad_alloc();
+  const size_t align = bytes >= huge ? huge : 64;
+  void* p = nullptr;
+  if (posix_memalign(&p, align, (bytes + align - 1) / align * align) != 0) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+  if (align == huge) madvise(p, (bytes + huge - 1) / huge * huge, MADV_HUGEPAGE);  // a hint only
+#endif
+  return p;
+}
+
 template <class T>
 class Buffer {
  public:
@@ -19,15 +34,7 @@ class Buffer {
   explicit Buffer(size_t n) : n_(n) {
     if (n == 0) return;
     if (n > size_t(-1) / sizeof(T) - (size_t(1) << 21)) throw std::bad_alloc();
-    const size_t bytes = n * sizeof(T);
-    const size_t huge = size_t(1) << 21;
-    const size_t align = bytes >= huge ? huge : 64;
-    void* p = nullptr;
-    if (posix_memalign(&p, align, (bytes + align - 1) / align * align) != 0) throw std::bad_alloc();
-#ifdef MADV_HUGEPAGE
-    if (align == huge) madvise(p, (bytes + huge - 1) / huge * huge, MADV_HUGEPAGE);  // a hint only
-#endif
-    p_ = static_cast<T*>(p);
+    p_ = static_cast<T*>(huge_malloc(n * sizeof(T)));
   }
   ~Buffer() { std::free(p_); }
   Buffer(const Buffer&) = delete;
