@@ -17,6 +17,23 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni",
+          "avx512_fp16", "amx_bf16", "amx_int8", "amx_tile")
+
+
+def cpu_flags() -> str:
+    """The vector extensions of /proc/cpuinfo's flags that decide which kernels can run."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    return " ".join(x for x in _FLAGS if x in have) or "none of " + ", ".join(_FLAGS)
+    except OSError:
+        pass
+    return "unknown"
+
+
 def add_model_shape_args(ap, *, new_default: int, reps_default: int) -> None:
     """The Qwen3-0.6B decode shape (the defaults) and the run lengths, as CLI options."""
     ap.add_argument("--d-model", type=int, default=1024)

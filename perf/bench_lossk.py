@@ -1,11 +1,13 @@
 """Fused cross-entropy against the hardware limit, measured side by side in one process.
 
-Reference: a bare GEMM of the same shape (NumPy's ``h @ w.T``, OpenBLAS), which is the practical
-limit for the forward; forward + both gradients is three such GEMMs. Also PyTorch's own CPU
-``torch.nn.functional.linear_cross_entropy`` (2.13+) and ``F.cross_entropy(F.linear(...))`` when
-torch is installed. Every result is validated against a float64 reference before timing.
-Reports the minimum of several interleaved runs and ratios to the GEMM measured in the same
-rounds.
+Reference: a bare GEMM of the same shape (NumPy's ``h @ w.T``, OpenBLAS; for bfloat16, torch's
+bf16 ``h @ w.T``), which is the practical limit for the forward; forward + both gradients is
+three such GEMMs. Also PyTorch's own CPU ``torch.nn.functional.linear_cross_entropy`` (2.13+)
+and ``F.cross_entropy(F.linear(...))`` when torch is installed, and for bfloat16 inputs
+``algenta.torch.linear_cross_entropy`` against torch's in bfloat16 (algenta's bf16 path is named:
+bf16 dot products on AVX512-BF16 hosts, widening elsewhere). Every result is validated against
+a float64 reference before timing. Reports the minimum of several interleaved runs and ratios
+to the GEMM measured in the same rounds.
 
     python perf/bench_lossk.py [--n 512 --d 1024 --v 32768 --reps 5] [--options]
 
@@ -24,7 +26,7 @@ import time
 import numpy as np
 
 import algenta
-from _common import cpu_name
+from _common import cpu_flags, cpu_name
 
 
 def best_of(fns: dict, reps: int) -> dict:
@@ -95,6 +97,42 @@ def option_fns(h, w, t):
     }
 
 
+def bf16_row(torch, n, d, v, reps):
+    """bfloat16 inputs: algenta.torch against torch's own bf16 loss and matmul, same tensors."""
+    import torch.nn.functional as F
+
+    import algenta.torch as at
+
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(n, d, generator=g).to(torch.bfloat16)
+    w = (torch.randn(v, d, generator=g) / d ** 0.5).to(torch.bfloat16)
+    t = torch.randint(0, v, (n,), generator=g)
+    # validate: the loss against float64 of the same bf16 values
+    ref = float(F.cross_entropy(h.double() @ w.double().T, t))
+    with torch.no_grad():
+        got = float(at.linear_cross_entropy(h, w, t))
+    assert abs(got - ref) <= 1e-4 * max(1.0, abs(ref)), (got, ref)
+
+    def fb(fn):
+        hh, ww = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        fn(hh, ww, t).backward()
+
+    def no_grad(fn):
+        def run():
+            with torch.no_grad():
+                fn(h, w, t)
+        return run
+
+    fns = {"gemm": no_grad(lambda x, y, _: x @ y.T),
+           "fwd": no_grad(at.linear_cross_entropy),
+           "fwd_bwd": lambda: fb(at.linear_cross_entropy)}
+    lce = getattr(F, "linear_cross_entropy", None)
+    if lce is not None:
+        fns["torch_lce_fwd"] = no_grad(lce)
+        fns["torch_lce_fwd_bwd"] = lambda: fb(lce)
+    return {"dtype": "bfloat16", **best_of(fns, reps)}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=512)
@@ -115,7 +153,8 @@ def main():
     except ImportError:
         torch = None
 
-    print(f"machine: {cpu_name()}, {os.cpu_count()} cores, algenta kernels: {algenta._core.isa_name()}")
+    print(f"machine: {cpu_name()}, {os.cpu_count()} cores; flags: {cpu_flags()}")
+    print(f"algenta kernels: {algenta._core.isa_name()}, bfloat16 path: {algenta._core.bf16_path()}")
     print(f"shape: n_tok={n} d_model={d} vocab={v}; min of {a.reps} runs\n")
     rows = []
     rng = np.random.default_rng(0)
@@ -175,11 +214,16 @@ def main():
             fns.update(option_fns(h, w, t))
         row = {"dtype": np.dtype(dtype).name, **best_of(fns, a.reps)}
         rows.append(row)
+    if torch is not None:
+        rows.append(bf16_row(torch, n, d, v, a.reps))
 
     print(f"{'dtype':8} {'what':30} {'seconds':>9} {'x GEMM':>8}")
     for row in rows:
-        for key, label in (("gemm", "bare GEMM h @ w.T (NumPy)"), ("fwd", "algenta forward"),
-                           ("fwd_bwd", "algenta forward+backward"),
+        bf = row["dtype"] == "bfloat16"
+        for key, label in (("gemm", "bare GEMM h @ w.T (torch)" if bf else "bare GEMM h @ w.T (NumPy)"),
+                           ("fwd", "algenta.torch forward" if bf else "algenta forward"),
+                           ("fwd_bwd", "algenta.torch forward+backward" if bf else
+                            "algenta forward+backward"),
                            ("torch_lce_fwd", "torch linear_cross_entropy fwd"),
                            ("torch_lce_fwd_bwd", "torch linear_cross_entropy f+b"),
                            ("torch_mat_fwd", "torch CE(linear) fwd"),
