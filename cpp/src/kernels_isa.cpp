@@ -1,6 +1,7 @@
 // Hot CPU kernels, compiled once per instruction set (see CMakeLists.txt): a packed,
-// register-blocked GEMM micro-kernel (packing widens bfloat16 / float16 sources on the way), and
-// the vectorized exp and tanh behind the log-sum-exp, the soft cap and the softmax gradient.
+// register-blocked GEMM micro-kernel (packing widens bfloat16 / float16 sources on the way), the
+// bf16 dot-product GEMM of AVX512-BF16 builds (vdpbf16ps on pair-packed bf16 panels), and the
+// vectorized exp and tanh behind the log-sum-exp, the soft cap and the softmax gradient.
 // Written with GCC/Clang vector extensions so one source serves SSE2, AVX2/FMA and AVX-512;
 // -ffp-contract (GCC's default) fuses the multiply-adds where FMA exists.
 //

@@ -10,7 +10,9 @@
 // one packed (D, VB) block of W; with gradients, also one (C, V) chunk of logits, overwritten in
 // place by d_logits (the block is kept for the next call, see ChunkScratch), and the chunk's
 // hidden rows packed for the d_weight product. Half-precision inputs (bf16, f16) are widened to
-// float32 as they are packed: never a widened copy of hidden or weight.
+// float32 as they are packed: never a widened copy of hidden or weight. On an instruction set
+// with a bf16 dot product, bf16 inputs are packed as bf16 pairs instead and the chunk's d_logits
+// is rounded to bf16 in place before the two gradient products (see kernels.hpp, Bf16DotOps).
 // Exactness: every output has one owner and a fixed reduction order (see kernels.hpp and
 // lossk.hpp), so results are bit-identical for every C and every thread count.
 #include <omp.h>
