@@ -57,6 +57,7 @@
 #include <immintrin.h>
 #endif
 
+#include "algenta/half.hpp"
 #include "algenta/kernels.hpp"
 #include "algenta/residentk.hpp"
 #include "algenta/session_base.hpp"
@@ -204,20 +205,6 @@ struct WMat {
   }
 };
 
-uint16_t narrow_bf16(float x) {  // round to nearest even; x finite
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-
-uint16_t narrow_f16(float x) {  // round to nearest even (the compiler's conversion)
-  const _Float16 h = static_cast<_Float16>(x);
-  uint16_t u;
-  std::memcpy(&u, &h, 2);
-  return u;
-}
-
 // float32 rows (n, cols) -> rows [row0, row0 + n) of m, in m's format. Returns the flat index
 // (within src) of the first value the format cannot hold (it would round to infinity), or -1.
 int64_t store_rows(WMat& m, int64_t row0, const float* src, int64_t n) {
@@ -234,7 +221,7 @@ int64_t store_rows(WMat& m, int64_t row0, const float* src, int64_t n) {
     } else if (half) {
       uint16_t* d = m.w16.p + o * cols;
       for (int64_t i = 0; i < cols; ++i) {
-        d[i] = m.f == WeightFormat::BF16 ? narrow_bf16(x[i]) : narrow_f16(x[i]);
+        d[i] = m.f == WeightFormat::BF16 ? half::f32_to_bf16(x[i]) : half::f32_to_f16(x[i]);
         overflow |= (d[i] & exp_mask) == exp_mask;
       }
     } else {

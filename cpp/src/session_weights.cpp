@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "algenta/half.hpp"
 #include "algenta/residentk.hpp"
 #include "algenta/status_error.hpp"
 
@@ -23,25 +24,6 @@ std::string fmt(const std::vector<int64_t>& s) {
   return o + "]";
 }
 
-// IEEE half -> float, exactly (every half is a float).
-inline float half_to_float(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0) {
-    // zero or subnormal: mant * 2^-24, exact in float
-    float f = float(mant) * 5.9604644775390625e-8f;
-    std::memcpy(&bits, &f, 4);
-    bits |= sign;
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | (mant << 13);  // inf or NaN
-  } else {
-    bits = sign | ((exp + 112u) << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
 
 }  // namespace
 
@@ -152,20 +134,18 @@ int64_t widen_checked(const void* src, SourceType t, int64_t i0, int64_t n, floa
     case SourceType::F32:
       std::memcpy(dst, s + 4 * i0, size_t(n) * 4);
       break;
-    case SourceType::BF16:
-      // bf16 is the top half of a float32: widening is exact.
+    case SourceType::BF16:  // widening is exact (half.hpp)
       for (int64_t i = 0; i < n; ++i) {
         uint16_t b;
         std::memcpy(&b, s + 2 * (i0 + i), 2);
-        const uint32_t u = uint32_t(b) << 16;
-        std::memcpy(dst + i, &u, 4);
+        dst[i] = half::bf16_to_f32(b);
       }
       break;
     case SourceType::F16:
       for (int64_t i = 0; i < n; ++i) {
         uint16_t h;
         std::memcpy(&h, s + 2 * (i0 + i), 2);
-        dst[i] = half_to_float(h);
+        dst[i] = half::f16_to_f32(h);
       }
       break;
   }
