@@ -36,7 +36,7 @@ from ..errors import AlgentaError, ResidentError
 from .config import MAX_INDEX_BYTES, load_json, parse_hf_config, read_json_file, session_config
 from .weights import EMBED as _EMBED
 from .weights import HEAD as _HEAD
-from .weights import Bf16Bits, engine_tensor, expected_shapes, same_values, warn_untied_head
+from .weights import Bf16Bits, expected_shapes, head_differs, warn_untied_head
 
 _c = _core.residentk
 
@@ -142,8 +142,8 @@ def _differ(a, b) -> bool:
     (fa, sa, ea), (fb, sb, eb) = a, b
     if ea[1] != eb[1]:
         return True
-    return not same_values(engine_tensor(_read_tensor(fa, sa, _HEAD, ea, None), _HEAD),
-                           engine_tensor(_read_tensor(fb, sb, _EMBED, eb, None), _EMBED))
+    return head_differs(_read_tensor(fa, sa, _HEAD, ea, None),
+                        _read_tensor(fb, sb, _EMBED, eb, None))
 
 
 def _wrapped(f: Path, thunk, name=None):

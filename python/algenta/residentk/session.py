@@ -36,7 +36,7 @@ from .contract import RESIDENT_WEIGHT_FORMATS, residentk_footprint
 from .weights import engine_tensor, expected_shapes, random_weights  # noqa: F401 (re-exported)
 from .weights import EMBED as _EMBED
 from .weights import HEAD as _HEAD
-from .weights import same_values, warn_untied_head
+from .weights import head_differs, warn_untied_head
 
 _c = _core.residentk
 
@@ -192,7 +192,7 @@ class ResidentSession:
         embedding table is not held for the comparison."""
         tied = cfg.tie_word_embeddings
         if tied and check_head and isinstance(tensors, Mapping) and _HEAD in tensors \
-                and _EMBED in tensors and _head_differs(tensors[_HEAD], tensors[_EMBED]):
+                and _EMBED in tensors and head_differs(tensors[_HEAD], tensors[_EMBED]):
             cfg = ResidentConfig(**{**dict(cfg), "tie_word_embeddings": False})
             tied = False
             warn_untied_head("the tensors given hold", stacklevel=3)
@@ -219,7 +219,7 @@ class ResidentSession:
                 other = first.pop(_EMBED if name == _HEAD else _HEAD, None)
                 if other is None:
                     first[name] = arr
-                elif _head_differs(*((arr, other) if name == _HEAD else (other, arr))):
+                elif head_differs(*((arr, other) if name == _HEAD else (other, arr))):
                     raise ResidentError(
                         "config ties the word embeddings but the lm_head.weight given differs "
                         "from model.embed_tokens.weight; transformers then keeps the two apart, "
@@ -406,5 +406,3 @@ class ResidentSession:
         return out
 
 
-def _head_differs(head, embed) -> bool:
-    return not same_values(engine_tensor(head, _HEAD), engine_tensor(embed, _EMBED))

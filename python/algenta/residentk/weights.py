@@ -121,7 +121,13 @@ def warn_untied_head(holder: str, stacklevel: int) -> None:
         stacklevel=stacklevel + 1)
 
 
-def same_values(a: tuple, b: tuple, rows_per_block: int = 4096) -> bool:
+def head_differs(head, embed) -> bool:
+    """Whether a shipped lm_head.weight holds other values than the embedding table (any
+    tensors engine_tensor takes, memory maps included), so a tie would drop it."""
+    return not _same_values(engine_tensor(head, HEAD), engine_tensor(embed, EMBED))
+
+
+def _same_values(a: tuple, b: tuple, rows_per_block: int = 4096) -> bool:
     """Whether two engine_tensor results hold the same values (compared as float32, which
     every source type widens to exactly), a block of rows at a time so two memory-mapped
     embedding tables are never copied whole."""
@@ -138,4 +144,4 @@ def same_values(a: tuple, b: tuple, rows_per_block: int = 4096) -> bool:
 
 
 __all__ = ["Bf16Bits", "tensor_table", "expected_shapes", "random_weights", "engine_tensor",
-           "same_values", "warn_untied_head", "HEAD", "EMBED"]
+           "head_differs", "warn_untied_head", "HEAD", "EMBED"]
