@@ -947,6 +947,10 @@ void widen_h(const uint16_t* src, float* dst, int64_t n) {
 #define ALGENTA_CAT2(a, b) a##b
 #define ALGENTA_CAT(a, b) ALGENTA_CAT2(a, b)
 
+namespace ALGENTA_ISA_NS {
+extern const SessionOps session_ops;  // session_kernels.cpp
+}
+
 // One table per compiled instruction set; cpu_dispatch.cpp declares and picks among them.
 extern const IsaTable ALGENTA_CAT(ALGENTA_ISA_NS, _table);
 const IsaTable ALGENTA_CAT(ALGENTA_ISA_NS, _table) = {
@@ -975,6 +979,7 @@ const IsaTable ALGENTA_CAT(ALGENTA_ISA_NS, _table) = {
      ALGENTA_ISA_NS::softmax_grad<double>,
      {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr},
      {nullptr, nullptr}, {}},
+    &ALGENTA_ISA_NS::session_ops,
 };
 
 }  // namespace kern

@@ -29,7 +29,7 @@
 // Numerics: every output cell has one owning thread and a fixed reduction order, so logits are
 // bit-identical for every thread count, in every weight format. RMSNorm sums squares in double.
 // The RoPE table is the shared one (session_weights.hpp: double angles rounded once). Narrow
-// formats: a decode matvec widens each weight vector right after its load (session_simd.inc);
+// formats: a decode matvec widens each weight vector right after its load (session_kernels.cpp);
 // prefill widens a tile of weight rows into float32 scratch and runs the same GEMM as float32.
 // Conversion happens once, at load: bf16 and f16 round to nearest even (a value past float16's
 // range is refused, 609); int8 stores round(w / s) per block of 32 with s = amax / 127.
@@ -53,10 +53,6 @@
 #include <string>
 #include <vector>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 #include "algenta/half.hpp"
 #include "algenta/kernels.hpp"
 #include "algenta/residentk.hpp"
@@ -67,66 +63,12 @@
 namespace algenta {
 namespace residentk {
 
-// ---- per-ISA SIMD primitives ------------------------------------------------------------------
-namespace simd_generic {
-#define VBYTES 16
-#include "session_simd.inc"
-#undef VBYTES
-}  // namespace simd_generic
-#if defined(__x86_64__)
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-namespace simd_avx2 {
-#define VBYTES 32
-#include "session_simd.inc"
-#undef VBYTES
-}  // namespace simd_avx2
-#pragma GCC pop_options
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma,f16c")
-namespace simd_avx512 {
-#define VBYTES 64
-#include "session_simd.inc"
-#undef VBYTES
-}  // namespace simd_avx512
-#pragma GCC pop_options
-#endif
-
 namespace {
 
-struct Simd {
-  float (*dot)(const float*, const float*, int64_t);
-  void (*matvec_rows)(const float*, const float*, int64_t, int64_t, int64_t, float*, bool);
-  void (*matmat_rows_narrow)(const float*, const float*, int64_t, int64_t, int64_t, int64_t,
-                             float*, int64_t, bool);
-  void (*axpy)(float, const float*, float*, int64_t);
-  float (*sum)(const float*, int64_t);
-  float (*dot_bf16)(const uint16_t*, const float*, int64_t);
-  float (*dot_f16)(const uint16_t*, const float*, int64_t);
-  float (*dot_q8)(const int8_t*, const float*, const float*, int64_t);
-  void (*widen_bf16)(const uint16_t*, float*, int64_t);
-  void (*widen_f16)(const uint16_t*, float*, int64_t);
-  void (*widen_q8)(const int8_t*, const float*, float*, int64_t);
-};
-
-#define ALGENTA_SIMD_TABLE(ns)                                                           \
-  Simd {                                                                                 \
-    ns::dot, ns::matvec_rows, ns::matmat_rows_narrow, ns::axpy, ns::sum, ns::dot_bf16,   \
-        ns::dot_f16, ns::dot_q8, ns::widen_bf16, ns::widen_f16, ns::widen_q8             \
-  }
-
-// Follows the GEMM kernels' choice (host support, or ALGENTA_ISA), so one variable pins both.
-const Simd& simd() {
-  static const Simd table = [] {
-#if defined(__x86_64__)
-    const std::string name = kern::isa().name;
-    if (name == "avx512" || name == "avx512bf16") return ALGENTA_SIMD_TABLE(simd_avx512);
-    if (name == "avx2") return ALGENTA_SIMD_TABLE(simd_avx2);
-#endif
-    return ALGENTA_SIMD_TABLE(simd_generic);
-  }();
-  return table;
-}
+// The decode primitives of the instruction set the GEMM kernels use (host support, or
+// ALGENTA_ISA), from the same dispatch table, so one variable pins both.
+using Simd = kern::SessionOps;
+const Simd& simd() { return *kern::isa().session; }
 
 // 64-byte aligned buffer of n T: weight rows of a multiple-of-64-byte length then never
 // straddle a cache line at their start, and SIMD loads of them never split.

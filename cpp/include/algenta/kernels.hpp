@@ -1,6 +1,8 @@
-// Internal: the hot CPU kernels, compiled once per instruction set (kernels_isa.cpp with
-// ALGENTA_ISA_NS = isa_generic / isa_avx2 / isa_avx512 / isa_avx512bf16) and chosen at run time by
-// cpu_dispatch.cpp. Not part of any family's contract.
+// Internal: the hot CPU kernels of both families, compiled once per instruction set
+// (kernels_isa.cpp for lossk's GEMMs and per-token math, session_kernels.cpp for the resident
+// session's decode primitives, each with ALGENTA_ISA_NS = isa_generic / isa_avx2 / isa_avx512 /
+// isa_avx512bf16) and chosen at run time by cpu_dispatch.cpp: one dispatch, so a new
+// instruction set is added in one place. Not part of any family's contract.
 //
 // Exactness: every GEMM output cell is ONE multiply-add chain over k in increasing order,
 // started from 0 (accumulate=false) or from the cell's current value (accumulate=true). Partial
@@ -107,10 +109,34 @@ struct IsaOps {
   Bf16DotOps bf16dot;
 };
 
+// The resident session's decode primitives: float32 activations against weight rows held in
+// float32, or as bf16/f16 bit patterns or int8 blocks (RESIDENT_INT8_BLOCK values, one float32
+// scale each) widened in registers. A row's result depends only on its data and n (fixed
+// accumulator layout and combination order), never on the thread computing it.
+struct SessionOps {
+  float (*dot)(const float* a, const float* b, int64_t n);
+  // y[o] (+)= Wt[o, :] . x for o in [r0, r1); Wt (rows, n) row-major.
+  void (*matvec_rows)(const float* Wt, const float* x, int64_t n, int64_t r0, int64_t r1,
+                      float* y, bool accumulate);
+  // Y[r, o] (+)= Wt[o, :] . X[r, :] for r < m, o in [r0, r1): prefill's narrow tile.
+  void (*matmat_rows_narrow)(const float* Wt, const float* X, int64_t m, int64_t n, int64_t r0,
+                             int64_t r1, float* Y, int64_t ldy, bool accumulate);
+  void (*axpy)(float p, const float* v, float* y, int64_t n);  // y += p * v
+  float (*sum)(const float* a, int64_t n);                     // the read-bandwidth probe
+  float (*dot_bf16)(const uint16_t* a, const float* b, int64_t n);
+  float (*dot_f16)(const uint16_t* a, const float* b, int64_t n);
+  float (*dot_q8)(const int8_t* q, const float* scales, const float* x, int64_t n);
+  // a narrow row widened exactly to float32 (int8: times its block scales)
+  void (*widen_bf16)(const uint16_t* a, float* d, int64_t n);
+  void (*widen_f16)(const uint16_t* a, float* d, int64_t n);
+  void (*widen_q8)(const int8_t* q, const float* scales, float* d, int64_t n);
+};
+
 struct IsaTable {
   const char* name;
   IsaOps<float> f32;
   IsaOps<double> f64;
+  const SessionOps* session;  // session_kernels.cpp of the same instruction set
 };
 
 // The table for the best instruction set this host supports, or the one named by the

@@ -1,8 +1,8 @@
-// Decode-path SIMD primitives of the CPU session (float32 rows, and bf16/f16/int8 rows widened in
-// registers), included once per instruction set by
-// session_cpu.cpp inside `#pragma GCC target` regions (the module itself is built for baseline
-// x86-64, and CMakeLists gives this family no per-ISA objects), with VBYTES set to the vector
-// width. Written with GCC vector extensions; -ffp-contract fuses the multiply-adds under FMA.
+// Decode-path primitives of the CPU session (float32 rows, and bf16/f16/int8 rows widened in
+// registers), compiled once per instruction set beside kernels_isa.cpp (CMakeLists.txt puts
+// both in each per-ISA object), so the session and lossk share one dispatch: the table
+// cpu_dispatch.cpp picks carries these as IsaTable::session. Written with GCC vector
+// extensions; -ffp-contract (GCC's default) fuses the multiply-adds under FMA.
 //
 // Fuses nothing across calls; never allocates; reads each weight element exactly once.
 // Numerics: a dot product keeps ACC independent vector accumulators (lane l of accumulator a
@@ -10,6 +10,35 @@
 // last, so its bits depend only on n and the data, never on the thread that computes it.
 //
 // Legend: n vector length; W = VBYTES/4 float lanes; ACC accumulators.
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "algenta/half.hpp"
+#include "algenta/kernels.hpp"
+#include "algenta/residentk.hpp"
+
+#ifndef ALGENTA_ISA_NS
+#error "compile with -DALGENTA_ISA_NS=isa_<name>"
+#endif
+
+#if defined(__AVX512F__)
+#define VBYTES 64
+#elif defined(__AVX2__)
+#define VBYTES 32
+#else
+#define VBYTES 16
+#endif
+
+namespace algenta {
+namespace kern {
+namespace ALGENTA_ISA_NS {
+namespace {
+
+using residentk::RESIDENT_INT8_BLOCK;
 
 typedef float vf __attribute__((vector_size(VBYTES)));
 typedef float vfu __attribute__((vector_size(VBYTES), aligned(4)));  // unaligned view
@@ -265,3 +294,14 @@ static void widen_q8(const int8_t* q, const float* sc, float* d, int64_t n) {
   }
   for (; i < n; ++i) d[i] = float(q[i]) * sc[b];
 }
+
+}  // namespace
+
+extern const SessionOps session_ops;
+const SessionOps session_ops = {dot,      matvec_rows, matmat_rows_narrow, axpy,
+                                sum,      dot_bf16,    dot_f16,            dot_q8,
+                                widen_bf16, widen_f16, widen_q8};
+
+}  // namespace ALGENTA_ISA_NS
+}  // namespace kern
+}  // namespace algenta
