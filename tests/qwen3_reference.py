@@ -73,8 +73,25 @@ def _rope(x, positions, theta):
     return x * cos + rot * sin
 
 
-def forward(cfg: dict, weights: dict, ids) -> np.ndarray:
-    """Logits (S, V) in float64 for every position of ids (S), starting at position 0."""
+def q8_activations(x):
+    """The int8 format's activations, independently of the engine: each row of x, rounded to
+    float32, in blocks of 32 quantized with scale amax / 127 (float32 division), rounded half to
+    even and clipped to +-127, then dequantized (float64 of q * s)."""
+    x32 = np.asarray(x, dtype=np.float32)
+    out = np.empty(x32.shape, dtype=np.float64)
+    for b0 in range(0, x32.shape[-1], 32):
+        blk = x32[..., b0:b0 + 32]
+        s = (np.abs(blk).max(axis=-1, keepdims=True) / np.float32(127)).astype(np.float32)
+        q = np.where(s > 0, np.rint(blk / np.where(s > 0, s, np.float32(1))), 0).clip(-127, 127)
+        out[..., b0:b0 + 32] = q.astype(np.float64) * s.astype(np.float64)
+    return out
+
+
+def forward(cfg: dict, weights: dict, ids, act=None) -> np.ndarray:
+    """Logits (S, V) in float64 for every position of ids (S), starting at position 0. act, when
+    given, maps every activation matrix on its way into a weight-matrix product (the input of
+    q/k/v, o, gate/up, down and the head): q8_activations models the int8 format."""
+    a = act or (lambda t: t)
     w = {k: np.asarray(v, dtype=np.float64) for k, v in weights.items()}
     ids = np.asarray(ids, dtype=np.int64)
     S = ids.shape[0]
@@ -85,7 +102,7 @@ def forward(cfg: dict, weights: dict, ids) -> np.ndarray:
     mask = np.triu(np.full((S, S), -np.inf), k=1)
     for i in range(cfg["n_layers"]):
         p = f"model.layers.{i}."
-        h = _rms(x, w[p + "input_layernorm.weight"], eps)
+        h = a(_rms(x, w[p + "input_layernorm.weight"], eps))
         q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(S, Hq, Dh)
         k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(S, Hkv, Dh)
         v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(S, Hkv, Dh)
@@ -99,12 +116,12 @@ def forward(cfg: dict, weights: dict, ids) -> np.ndarray:
         pr = np.exp(scores)
         pr /= pr.sum(axis=-1, keepdims=True)
         att = np.einsum("hqk,khd->qhd", pr, v).reshape(S, Hq * Dh)
-        x = x + att @ w[p + "self_attn.o_proj.weight"].T
-        h = _rms(x, w[p + "post_attention_layernorm.weight"], eps)
+        x = x + a(att) @ w[p + "self_attn.o_proj.weight"].T
+        h = a(_rms(x, w[p + "post_attention_layernorm.weight"], eps))
         g = h @ w[p + "mlp.gate_proj.weight"].T
         u = h @ w[p + "mlp.up_proj.weight"].T
-        x = x + ((g / (1.0 + np.exp(-g))) * u) @ w[p + "mlp.down_proj.weight"].T
-    x = _rms(x, w["model.norm.weight"], eps)
+        x = x + a((g / (1.0 + np.exp(-g))) * u) @ w[p + "mlp.down_proj.weight"].T
+    x = a(_rms(x, w["model.norm.weight"], eps))
     head = w.get("lm_head.weight") if not cfg.get("tie_word_embeddings", True) else None
     if head is None:
         head = w["model.embed_tokens.weight"]

@@ -149,6 +149,32 @@ void bind_session(py::module_& m) {
       py::arg("bytes"), py::arg("reps") = 5,
       "Best all-core streaming read bandwidth (bytes/s) over reps passes of a bytes-sized buffer.");
 
+  s.def(
+      "cpu_int8_products",
+      [](py::array_t<int8_t, py::array::c_style | py::array::forcecast> q, F32 sc, F32 x) {
+        using algenta::Family;
+        using algenta::StatusError;
+        namespace rk = algenta::residentk;
+        if (q.ndim() != 2 || x.ndim() != 1 || sc.ndim() != 2)
+          throw StatusError(Family::Resident, rk::RESIDENT_ERR_WEIGHT_LENGTH,
+                            "cpu_int8_products: q (rows, n), scales (rows, blocks), x (n)");
+        const int64_t rows = q.shape(0), n = q.shape(1);
+        const int64_t blocks = (n + rk::RESIDENT_INT8_BLOCK - 1) / rk::RESIDENT_INT8_BLOCK;
+        if (x.shape(0) != n || sc.shape(0) != rows || sc.shape(1) != blocks || n < 1)
+          throw StatusError(Family::Resident, rk::RESIDENT_ERR_WEIGHT_LENGTH,
+                            "cpu_int8_products: shapes do not agree (x must have q's columns, "
+                            "scales ceil(n / 32) per row)");
+        py::array_t<float> y(rows);
+        py::array_t<int8_t> xq(n);
+        py::array_t<float> xs(blocks);
+        rk::cpu_int8_products(q.data(), sc.data(), rows, n, x.data(), y.mutable_data(),
+                              xq.mutable_data(), xs.mutable_data());
+        return py::make_tuple(y, xq, xs);
+      },
+      py::arg("q"), py::arg("scales"), py::arg("x"),
+      "Test hook: the int8 decode product of the active ISA -> (y, x's int8 values, x's block "
+      "scales).");
+
   // cuda_backend, cuda_session, cuda_copy_bandwidth and the cuda_plan submodule
   // (bind_session_cuda.cpp): the CUDA backend where the build has one, its refusal otherwise.
   bind_session_cuda(s);

@@ -40,9 +40,11 @@ bool host_has(const char* name) {
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
            __builtin_cpu_supports("f16c");
-  // AVX-512 plus vdpbf16ps (AMD Zen 4 and later, Intel Cooper Lake and Sapphire Rapids on).
+  // AVX-512 plus vdpbf16ps and vpdpbusd (AMD Zen 4 and later, Intel Cooper Lake and Sapphire
+  // Rapids on: every one of them has both).
   if (std::strcmp(name, "avx512bf16") == 0)
-    return host_has("avx512") && __builtin_cpu_supports("avx512bf16");
+    return host_has("avx512") && __builtin_cpu_supports("avx512bf16") &&
+           __builtin_cpu_supports("avx512vnni");
 #endif
   return std::strcmp(name, "generic") == 0;
 }

@@ -1,6 +1,6 @@
 // The CPU resident decode engine: Qwen3 with float32 activations, OpenMP across cores, SIMD
 // within one; weight matrices resident in float32, bfloat16, float16 or int8 (SessionConfig::
-// weights), widened to float32 in registers as they stream.
+// weights), widened to float32 in registers as they stream (int8: multiplied as integers).
 //
 // Dimension legend: D d_model, Hq query heads, Hkv key/value heads, G = Hq/Hkv group size,
 // Dh d_head, Q = (Hq + 2*Hkv)*Dh fused q/k/v rows, F d_ff, L layers, V vocab, T capacity,
@@ -29,10 +29,14 @@
 // Numerics: every output cell has one owning thread and a fixed reduction order, so logits are
 // bit-identical for every thread count, in every weight format. RMSNorm sums squares in double.
 // The RoPE table is the shared one (session_weights.hpp: double angles rounded once). Narrow
-// formats: a decode matvec widens each weight vector right after its load (session_kernels.cpp);
-// prefill widens a tile of weight rows into float32 scratch and runs the same GEMM as float32.
-// Conversion happens once, at load: bf16 and f16 round to nearest even (a value past float16's
-// range is refused, 609); int8 stores round(w / s) per block of 32 with s = amax / 127.
+// formats: a bf16/f16 decode matvec widens each weight vector right after its load
+// (session_kernels.cpp); prefill widens a tile of weight rows into float32 scratch and runs the
+// same GEMM as float32. Conversion happens once, at load: bf16 and f16 round to nearest even (a
+// value past float16's range is refused, 609); int8 stores round(w / s) per block of 32 with
+// s = amax / 127 (quant.hpp). Int8 multiplies int8 activations (Q8_0 x Q8_0, as llama.cpp
+// does): decode quantizes each activation vector once per product by the same rule and sums
+// each block's products exactly in int32 (integer dot products); prefill rounds its activation
+// rows to the same int8 blocks (as_consumed), so both compute the same products.
 //
 // The registry, the refusals and the position are SessionBase's; this file is the compute and
 // the layout of the resident buffers (stage_weight says where each tensor's rows go).
@@ -55,6 +59,7 @@
 
 #include "algenta/half.hpp"
 #include "algenta/kernels.hpp"
+#include "algenta/quant.hpp"
 #include "algenta/residentk.hpp"
 #include "algenta/session_base.hpp"
 #include "algenta/session_weights.hpp"
@@ -95,6 +100,35 @@ struct ABuf {
 };
 using Buf = ABuf<float>;
 
+// An activation vector as a matrix-vector product consumes it: float32 x for float32 and half
+// weights; for int8 weights also its int8 blocks (quantized once per product, by the thread
+// that runs it, into that thread's Q8Scratch).
+struct In {
+  const float* x = nullptr;
+  const int8_t* q = nullptr;
+  const uint8_t* a = nullptr;
+  const float* s = nullptr;
+};
+
+// Per-thread room for one quantized activation vector of up to `widest` values.
+struct Q8Scratch {
+  int64_t stride = 0;  // bytes per thread (widest rounded up to Q8_ACT_PAD)
+  ABuf<int8_t> q;
+  ABuf<uint8_t> a;
+  Buf s;
+  Q8Scratch() = default;
+  Q8Scratch(int nt, int64_t widest)
+      : stride((widest + kern::Q8_ACT_PAD - 1) / kern::Q8_ACT_PAD * kern::Q8_ACT_PAD),
+        q(nt * stride), a(nt * stride), s(nt * (stride / RESIDENT_INT8_BLOCK)) {}
+  In prepare(const Simd& S, const float* x, int64_t n, int t) const {
+    int8_t* qt = q.p + t * stride;
+    uint8_t* at = a.p + t * stride;
+    float* st = s.p + t * (stride / RESIDENT_INT8_BLOCK);
+    S.quantize_q8(x, n, qt, at, st);
+    return In{x, qt, at, st};
+  }
+};
+
 // One resident weight matrix (rows, cols) in the session's format: float32, bf16/f16 bit
 // patterns, or int8 values with one float32 scale per block of RESIDENT_INT8_BLOCK in each row.
 struct WMat {
@@ -117,13 +151,14 @@ struct WMat {
         break;
     }
   }
-  // row o . x (cols)
-  float dot(const Simd& S, int64_t o, const float* x) const {
+  // row o . x (cols); int8 rows multiply x's int8 blocks
+  float dot(const Simd& S, int64_t o, const In& x) const {
     switch (f) {
-      case WeightFormat::F32: return S.dot(w32.p + o * cols, x, cols);
-      case WeightFormat::BF16: return S.dot_bf16(w16.p + o * cols, x, cols);
-      case WeightFormat::F16: return S.dot_f16(w16.p + o * cols, x, cols);
-      case WeightFormat::Int8: return S.dot_q8(w8.p + o * cols, scales.p + o * blocks, x, cols);
+      case WeightFormat::F32: return S.dot(w32.p + o * cols, x.x, cols);
+      case WeightFormat::BF16: return S.dot_bf16(w16.p + o * cols, x.x, cols);
+      case WeightFormat::F16: return S.dot_f16(w16.p + o * cols, x.x, cols);
+      case WeightFormat::Int8:
+        return S.dot_q8q8(w8.p + o * cols, scales.p + o * blocks, x.q, x.a, x.s, cols);
     }
     return 0.f;
   }
@@ -137,9 +172,9 @@ struct WMat {
     }
   }
   // y[o] (+)= row o . x for o in [r0, r1)
-  void matvec(const Simd& S, const float* x, int64_t r0, int64_t r1, float* y,
+  void matvec(const Simd& S, const In& x, int64_t r0, int64_t r1, float* y,
               bool accumulate) const {
-    if (f == WeightFormat::F32) return S.matvec_rows(w32.p, x, cols, r0, r1, y, accumulate);
+    if (f == WeightFormat::F32) return S.matvec_rows(w32.p, x.x, cols, r0, r1, y, accumulate);
     for (int64_t o = r0; o < r1; ++o) {
       const float d = dot(S, o, x);
       y[o] = accumulate ? y[o] + d : d;
@@ -171,14 +206,7 @@ int64_t store_rows(WMat& m, int64_t row0, const float* src, int64_t n) {
       float* sc = m.scales.p + o * m.blocks;
       for (int64_t b = 0; b < m.blocks; ++b) {
         const int64_t i0 = b * RESIDENT_INT8_BLOCK, i1 = std::min(cols, i0 + RESIDENT_INT8_BLOCK);
-        float amax = 0.f;
-        for (int64_t i = i0; i < i1; ++i) amax = std::max(amax, std::fabs(x[i]));
-        const float s = amax / 127.f;
-        sc[b] = s;
-        for (int64_t i = i0; i < i1; ++i) {
-          const float q = s > 0.f ? std::nearbyint(x[i] / s) : 0.f;  // |q| <= 127 by amax
-          d[i] = int8_t(std::min(127.f, std::max(-127.f, q)));
-        }
+        sc[b] = quant::q8_block(x + i0, i1 - i0, d + i0);
       }
     }
   }
@@ -261,6 +289,7 @@ class CpuSession final : public SessionBase {
       l.wd = WMat(wf, D, F);
     }
     const int64_t widest = std::max({D, F, c.h_q * Dh});
+    if (wf == WeightFormat::Int8) q8_ = Q8Scratch(nt_, widest);
     if (wf != WeightFormat::F32) {
       staging_ = Buf(std::max(STAGE_ELEMS, widest));
       wtile_ = Buf(int64_t(nt_) * WIDEN_ROWS * widest);  // prefill's widened weight rows
@@ -450,6 +479,11 @@ class CpuSession final : public SessionBase {
   // do not change: a cell's owner and reduction order never depend on the team size.
   int team(int64_t work) const { return work >= PARALLEL_MIN_FLOATS ? cur_nt_ : 1; }
 
+  // x (n) as this session's matrices consume it, prepared by thread t for its own products.
+  In input(const Simd& S, const float* x, int64_t n, int t) const {
+    return c_.weights == WeightFormat::Int8 ? q8_.prepare(S, x, n, t) : In{x};
+  }
+
   void decode(int64_t id, float* logits) {
     const Simd& S = simd();
     const int64_t D = c_.d_model, Dh = c_.d_head, F = c_.d_ff, Hq = c_.h_q, Hkv = c_.h_kv;
@@ -468,8 +502,9 @@ class CpuSession final : public SessionBase {
         const int t = omp_get_thread_num();
         float* xn = scratch_.p + int64_t(t) * std::max(D, F);
         rmsnorm(x_.p, L.in_norm.p, D, c_.rms_eps, xn);
+        const In in = input(S, xn, D, t);
         rows_dynamic(q_rows_, [&](int64_t r0, int64_t r1) {
-          L.wqkv.matvec(S, xn, r0, r1, qkv_.p, false);
+          L.wqkv.matvec(S, in, r0, r1, qkv_.p, false);
         });
       }
       ++stages;
@@ -487,8 +522,9 @@ class CpuSession final : public SessionBase {
       ++stages;
 #pragma omp parallel num_threads(team(D * HD))
       {
+        const In in = input(S, attn_.p, HD, omp_get_thread_num());
         rows_dynamic(D, [&](int64_t r0, int64_t r1) {
-          L.wo.matvec(S, attn_.p, r0, r1, x_.p, true);
+          L.wo.matvec(S, in, r0, r1, x_.p, true);
         });
       }
       ++stages;
@@ -497,16 +533,18 @@ class CpuSession final : public SessionBase {
         const int t = omp_get_thread_num();
         float* xn = scratch_.p + int64_t(t) * std::max(D, F);
         rmsnorm(x_.p, L.post_norm.p, D, c_.rms_eps, xn);
+        const In in = input(S, xn, D, t);
         rows_dynamic(F, [&](int64_t r0, int64_t r1) {
           for (int64_t j = r0; j < r1; ++j)
-            act_.p[j] = silu(L.wg.dot(S, j, xn)) * L.wu.dot(S, j, xn);
+            act_.p[j] = silu(L.wg.dot(S, j, in)) * L.wu.dot(S, j, in);
         });
       }
       ++stages;
 #pragma omp parallel num_threads(team(D * F))
       {
+        const In in = input(S, act_.p, F, omp_get_thread_num());
         rows_dynamic(D, [&](int64_t r0, int64_t r1) {
-          L.wd.matvec(S, act_.p, r0, r1, x_.p, true);
+          L.wd.matvec(S, in, r0, r1, x_.p, true);
         });
       }
       ++stages;
@@ -526,8 +564,9 @@ class CpuSession final : public SessionBase {
     ++stages;
 #pragma omp parallel num_threads(team(c_.vocab * D))
     {
+      const In in = input(S, xf_.p, D, omp_get_thread_num());
       rows_dynamic(c_.vocab, [&](int64_t r0, int64_t r1) {
-        head().matvec(S, xf_.p, r0, r1, logits, false);
+        head().matvec(S, in, r0, r1, logits, false);
       });
     }
     ++stages;
@@ -584,6 +623,25 @@ class CpuSession final : public SessionBase {
     }
   }
 
+  // Prefill's activation rows X (M, n), in place, as a decode step's products consume them: for
+  // int8 weights each row becomes its int8 blocks times their scales (quant::q8_block, the
+  // rule decode's quantize_q8 applies), so the float32 GEMM over widened weights computes the
+  // same Q8_0 x Q8_0 products as decode's integer dots, up to float32 rounding. Other formats:
+  // nothing to do.
+  void as_consumed(float* X, int64_t M, int64_t n) const {
+    if (c_.weights != WeightFormat::Int8) return;
+#pragma omp parallel for num_threads(nt_) schedule(static)
+    for (int64_t r = 0; r < M; ++r) {
+      float* x = X + r * n;
+      for (int64_t i = 0; i < n; i += RESIDENT_INT8_BLOCK) {
+        const int64_t len = std::min(RESIDENT_INT8_BLOCK, n - i);
+        int8_t q[RESIDENT_INT8_BLOCK];
+        const float sc = quant::q8_block(x + i, len, q);
+        for (int64_t k = 0; k < len; ++k) x[i + k] = float(q[k]) * sc;
+      }
+    }
+  }
+
   // M tokens at positions p0..p0+M-1 through every layer; logits of the last one when asked.
   void prefill_block(const int64_t* ids, int64_t M, int64_t p0, float* logits) {
     const Simd& S = simd();
@@ -600,6 +658,7 @@ class CpuSession final : public SessionBase {
 #pragma omp parallel for num_threads(nt_) schedule(static)
       for (int64_t r = 0; r < M; ++r)
         rmsnorm(X.p + r * D, L.in_norm.p, D, c_.rms_eps, Xn.p + r * D);
+      as_consumed(Xn.p, M, D);
       project(S, Xn.p, M, L.wqkv, QKV.p, false);
       const int64_t heads = Hq + 2 * Hkv;
 #pragma omp parallel for num_threads(nt_) schedule(static)
@@ -622,22 +681,26 @@ class CpuSession final : public SessionBase {
                  p0 + r + 1, s, A.p + r * HD + h * Dh);
         }
       }
+      as_consumed(A.p, M, HD);
       project(S, A.p, M, L.wo, X.p, true);
 #pragma omp parallel for num_threads(nt_) schedule(static)
       for (int64_t r = 0; r < M; ++r)
         rmsnorm(X.p + r * D, L.post_norm.p, D, c_.rms_eps, Xn.p + r * D);
+      as_consumed(Xn.p, M, D);
       project(S, Xn.p, M, L.wg, Gt.p, false);
       project(S, Xn.p, M, L.wu, U.p, false);
 #pragma omp parallel for num_threads(nt_) schedule(static)
       for (int64_t i = 0; i < M * F; ++i) Gt.p[i] = silu(Gt.p[i]) * U.p[i];
+      as_consumed(Gt.p, M, F);
       project(S, Gt.p, M, L.wd, X.p, true);
     }
     if (!logits) return;
     rmsnorm(X.p + (M - 1) * D, final_norm_.p, D, c_.rms_eps, xf_.p);
 #pragma omp parallel num_threads(nt_)
     {
+      const In in = input(S, xf_.p, D, omp_get_thread_num());
       rows_dynamic(c_.vocab, [&](int64_t r0, int64_t r1) {
-        head().matvec(S, xf_.p, r0, r1, logits, false);
+        head().matvec(S, in, r0, r1, logits, false);
       });
     }
   }
@@ -654,12 +717,25 @@ class CpuSession final : public SessionBase {
   Buf x_, xf_, qkv_, attn_, act_, logits_, scratch_, scores_, gemm_ws_;
   Buf staging_;  // a narrow format's float32 rows on their way in (load)
   Buf wtile_;    // (nt, WIDEN_ROWS, widest row) a narrow format's widened prefill weight rows
+  Q8Scratch q8_;  // int8 format: each thread's quantized activation vector
 };
 
 }  // namespace
 
 std::unique_ptr<Session> make_cpu_session(const SessionConfig& cfg, int64_t max_ctx) {
   return std::unique_ptr<Session>(new CpuSession(cfg, max_ctx));
+}
+
+void cpu_int8_products(const int8_t* q, const float* sc, int64_t rows, int64_t n, const float* x,
+                       float* y, int8_t* xq, float* xs) {
+  const Simd& S = simd();
+  const int64_t blocks = (n + RESIDENT_INT8_BLOCK - 1) / RESIDENT_INT8_BLOCK;
+  const Q8Scratch scratch(1, n);
+  const In in = scratch.prepare(S, x, n, 0);
+  for (int64_t o = 0; o < rows; ++o)
+    y[o] = S.dot_q8q8(q + o * n, sc + o * blocks, in.q, in.a, in.s, n);
+  std::memcpy(xq, in.q, size_t(n));
+  std::memcpy(xs, in.s, size_t(blocks) * sizeof(float));
 }
 
 double cpu_read_bandwidth(int64_t bytes, int reps) {

@@ -10,6 +10,7 @@
 // last, so its bits depend only on n and the data, never on the thread that computes it.
 //
 // Legend: n vector length; W = VBYTES/4 float lanes; ACC accumulators.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -19,6 +20,7 @@
 
 #include "algenta/half.hpp"
 #include "algenta/kernels.hpp"
+#include "algenta/quant.hpp"
 #include "algenta/residentk.hpp"
 
 #ifndef ALGENTA_ISA_NS
@@ -242,35 +244,88 @@ static float dot_f16(const uint16_t* a, const float* b, int64_t n) {
   return dot_h<ld_f16, s_f16>(a, b, n);
 }
 
-// An int8 row (blocks of 32 values, one float32 scale each) . x: a full block's 32 products are
-// summed in one vector (a fixed chain) and scaled once into one of two accumulators (even and odd
-// blocks, written out as two so both stay in registers), a last partial block in scalar; the
-// accumulators and the tail combine in a fixed order.
-static inline vf q8_block(const int8_t* q, const float* x) {
-  constexpr int PER = int(RESIDENT_INT8_BLOCK) / W;
-  static_assert(int(RESIDENT_INT8_BLOCK) % W == 0, "a block is whole vectors");
-  vf t = ld_q8(q) * *(const vfu*)x;
-  for (int k = 1; k < PER; ++k) t += ld_q8(q + k * W) * *(const vfu*)(x + k * W);
+// ---- int8 rows against int8 activations (Q8_0 x Q8_0) -----------------------------------------
+// The activation vector is quantized once per matrix-vector product (quantize_q8, the same
+// quant::q8_block rule as the weights) into xq (signed), xa = |xq| (unsigned) and one scale per
+// block. A block's 32 products then sum exactly in 32-bit integers (|q| <= 127), on the integer
+// dot-product units where the instruction set has them: vpdpbusd (AVX512-VNNI) multiplies
+// unsigned by signed bytes, so the sign of x moves onto w (w * sign(x), exact: w != -128) and
+// |x| is the unsigned operand; without VNNI, vpmaddubsw + vpmaddwd compute the same (a pair of
+// products is at most 2 * 127^2, below int16's saturation). Each lane's exact partial sum enters
+// float32 once, times sw_b * sx_b, in two accumulators combined in a fixed order, so a row's
+// bits depend only on its data and n. Full blocks of 32 go through the vectors; a last partial
+// block (n % 32) is summed in scalar integers.
+static inline int32_t q8_isum(const int8_t* w, const int8_t* x, int64_t n) {
+  int32_t t = 0;
+  for (int64_t i = 0; i < n; ++i) t += int32_t(w[i]) * int32_t(x[i]);
   return t;
 }
-static float dot_q8(const int8_t* q, const float* sc, const float* x, int64_t n) {
+
+static void quantize_q8(const float* x, int64_t n, int8_t* xq, uint8_t* xa, float* xs) {
   constexpr int64_t B = RESIDENT_INT8_BLOCK;
-  vf acc0 = {}, acc1 = {};
+  for (int64_t i = 0, b = 0; i < n; i += B, ++b)
+    xs[b] = quant::q8_block(x + i, std::min(B, n - i), xq + i);
+  const int64_t padded = (n + Q8_ACT_PAD - 1) / Q8_ACT_PAD * Q8_ACT_PAD;
+  for (int64_t i = 0; i < n; ++i) xa[i] = uint8_t(xq[i] < 0 ? -xq[i] : xq[i]);
+  for (int64_t i = n; i < padded; ++i) xq[i] = 0, xa[i] = 0;
+}
+
+#if VBYTES == 64
+// int32 partial sums of two blocks (lanes 0-7 the first, 8-15 the second).
+static inline __m512i q8_pair(const int8_t* w, const int8_t* xq, const uint8_t* xa) {
+  const __m512i wv = _mm512_loadu_si512(w);
+  const __mmask64 neg = _mm512_movepi8_mask(_mm512_loadu_si512(xq));
+  const __m512i ws = _mm512_mask_sub_epi8(wv, neg, _mm512_setzero_si512(), wv);
+  const __m512i a = _mm512_loadu_si512(xa);
+#if defined(__AVX512VNNI__)
+  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), a, ws);
+#else
+  return _mm512_madd_epi16(_mm512_maddubs_epi16(a, ws), _mm512_set1_epi16(1));
+#endif
+}
+#elif VBYTES == 32
+// int32 partial sums of one block (8 lanes).
+static inline __m256i q8_one(const int8_t* w, const int8_t* xq, const uint8_t* xa) {
+  const __m256i ws = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)),
+                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq)));
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xa));
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(a, ws), _mm256_set1_epi16(1));
+}
+#endif
+
+static float dot_q8q8(const int8_t* w, const float* sw, const int8_t* xq, const uint8_t* xa,
+                      const float* xs, int64_t n) {
+  constexpr int64_t B = RESIDENT_INT8_BLOCK;
+  static_assert(RESIDENT_INT8_BLOCK == 32, "the vector loops hold whole blocks of 32");
   int64_t i = 0, b = 0;
+  float s = 0.f;
+#if VBYTES == 64
+  // four blocks an iteration: one load of their four scale pairs, broadcast to 8 lanes each
+  const __m512i lo = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i hi = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  for (; i + 4 * B <= n; i += 4 * B, b += 4) {
+    const __m512 c = _mm512_castps128_ps512(_mm_mul_ps(_mm_loadu_ps(sw + b), _mm_loadu_ps(xs + b)));
+    acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q8_pair(w + i, xq + i, xa + i)),
+                           _mm512_permutexvar_ps(lo, c), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q8_pair(w + i + 2 * B, xq + i + 2 * B, xa + i + 2 * B)),
+                           _mm512_permutexvar_ps(hi, c), acc1);
+  }
+  s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+#elif VBYTES == 32
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   for (; i + 2 * B <= n; i += 2 * B, b += 2) {
-    acc0 += q8_block(q + i, x + i) * sc[b];
-    acc1 += q8_block(q + i + B, x + i + B) * sc[b + 1];
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_one(w + i, xq + i, xa + i)),
+                           _mm256_set1_ps(sw[b] * xs[b]), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_one(w + i + B, xq + i + B, xa + i + B)),
+                           _mm256_set1_ps(sw[b + 1] * xs[b + 1]), acc1);
   }
-  if (i + B <= n) {
-    acc0 += q8_block(q + i, x + i) * sc[b];
-    i += B, ++b;
-  }
-  float s = hsum(acc0 + acc1);
-  if (i < n) {
-    float t = 0.f;
-    for (; i < n; ++i) t += float(q[i]) * x[i];
-    s += t * sc[b];
-  }
+  const __m256 t = _mm256_add_ps(acc0, acc1);
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+  for (int l = 0; l < 4; ++l) s += h[l];
+#endif
+  // the rest (all of it in the generic build): whole blocks, then a partial one
+  for (; i < n; i += B, ++b) s += float(q8_isum(w + i, xq + i, std::min(B, n - i))) * (sw[b] * xs[b]);
   return s;
 }
 
@@ -299,8 +354,8 @@ static void widen_q8(const int8_t* q, const float* sc, float* d, int64_t n) {
 
 extern const SessionOps session_ops;
 const SessionOps session_ops = {dot,      matvec_rows, matmat_rows_narrow, axpy,
-                                sum,      dot_bf16,    dot_f16,            dot_q8,
-                                widen_bf16, widen_f16, widen_q8};
+                                sum,      dot_bf16,    dot_f16,            quantize_q8,
+                                dot_q8q8, widen_bf16,  widen_f16,          widen_q8};
 
 }  // namespace ALGENTA_ISA_NS
 }  // namespace kern

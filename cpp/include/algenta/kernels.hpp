@@ -109,6 +109,8 @@ struct IsaOps {
   Bf16DotOps bf16dot;
 };
 
+constexpr int64_t Q8_ACT_PAD = 64;  // bytes an int8 activation vector is padded to
+
 // The resident session's decode primitives: float32 activations against weight rows held in
 // float32, or as bf16/f16 bit patterns or int8 blocks (RESIDENT_INT8_BLOCK values, one float32
 // scale each) widened in registers. A row's result depends only on its data and n (fixed
@@ -125,7 +127,12 @@ struct SessionOps {
   float (*sum)(const float* a, int64_t n);                     // the read-bandwidth probe
   float (*dot_bf16)(const uint16_t* a, const float* b, int64_t n);
   float (*dot_f16)(const uint16_t* a, const float* b, int64_t n);
-  float (*dot_q8)(const int8_t* q, const float* scales, const float* x, int64_t n);
+  // int8 rows: the activation x (n) quantized once per matrix-vector product into xq and
+  // xa = |xq| (each n rounded up to Q8_ACT_PAD bytes, zero-padded) and xs (one scale a block);
+  // then row (q, scales) . x from those, block sums exact in int32 (see session_kernels.cpp).
+  void (*quantize_q8)(const float* x, int64_t n, int8_t* xq, uint8_t* xa, float* xs);
+  float (*dot_q8q8)(const int8_t* q, const float* scales, const int8_t* xq, const uint8_t* xa,
+                    const float* xs, int64_t n);
   // a narrow row widened exactly to float32 (int8: times its block scales)
   void (*widen_bf16)(const uint16_t* a, float* d, int64_t n);
   void (*widen_f16)(const uint16_t* a, float* d, int64_t n);

@@ -101,6 +101,12 @@ std::unique_ptr<Session> make_cpu_session(const SessionConfig& cfg, int64_t max_
 // repetition. The roofline perf/bench_decode_cpu.py reports decode against.
 double cpu_read_bandwidth(int64_t bytes, int reps);
 
+// The int8 decode product of the active instruction set, for tests against an independent
+// model: x (n) quantized once (xq (n), xs (ceil(n / 32)) out), then y[o] = row o of q (rows, n)
+// with its block scales sc (rows, ceil(n / 32)) times x, as a decode step computes it.
+void cpu_int8_products(const int8_t* q, const float* sc, int64_t rows, int64_t n, const float* x,
+                       float* y, int8_t* xq, float* xs);
+
 // ---- the CUDA backend's entry points ------------------------------------------------------
 // Implemented by cuda/ in a build with a CUDA backend (ALGENTA_GPU with nvcc, or ALGENTA_CUDA_EMU
 // over the CPU emulator) and by cuda/absent.cpp, which refuses with 604, in a build without one.
