@@ -57,6 +57,7 @@
 #include <string>
 #include <vector>
 
+#include "algenta/buffer.hpp"
 #include "algenta/half.hpp"
 #include "algenta/kernels.hpp"
 #include "algenta/quant.hpp"
@@ -88,17 +89,56 @@ struct ABuf {
     if (!p) throw std::bad_alloc();
     std::memset(p, 0, bytes);
   }
+  // n T at p, owned by someone else (the weight arena)
+  static ABuf view(T* at, int64_t count) {
+    ABuf b;
+    b.p = at, b.n = count, b.own = false;
+    return b;
+  }
   ABuf(const ABuf&) = delete;
   ABuf& operator=(const ABuf&) = delete;
-  ABuf(ABuf&& o) noexcept : p(o.p), n(o.n) { o.p = nullptr; o.n = 0; }
+  ABuf(ABuf&& o) noexcept : p(o.p), n(o.n), own(o.own) { o.p = nullptr; o.n = 0; }
   ABuf& operator=(ABuf&& o) noexcept {
     std::swap(p, o.p);
     std::swap(n, o.n);
+    std::swap(own, o.own);
     return *this;
   }
-  ~ABuf() { std::free(p); }
+  ~ABuf() {
+    if (own) std::free(p);
+  }
+
+ private:
+  bool own = true;
 };
 using Buf = ABuf<float>;
+
+// Every resident weight matrix in one allocation, 2 MiB aligned and advised into transparent
+// huge pages (huge_malloc): a decode step streams every weight once, and in 4 KiB pages each
+// page edge stops the hardware prefetcher and costs a TLB walk (measured on Zen 4: decode of a
+// 35M-parameter model 1.2-1.6x faster in huge pages, float32 to int8). One allocation rounds up
+// to a whole huge page once, not once per matrix. Matrices start at 64-byte offsets.
+struct Arena {
+  char* base = nullptr;
+  size_t cap = 0, used = 0;
+  static size_t span(size_t bytes) { return (bytes + 63) / 64 * 64; }
+  Arena() = default;
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  ~Arena() { std::free(base); }
+  void open(size_t bytes) {
+    base = static_cast<char*>(huge_malloc(bytes ? bytes : 64));
+    cap = bytes;
+    std::memset(base, 0, bytes);
+  }
+  template <class T>
+  ABuf<T> take(int64_t n) {
+    T* at = reinterpret_cast<T*>(base + used);
+    used += span(size_t(n) * sizeof(T));
+    if (used > cap) throw std::logic_error("weight arena sized too small");  // a bug, not input
+    return ABuf<T>::view(at, n);
+  }
+};
 
 // An activation vector as a matrix-vector product consumes it: float32 x for float32 and half
 // weights; for int8 weights also its int8 blocks (quantized once per product, by the thread
@@ -139,15 +179,24 @@ struct WMat {
   ABuf<int8_t> w8;
   Buf scales;  // (rows, blocks)
   WMat() = default;
-  WMat(WeightFormat fmt, int64_t r, int64_t c) : f(fmt), rows(r), cols(c) {
+  // rows of the matrix carved out of the arena (arena null: only count its bytes into *need)
+  WMat(WeightFormat fmt, int64_t r, int64_t c, Arena* arena, size_t* need = nullptr)
+      : f(fmt), rows(r), cols(c) {
+    const int64_t nb = (c + RESIDENT_INT8_BLOCK - 1) / RESIDENT_INT8_BLOCK;
+    if (need) {
+      *need += f == WeightFormat::F32   ? Arena::span(size_t(r * c) * 4)
+               : f == WeightFormat::Int8 ? Arena::span(size_t(r * c)) + Arena::span(size_t(r * nb) * 4)
+                                         : Arena::span(size_t(r * c) * 2);
+      return;
+    }
     switch (f) {
-      case WeightFormat::F32: w32 = Buf(r * c); break;
+      case WeightFormat::F32: w32 = arena->take<float>(r * c); break;
       case WeightFormat::BF16:
-      case WeightFormat::F16: w16 = ABuf<uint16_t>(r * c); break;
+      case WeightFormat::F16: w16 = arena->take<uint16_t>(r * c); break;
       case WeightFormat::Int8:
-        blocks = (c + RESIDENT_INT8_BLOCK - 1) / RESIDENT_INT8_BLOCK;
-        w8 = ABuf<int8_t>(r * c);
-        scales = Buf(r * blocks);
+        blocks = nb;
+        w8 = arena->take<int8_t>(r * c);
+        scales = arena->take<float>(r * blocks);
         break;
     }
   }
@@ -273,20 +322,29 @@ class CpuSession final : public SessionBase {
     const int64_t D = c.d_model, Dh = c.d_head, F = c.d_ff;
     const WeightFormat wf = c.weights;
     q_rows_ = (c.h_q + 2 * c.h_kv) * Dh;
-    embed_ = WMat(wf, c.vocab, D);
-    if (!c.tie_word_embeddings) head_ = WMat(wf, c.vocab, D);
-    final_norm_ = Buf(D);
+    // every matrix, in one order: sized first (need), then carved out of the arena
+    auto matrices = [&](size_t* need) {
+      embed_ = WMat(wf, c.vocab, D, &arena_, need);
+      if (!c.tie_word_embeddings) head_ = WMat(wf, c.vocab, D, &arena_, need);
+      for (Layer& l : layers_) {
+        l.wqkv = WMat(wf, q_rows_, D, &arena_, need);
+        l.wo = WMat(wf, D, c.h_q * Dh, &arena_, need);
+        l.wg = WMat(wf, F, D, &arena_, need);
+        l.wu = WMat(wf, F, D, &arena_, need);
+        l.wd = WMat(wf, D, F, &arena_, need);
+      }
+    };
     layers_.resize(size_t(c.n_layers));
+    size_t need = 0;
+    matrices(&need);
+    arena_.open(need);
+    matrices(nullptr);
+    final_norm_ = Buf(D);
     for (Layer& l : layers_) {
       l.in_norm = Buf(D);
-      l.wqkv = WMat(wf, q_rows_, D);
       l.q_norm = Buf(Dh);
       l.k_norm = Buf(Dh);
-      l.wo = WMat(wf, D, c.h_q * Dh);
       l.post_norm = Buf(D);
-      l.wg = WMat(wf, F, D);
-      l.wu = WMat(wf, F, D);
-      l.wd = WMat(wf, D, F);
     }
     const int64_t widest = std::max({D, F, c.h_q * Dh});
     if (wf == WeightFormat::Int8) q8_ = Q8Scratch(nt_, widest);
@@ -711,6 +769,7 @@ class CpuSession final : public SessionBase {
   int choice_ = 1;   // 1: decode with nt_ threads, 0: with one
   double ema_[2] = {0.0, 0.0};  // smoothed seconds per decode token, team of one / of nt_
   int64_t tokens_ = 0, next_probe_ = 2, probe_every_ = 16;
+  Arena arena_;  // every WMat's storage; declared first of them, so freed after them
   WMat embed_, head_;
   Buf final_norm_, kv_, rope_;
   std::vector<Layer> layers_;
@@ -740,7 +799,10 @@ void cpu_int8_products(const int8_t* q, const float* sc, int64_t rows, int64_t n
 
 double cpu_read_bandwidth(int64_t bytes, int reps) {
   const int64_t n = std::max<int64_t>(bytes / int64_t(sizeof(float)), 1 << 16);
-  Buf a(n);
+  // in the weights' kind of memory (an Arena: huge pages), so the roofline is decode's own
+  Arena arena;
+  arena.open(size_t(n) * sizeof(float));
+  Buf a = arena.take<float>(n);
   const int nt = std::max(1, omp_get_max_threads());
   // Touch the pages from the threads that will read them (first-touch placement).
 #pragma omp parallel num_threads(nt)

@@ -34,7 +34,10 @@ ALGENTA_HD float q8_block(const float* x, int64_t n, int8_t* q) {
   const float s = amax / 127.f;
   for (int64_t i = 0; i < n; ++i) {
     const float r = s > 0.f ? rintf(x[i] / s) : 0.f;
-    q[i] = int8_t(fminf(127.f, fmaxf(-127.f, r)));
+    // comparisons, not fminf/fmaxf (a libm call per value without -ffinite-math-only); a NaN
+    // r (only with a NaN or infinite s) stores 0 instead of an undefined conversion
+    const float c = r < -127.f ? -127.f : (r > 127.f ? 127.f : r);
+    q[i] = c == c ? int8_t(c) : int8_t(0);
   }
   return s;
 }
