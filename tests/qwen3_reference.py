@@ -87,10 +87,19 @@ def q8_activations(x):
     return out
 
 
+def bf16_activations(x):
+    """The bf16 format's activations, independently of the engine: x rounded to float32, then
+    to bfloat16 (nearest, ties to even), as float64."""
+    u = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    r = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32)
+    return r.view(np.float32).astype(np.float64)
+
+
 def forward(cfg: dict, weights: dict, ids, act=None) -> np.ndarray:
     """Logits (S, V) in float64 for every position of ids (S), starting at position 0. act, when
     given, maps every activation matrix on its way into a weight-matrix product (the input of
-    q/k/v, o, gate/up, down and the head): q8_activations models the int8 format."""
+    q/k/v, o, gate/up, down and the head): q8_activations models the int8 format,
+    bf16_activations the bf16 format."""
     a = act or (lambda t: t)
     w = {k: np.asarray(v, dtype=np.float64) for k, v in weights.items()}
     ids = np.asarray(ids, dtype=np.int64)

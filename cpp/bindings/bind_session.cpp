@@ -175,6 +175,24 @@ void bind_session(py::module_& m) {
       "Test hook: the int8 decode product of the active ISA -> (y, x's int8 values, x's block "
       "scales).");
 
+  s.def(
+      "cpu_bf16_products",
+      [](py::array_t<uint16_t, py::array::c_style | py::array::forcecast> w, F32 x) {
+        using algenta::Family;
+        using algenta::StatusError;
+        namespace rk = algenta::residentk;
+        if (w.ndim() != 2 || x.ndim() != 1 || x.shape(0) != w.shape(1) || w.shape(1) < 1)
+          throw StatusError(Family::Resident, rk::RESIDENT_ERR_WEIGHT_LENGTH,
+                            "cpu_bf16_products: w (rows, n) bf16 bits and x (n)");
+        const int64_t rows = w.shape(0), n = w.shape(1);
+        py::array_t<float> y(rows);
+        py::array_t<uint16_t> xb(n);
+        rk::cpu_bf16_products(w.data(), rows, n, x.data(), y.mutable_data(), xb.mutable_data());
+        return py::make_tuple(y, xb);
+      },
+      py::arg("w"), py::arg("x"),
+      "Test hook: the bf16 decode product of the active ISA -> (y, x's bf16 bits).");
+
   // cuda_backend, cuda_session, cuda_copy_bandwidth and the cuda_plan submodule
   // (bind_session_cuda.cpp): the CUDA backend where the build has one, its refusal otherwise.
   bind_session_cuda(s);

@@ -140,32 +140,51 @@ struct Arena {
   }
 };
 
-// An activation vector as a matrix-vector product consumes it: float32 x for float32 and half
-// weights; for int8 weights also its int8 blocks (quantized once per product, by the thread
-// that runs it, into that thread's Q8Scratch).
+// An activation vector as a matrix-vector product consumes it: float32 x for float32 and f16
+// weights; for bf16 weights x rounded to bf16 (b: the bits, x: their float32 values); for int8
+// weights x's int8 blocks (q, a = |q|, s). Prepared once per product by the thread that runs
+// it, into that thread's ActScratch.
 struct In {
   const float* x = nullptr;
+  const uint16_t* b = nullptr;
   const int8_t* q = nullptr;
   const uint8_t* a = nullptr;
   const float* s = nullptr;
 };
 
-// Per-thread room for one quantized activation vector of up to `widest` values.
-struct Q8Scratch {
-  int64_t stride = 0;  // bytes per thread (widest rounded up to Q8_ACT_PAD)
+// Per-thread room for one prepared activation vector of up to `widest` values.
+struct ActScratch {
+  WeightFormat f = WeightFormat::F32;
+  int64_t stride = 0;  // elements per thread (widest rounded up to Q8_ACT_PAD)
   ABuf<int8_t> q;
   ABuf<uint8_t> a;
-  Buf s;
-  Q8Scratch() = default;
-  Q8Scratch(int nt, int64_t widest)
-      : stride((widest + kern::Q8_ACT_PAD - 1) / kern::Q8_ACT_PAD * kern::Q8_ACT_PAD),
-        q(nt * stride), a(nt * stride), s(nt * (stride / RESIDENT_INT8_BLOCK)) {}
+  ABuf<uint16_t> b;
+  Buf s, r;
+  ActScratch() = default;
+  ActScratch(WeightFormat fmt, int nt, int64_t widest)
+      : f(fmt), stride((widest + kern::Q8_ACT_PAD - 1) / kern::Q8_ACT_PAD * kern::Q8_ACT_PAD) {
+    if (f == WeightFormat::Int8) {
+      q = ABuf<int8_t>(nt * stride);
+      a = ABuf<uint8_t>(nt * stride);
+      s = Buf(nt * (stride / RESIDENT_INT8_BLOCK));
+    } else if (f == WeightFormat::BF16) {
+      b = ABuf<uint16_t>(nt * stride);
+      r = Buf(nt * stride);
+    }
+  }
   In prepare(const Simd& S, const float* x, int64_t n, int t) const {
+    if (f == WeightFormat::BF16) {
+      uint16_t* bt = b.p + t * stride;
+      float* rt = r.p + t * stride;
+      S.round_bf16(x, n, bt, rt);
+      return In{rt, bt};
+    }
+    if (f != WeightFormat::Int8) return In{x};
     int8_t* qt = q.p + t * stride;
     uint8_t* at = a.p + t * stride;
     float* st = s.p + t * (stride / RESIDENT_INT8_BLOCK);
     S.quantize_q8(x, n, qt, at, st);
-    return In{x, qt, at, st};
+    return In{x, nullptr, qt, at, st};
   }
 };
 
@@ -204,7 +223,7 @@ struct WMat {
   float dot(const Simd& S, int64_t o, const In& x) const {
     switch (f) {
       case WeightFormat::F32: return S.dot(w32.p + o * cols, x.x, cols);
-      case WeightFormat::BF16: return S.dot_bf16(w16.p + o * cols, x.x, cols);
+      case WeightFormat::BF16: return S.dot_bf16_bf16(w16.p + o * cols, x.b, x.x, cols);
       case WeightFormat::F16: return S.dot_f16(w16.p + o * cols, x.x, cols);
       case WeightFormat::Int8:
         return S.dot_q8q8(w8.p + o * cols, scales.p + o * blocks, x.q, x.a, x.s, cols);
@@ -347,7 +366,9 @@ class CpuSession final : public SessionBase {
       l.post_norm = Buf(D);
     }
     const int64_t widest = std::max({D, F, c.h_q * Dh});
-    if (wf == WeightFormat::Int8) q8_ = Q8Scratch(nt_, widest);
+    act_scratch_ = ActScratch(wf, nt_, widest);
+    if (wf == WeightFormat::BF16 && kern::ops<float>().bf16dot.gemm_bb)
+      xb_ = ABuf<uint16_t>(PREFILL_BLOCK * widest);
     if (wf != WeightFormat::F32) {
       staging_ = Buf(std::max(STAGE_ELEMS, widest));
       wtile_ = Buf(int64_t(nt_) * WIDEN_ROWS * widest);  // prefill's widened weight rows
@@ -539,7 +560,7 @@ class CpuSession final : public SessionBase {
 
   // x (n) as this session's matrices consume it, prepared by thread t for its own products.
   In input(const Simd& S, const float* x, int64_t n, int t) const {
-    return c_.weights == WeightFormat::Int8 ? q8_.prepare(S, x, n, t) : In{x};
+    return act_scratch_.prepare(S, x, n, t);
   }
 
   void decode(int64_t id, float* logits) {
@@ -631,11 +652,34 @@ class CpuSession final : public SessionBase {
     dispatches_ = stages;
   }
 
+  // project() for bf16 weights where the host multiplies bf16 pairs (vdpbf16ps): X's rows
+  // (already bf16 values, as_consumed) narrowed to bf16 bits once, then the bf16 dot-product
+  // GEMM on X and the resident rows themselves, with no float32 copy of either. Exact
+  // narrowing: X holds bf16 values, so the products are the ones the widening path computes.
+  void project_bf16_dot(const float* X, int64_t M, const WMat& W, float* Y, bool accumulate) {
+    const auto& ops = kern::ops<float>();
+    const kern::Bf16DotOps& dp = ops.bf16dot;
+    const int64_t K = W.cols, N = W.rows, ws_elems = ops.gemm_ws_elems();
+    if (gemm_ws_.n < ws_elems * nt_) gemm_ws_ = Buf(ws_elems * nt_);
+    ops.narrow_h[kern::HALF_BF16](X, xb_.p, M * K);
+    const int64_t per_task = ((N + 4 * nt_ - 1) / (4 * nt_) + 15) / 16 * 16;
+    const int64_t NB = std::clamp<int64_t>(per_task, 16, 256);
+    const int64_t tasks = (N + NB - 1) / NB;
+#pragma omp parallel for num_threads(nt_) schedule(dynamic)
+    for (int64_t tk = 0; tk < tasks; ++tk) {
+      const int tid = omp_get_thread_num();
+      const int64_t j0 = tk * NB, nb = std::min(NB, N - j0);
+      dp.gemm_bb(M, nb, K, xb_.p, K, 1, W.w16.p + j0 * K, 1, K, Y + j0, N, accumulate,
+                 gemm_ws_.p + tid * ws_elems);
+    }
+  }
+
   // Y (M, N) (+)= X (M, K) @ W^T, W (N, K) row-major: the prefill projection. Narrow formats
   // widen WIDEN_ROWS weight rows at a time into the thread's float32 tile and run the float32
   // tile or GEMM on it: the widening is paid once per weight row, not once per token.
   void project(const Simd& S, const float* X, int64_t M, const WMat& W, float* Y,
                bool accumulate) {
+    if (W.f == WeightFormat::BF16 && xb_.p) return project_bf16_dot(X, M, W, Y, accumulate);
     const int64_t K = W.cols, N = W.rows;
     const bool narrow_w = W.f != WeightFormat::F32;
     if (residentk_prefill_gemm_use_narrow_tile(M)) {
@@ -684,9 +728,14 @@ class CpuSession final : public SessionBase {
   // Prefill's activation rows X (M, n), in place, as a decode step's products consume them: for
   // int8 weights each row becomes its int8 blocks times their scales (quant::q8_block, the
   // rule decode's quantize_q8 applies), so the float32 GEMM over widened weights computes the
-  // same Q8_0 x Q8_0 products as decode's integer dots, up to float32 rounding. Other formats:
-  // nothing to do.
+  // same Q8_0 x Q8_0 products as decode's integer dots, up to float32 rounding; for bf16 weights
+  // each value is rounded to bf16 (half.hpp, as decode's round_bf16). Other formats: nothing.
   void as_consumed(float* X, int64_t M, int64_t n) const {
+    if (c_.weights == WeightFormat::BF16) {
+#pragma omp parallel for num_threads(nt_) schedule(static)
+      for (int64_t i = 0; i < M * n; ++i) X[i] = half::bf16_to_f32(half::f32_to_bf16(X[i]));
+      return;
+    }
     if (c_.weights != WeightFormat::Int8) return;
 #pragma omp parallel for num_threads(nt_) schedule(static)
     for (int64_t r = 0; r < M; ++r) {
@@ -776,7 +825,8 @@ class CpuSession final : public SessionBase {
   Buf x_, xf_, qkv_, attn_, act_, logits_, scratch_, scores_, gemm_ws_;
   Buf staging_;  // a narrow format's float32 rows on their way in (load)
   Buf wtile_;    // (nt, WIDEN_ROWS, widest row) a narrow format's widened prefill weight rows
-  Q8Scratch q8_;  // int8 format: each thread's quantized activation vector
+  ActScratch act_scratch_;  // bf16, int8: each thread's prepared activation vector
+  ABuf<uint16_t> xb_;       // bf16 on the dot-product path: prefill's activation rows as bf16
 };
 
 }  // namespace
@@ -789,12 +839,21 @@ void cpu_int8_products(const int8_t* q, const float* sc, int64_t rows, int64_t n
                        float* y, int8_t* xq, float* xs) {
   const Simd& S = simd();
   const int64_t blocks = (n + RESIDENT_INT8_BLOCK - 1) / RESIDENT_INT8_BLOCK;
-  const Q8Scratch scratch(1, n);
+  const ActScratch scratch(WeightFormat::Int8, 1, n);
   const In in = scratch.prepare(S, x, n, 0);
   for (int64_t o = 0; o < rows; ++o)
     y[o] = S.dot_q8q8(q + o * n, sc + o * blocks, in.q, in.a, in.s, n);
   std::memcpy(xq, in.q, size_t(n));
   std::memcpy(xs, in.s, size_t(blocks) * sizeof(float));
+}
+
+void cpu_bf16_products(const uint16_t* w, int64_t rows, int64_t n, const float* x, float* y,
+                       uint16_t* xb) {
+  const Simd& S = simd();
+  const ActScratch scratch(WeightFormat::BF16, 1, n);
+  const In in = scratch.prepare(S, x, n, 0);
+  for (int64_t o = 0; o < rows; ++o) y[o] = S.dot_bf16_bf16(w + o * n, in.b, in.x, n);
+  std::memcpy(xb, in.b, size_t(n) * sizeof(uint16_t));
 }
 
 double cpu_read_bandwidth(int64_t bytes, int reps) {

@@ -244,6 +244,47 @@ static float dot_f16(const uint16_t* a, const float* b, int64_t n) {
   return dot_h<ld_f16, s_f16>(a, b, n);
 }
 
+// ---- bf16 rows against bf16 activations ------------------------------------------------------
+// The activation vector is rounded to bf16 once per matrix-vector product (round_bf16: xb the
+// bits, xr their float32 values, both zero-padded to Q8_ACT_PAD elements), as transformers' and
+// llama.cpp's bf16 matmuls multiply bf16 inputs. A product of two bf16 values is exact in
+// float32, so every path multiplies the same products and differs only in how it sums them:
+// vdpbf16ps on AVX512-BF16 (a weight pair and an activation pair a lane, straight from the
+// row: no packing), the widening dot on xr elsewhere.
+static void round_bf16(const float* x, int64_t n, uint16_t* xb, float* xr) {
+  const int64_t padded = (n + Q8_ACT_PAD - 1) / Q8_ACT_PAD * Q8_ACT_PAD;
+  for (int64_t i = 0; i < n; ++i) {
+    xb[i] = half::f32_to_bf16(x[i]);
+    xr[i] = half::bf16_to_f32(xb[i]);
+  }
+  for (int64_t i = n; i < padded; ++i) xb[i] = 0, xr[i] = 0.f;
+}
+
+static float dot_bf16_bf16(const uint16_t* w, const uint16_t* xb, const float* xr, int64_t n) {
+#if defined(__AVX512BF16__)
+  (void)xr;
+  // 32 elements a vector (16 pairs), four accumulators combined in a fixed tree; a last partial
+  // vector through masked loads (which never touch the masked-off bytes)
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                   _mm512_setzero_ps()};
+  int64_t i = 0;
+  auto ld = [](const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); };
+  for (; i + 128 <= n; i += 128)
+    for (int k = 0; k < 4; ++k) acc[k] = _mm512_dpbf16_ps(acc[k], ld(w + i + 32 * k), ld(xb + i + 32 * k));
+  for (; i + 32 <= n; i += 32) acc[0] = _mm512_dpbf16_ps(acc[0], ld(w + i), ld(xb + i));
+  if (i < n) {
+    const __mmask32 m = (__mmask32)((uint64_t(1) << (n - i)) - 1);
+    acc[1] = _mm512_dpbf16_ps(acc[1], (__m512bh)_mm512_maskz_loadu_epi16(m, w + i),
+                              (__m512bh)_mm512_maskz_loadu_epi16(m, xb + i));
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]),
+                                            _mm512_add_ps(acc[2], acc[3])));
+#else
+  (void)xb;
+  return dot_bf16(w, xr, n);
+#endif
+}
+
 // ---- int8 rows against int8 activations (Q8_0 x Q8_0) -----------------------------------------
 // The activation vector is quantized once per matrix-vector product (quantize_q8, the same
 // quant::q8_block rule as the weights) into xq (signed), xa = |xq| (unsigned) and one scale per
@@ -354,8 +395,9 @@ static void widen_q8(const int8_t* q, const float* sc, float* d, int64_t n) {
 
 extern const SessionOps session_ops;
 const SessionOps session_ops = {dot,      matvec_rows, matmat_rows_narrow, axpy,
-                                sum,      dot_bf16,    dot_f16,            quantize_q8,
-                                dot_q8q8, widen_bf16,  widen_f16,          widen_q8};
+                                sum,      dot_bf16,    dot_f16,            round_bf16,
+                                dot_bf16_bf16, quantize_q8, dot_q8q8,      widen_bf16,
+                                widen_f16, widen_q8};
 
 }  // namespace ALGENTA_ISA_NS
 }  // namespace kern

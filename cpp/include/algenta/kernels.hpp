@@ -109,7 +109,7 @@ struct IsaOps {
   Bf16DotOps bf16dot;
 };
 
-constexpr int64_t Q8_ACT_PAD = 64;  // bytes an int8 activation vector is padded to
+constexpr int64_t Q8_ACT_PAD = 64;  // elements a prepared activation vector is padded to
 
 // The resident session's decode primitives: float32 activations against weight rows held in
 // float32, or as bf16/f16 bit patterns or int8 blocks (RESIDENT_INT8_BLOCK values, one float32
@@ -127,6 +127,11 @@ struct SessionOps {
   float (*sum)(const float* a, int64_t n);                     // the read-bandwidth probe
   float (*dot_bf16)(const uint16_t* a, const float* b, int64_t n);
   float (*dot_f16)(const uint16_t* a, const float* b, int64_t n);
+  // bf16 rows against bf16 activations: x (n) rounded to bf16 once per product (xb the bits,
+  // xr their float32 values, each n rounded up to Q8_ACT_PAD and zero-padded), then row . x from
+  // whichever of the two the instruction set multiplies (vdpbf16ps: xb).
+  void (*round_bf16)(const float* x, int64_t n, uint16_t* xb, float* xr);
+  float (*dot_bf16_bf16)(const uint16_t* a, const uint16_t* xb, const float* xr, int64_t n);
   // int8 rows: the activation x (n) quantized once per matrix-vector product into xq and
   // xa = |xq| (each n rounded up to Q8_ACT_PAD bytes, zero-padded) and xs (one scale a block);
   // then row (q, scales) . x from those, block sums exact in int32 (see session_kernels.cpp).

@@ -106,6 +106,10 @@ double cpu_read_bandwidth(int64_t bytes, int reps);
 // with its block scales sc (rows, ceil(n / 32)) times x, as a decode step computes it.
 void cpu_int8_products(const int8_t* q, const float* sc, int64_t rows, int64_t n, const float* x,
                        float* y, int8_t* xq, float* xs);
+// The same for bf16 rows w (rows, n bf16 bits): x rounded to bf16 once (xb (n) out), then
+// y[o] = row o . x as a decode step computes it.
+void cpu_bf16_products(const uint16_t* w, int64_t rows, int64_t n, const float* x, float* y,
+                       uint16_t* xb);
 
 // ---- the CUDA backend's entry points ------------------------------------------------------
 // Implemented by cuda/ in a build with a CUDA backend (ALGENTA_GPU with nvcc, or ALGENTA_CUDA_EMU
