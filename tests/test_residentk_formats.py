@@ -285,6 +285,29 @@ def test_bf16_products_against_exact_products(isa):
     assert r.stdout.strip() == isa
 
 
+def test_int8_prefill_gemm_against_exact_integer_sums():
+    """The int8 prefill GEMM (vpdpbusd, where the host has AVX512-VNNI) against NumPy on the
+    activations decode's quantizer gives: every cell the exact block sums times sw * sx, to
+    float32 rounding; partial blocks, partial panels and partial row tiles included."""
+    rng = np.random.default_rng(7)
+    for M, N, K in ((1, 16, 32), (5, 33, 52), (40, 84, 100), (7, 64, 128), (3, 40, 1000)):
+        nb = -(-K // 32)
+        q = rng.integers(-127, 128, size=(N, K)).astype(np.int8)
+        sc = rng.uniform(1e-3, 1.0, size=(N, nb)).astype(np.float32)
+        X = (rng.standard_normal((M, K)) * 10.0 ** rng.uniform(-2, 2, (M, 1))).astype(np.float32)
+        Y = _core.session.cpu_int8_gemm(q, sc, X)
+        if Y is None:
+            pytest.skip(f"no int8 GEMM on {_core.isa_name()}")
+        for r in range(M):
+            _, xq, xs = _core.session.cpu_int8_products(q, sc, X[r])  # checked exact above
+            prod = q.astype(np.int64) * xq.astype(np.int64)
+            isum = np.add.reduceat(prod, np.arange(0, K, 32), axis=1).astype(np.float64)
+            c = (sc * xs[None, :]).astype(np.float32).astype(np.float64)
+            want = (isum * c).sum(axis=1)
+            bound = 2e-6 * (np.abs(isum) * c).sum(axis=1) + 1e-30
+            assert np.all(np.abs(Y[r] - want) <= bound), (M, N, K, r)
+
+
 def test_int8_products_refuse_mismatched_shapes():
     with pytest.raises(ResidentError) as e:
         _core.session.cpu_int8_products(np.ones((2, 64), np.int8), np.ones((2, 3), np.float32),

@@ -176,6 +176,27 @@ void bind_session(py::module_& m) {
       "scales).");
 
   s.def(
+      "cpu_int8_gemm",
+      [](py::array_t<int8_t, py::array::c_style | py::array::forcecast> q, F32 sc,
+         F32 X) -> py::object {
+        using algenta::Family;
+        using algenta::StatusError;
+        namespace rk = algenta::residentk;
+        if (q.ndim() != 2 || X.ndim() != 2 || sc.ndim() != 2 || q.shape(1) < 1 ||
+            X.shape(1) != q.shape(1) || sc.shape(0) != q.shape(0) ||
+            sc.shape(1) != (q.shape(1) + rk::RESIDENT_INT8_BLOCK - 1) / rk::RESIDENT_INT8_BLOCK)
+          throw StatusError(Family::Resident, rk::RESIDENT_ERR_WEIGHT_LENGTH,
+                            "cpu_int8_gemm: q (rows, n), scales (rows, ceil(n / 32)), X (M, n)");
+        const int64_t rows = q.shape(0), n = q.shape(1), M = X.shape(0);
+        py::array_t<float> Y({M, rows});
+        if (!rk::cpu_int8_gemm(q.data(), sc.data(), rows, n, X.data(), M, Y.mutable_data()))
+          return py::none();
+        return std::move(Y);
+      },
+      py::arg("q"), py::arg("scales"), py::arg("X"),
+      "Test hook: the int8 prefill GEMM of the active ISA (None where it has none).");
+
+  s.def(
       "cpu_bf16_products",
       [](py::array_t<uint16_t, py::array::c_style | py::array::forcecast> w, F32 x) {
         using algenta::Family;

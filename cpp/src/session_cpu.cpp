@@ -369,6 +369,12 @@ class CpuSession final : public SessionBase {
     act_scratch_ = ActScratch(wf, nt_, widest);
     if (wf == WeightFormat::BF16 && kern::ops<float>().bf16dot.gemm_bb)
       xb_ = ABuf<uint16_t>(PREFILL_BLOCK * widest);
+    if (wf == WeightFormat::Int8 && simd().gemm_q8) {
+      const int64_t ldx = (widest + kern::Q8_ACT_PAD - 1) / kern::Q8_ACT_PAD * kern::Q8_ACT_PAD;
+      xq_ = ABuf<int8_t>(PREFILL_BLOCK * ldx);
+      xu_ = ABuf<uint8_t>(PREFILL_BLOCK * ldx);
+      xs_ = Buf(PREFILL_BLOCK * (ldx / RESIDENT_INT8_BLOCK));
+    }
     if (wf != WeightFormat::F32) {
       staging_ = Buf(std::max(STAGE_ELEMS, widest));
       wtile_ = Buf(int64_t(nt_) * WIDEN_ROWS * widest);  // prefill's widened weight rows
@@ -674,12 +680,42 @@ class CpuSession final : public SessionBase {
     }
   }
 
+  // project() for int8 weights where the host has integer dot products (AVX512-VNNI): X's rows
+  // quantized by decode's rule (quantize_q8, from the float32 values: as_consumed leaves them
+  // alone on this path), then the int8 GEMM (gemm_q8) on them and the resident rows.
+  void project_int8_dot(const Simd& S, const float* X, int64_t M, const WMat& W, float* Y,
+                        bool accumulate) {
+    const int64_t K = W.cols, N = W.rows;
+    const int64_t ldx = (K + kern::Q8_ACT_PAD - 1) / kern::Q8_ACT_PAD * kern::Q8_ACT_PAD;
+    const int64_t ldxs = ldx / RESIDENT_INT8_BLOCK;
+    const int64_t per_task = ((N + 4 * nt_ - 1) / (4 * nt_) + 31) / 32 * 32;
+    const int64_t NB = std::clamp<int64_t>(per_task, 32, 256);
+    const int64_t ws_bytes = (S.gemm_q8_ws_bytes(NB, K) + 63) / 64 * 64;
+    if (q8ws_.n < ws_bytes * nt_) q8ws_ = ABuf<int8_t>(ws_bytes * nt_);
+#pragma omp parallel for num_threads(nt_) schedule(static)
+    for (int64_t r = 0; r < M; ++r) {
+      int8_t* q = xq_.p + r * ldx;
+      uint8_t* u = xu_.p + r * ldx;
+      S.quantize_q8(X + r * K, K, q, u, xs_.p + r * ldxs);
+      for (int64_t i = 0; i < ldx; ++i) u[i] = uint8_t(int(q[i]) + 128);  // padding: 0 -> 128
+    }
+    const int64_t tasks = (N + NB - 1) / NB;
+#pragma omp parallel for num_threads(nt_) schedule(dynamic)
+    for (int64_t tk = 0; tk < tasks; ++tk) {
+      const int tid = omp_get_thread_num();
+      const int64_t j0 = tk * NB, nb = std::min(NB, N - j0);
+      S.gemm_q8(M, nb, K, xu_.p, ldx, xs_.p, ldxs, W.w8.p + j0 * K, W.scales.p + j0 * W.blocks,
+                Y + j0, N, accumulate, q8ws_.p + tid * ws_bytes);
+    }
+  }
+
   // Y (M, N) (+)= X (M, K) @ W^T, W (N, K) row-major: the prefill projection. Narrow formats
   // widen WIDEN_ROWS weight rows at a time into the thread's float32 tile and run the float32
   // tile or GEMM on it: the widening is paid once per weight row, not once per token.
   void project(const Simd& S, const float* X, int64_t M, const WMat& W, float* Y,
                bool accumulate) {
     if (W.f == WeightFormat::BF16 && xb_.p) return project_bf16_dot(X, M, W, Y, accumulate);
+    if (W.f == WeightFormat::Int8 && S.gemm_q8) return project_int8_dot(S, X, M, W, Y, accumulate);
     const int64_t K = W.cols, N = W.rows;
     const bool narrow_w = W.f != WeightFormat::F32;
     if (residentk_prefill_gemm_use_narrow_tile(M)) {
@@ -736,7 +772,7 @@ class CpuSession final : public SessionBase {
       for (int64_t i = 0; i < M * n; ++i) X[i] = half::bf16_to_f32(half::f32_to_bf16(X[i]));
       return;
     }
-    if (c_.weights != WeightFormat::Int8) return;
+    if (c_.weights != WeightFormat::Int8 || simd().gemm_q8) return;  // gemm_q8 quantizes X itself
 #pragma omp parallel for num_threads(nt_) schedule(static)
     for (int64_t r = 0; r < M; ++r) {
       float* x = X + r * n;
@@ -827,6 +863,10 @@ class CpuSession final : public SessionBase {
   Buf wtile_;    // (nt, WIDEN_ROWS, widest row) a narrow format's widened prefill weight rows
   ActScratch act_scratch_;  // bf16, int8: each thread's prepared activation vector
   ABuf<uint16_t> xb_;       // bf16 on the dot-product path: prefill's activation rows as bf16
+  ABuf<int8_t> xq_;         // int8 on the dot-product path: prefill's rows quantized,
+  ABuf<uint8_t> xu_;        //   the same plus 128 (the unsigned operand),
+  Buf xs_;                  //   their block scales,
+  ABuf<int8_t> q8ws_;       //   and each thread's packed weight panels
 };
 
 }  // namespace
@@ -845,6 +885,23 @@ void cpu_int8_products(const int8_t* q, const float* sc, int64_t rows, int64_t n
     y[o] = S.dot_q8q8(q + o * n, sc + o * blocks, in.q, in.a, in.s, n);
   std::memcpy(xq, in.q, size_t(n));
   std::memcpy(xs, in.s, size_t(blocks) * sizeof(float));
+}
+
+bool cpu_int8_gemm(const int8_t* q, const float* sc, int64_t rows, int64_t n, const float* X,
+                   int64_t M, float* Y) {
+  const Simd& S = simd();
+  if (!S.gemm_q8) return false;
+  const int64_t ldx = (n + kern::Q8_ACT_PAD - 1) / kern::Q8_ACT_PAD * kern::Q8_ACT_PAD;
+  const int64_t ldxs = ldx / RESIDENT_INT8_BLOCK;
+  ABuf<int8_t> xq(M * ldx), ws(S.gemm_q8_ws_bytes(rows, n));
+  ABuf<uint8_t> xu(M * ldx);
+  Buf xs(M * ldxs);
+  for (int64_t r = 0; r < M; ++r) {
+    S.quantize_q8(X + r * n, n, xq.p + r * ldx, xu.p + r * ldx, xs.p + r * ldxs);
+    for (int64_t i = 0; i < ldx; ++i) xu.p[r * ldx + i] = uint8_t(int(xq.p[r * ldx + i]) + 128);
+  }
+  S.gemm_q8(M, rows, n, xu.p, ldx, xs.p, ldxs, q, sc, Y, rows, false, ws.p);
+  return true;
 }
 
 void cpu_bf16_products(const uint16_t* w, int64_t rows, int64_t n, const float* x, float* y,

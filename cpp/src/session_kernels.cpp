@@ -370,6 +370,148 @@ static float dot_q8q8(const int8_t* w, const float* sw, const int8_t* xq, const 
   return s;
 }
 
+// ---- int8 prefill GEMM on vpdpbusd (AVX512-VNNI builds only) ---------------------------------
+// Y[r, o] (+)= sum_b sw[o, b] * sx[r, b] * sum_{i in b} wq[o, i] * xq[r, i] for M activation rows
+// and N weight rows, the products decode's dot_q8q8 computes, with K-quads of 16 weight rows in
+// the 16 lanes of one register and 4 activation bytes broadcast to all of them, so one block's
+// integer sums for 16 rows land in 16 lanes with no reduction (64 multiply-adds an instruction,
+// four times the float32 FMA's). vpdpbusd multiplies unsigned by signed bytes: the activations
+// go in as xq + 128 (unsigned) and 128 * sum_i wq[o, i] comes off each block (exact, int32).
+// Each cell: blocks in increasing order, one float32 multiply-add each (integer block sum times
+// sw * sx), so its bits do not depend on M, N or where a thread's rows start.
+#if defined(__AVX512VNNI__) && VBYTES == 64
+constexpr int64_t QP_ROWS = 16;  // weight rows a panel
+constexpr int QP_RT = 4;          // activation rows a micro-tile
+constexpr int QP_NV = 2;          // panels a micro-tile
+
+// Bytes of workspace for N weight rows of K columns: the panels, their block sums and scales.
+static int64_t gemm_q8_ws_bytes(int64_t N, int64_t K) {
+  const int64_t B = RESIDENT_INT8_BLOCK, nb = (K + B - 1) / B;
+  const int64_t panels = (N + QP_ROWS - 1) / QP_ROWS + QP_NV;  // whole micro-tiles
+  return panels * nb * (B * QP_ROWS + 2 * QP_ROWS * 4) + 64;
+}
+
+template <int RT>
+static inline void q8_tile(int64_t nb, const uint8_t* const* xu, const float* const* xs,
+                           const int8_t* wp, const int32_t* wsum, const float* wsc,
+                           float* const* y, int ncols, bool accumulate) {
+  constexpr int64_t B = RESIDENT_INT8_BLOCK;
+  constexpr int64_t PB = B * QP_ROWS;  // bytes of one panel's block
+  __m512 f[RT][QP_NV];
+  for (int r = 0; r < RT; ++r)
+    for (int v = 0; v < QP_NV; ++v) f[r][v] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i a[RT][QP_NV];
+    for (int r = 0; r < RT; ++r)
+      for (int v = 0; v < QP_NV; ++v) a[r][v] = _mm512_setzero_si512();
+    for (int t = 0; t < int(B / 4); ++t) {
+      __m512i w[QP_NV];
+      for (int v = 0; v < QP_NV; ++v)
+        w[v] = _mm512_loadu_si512(wp + (v * nb + b) * PB + t * 64);
+      for (int r = 0; r < RT; ++r) {
+        int32_t quad;
+        std::memcpy(&quad, xu[r] + b * B + t * 4, 4);
+        const __m512i x = _mm512_set1_epi32(quad);
+        for (int v = 0; v < QP_NV; ++v) a[r][v] = _mm512_dpbusd_epi32(a[r][v], x, w[v]);
+      }
+    }
+    for (int v = 0; v < QP_NV; ++v) {
+      const __m512i off = _mm512_loadu_si512(wsum + (v * nb + b) * QP_ROWS);
+      const __m512 sw = _mm512_loadu_ps(wsc + (v * nb + b) * QP_ROWS);
+      for (int r = 0; r < RT; ++r)
+        f[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a[r][v], off)),
+                                  _mm512_mul_ps(sw, _mm512_set1_ps(xs[r][b])), f[r][v]);
+    }
+  }
+  for (int r = 0; r < RT; ++r)
+    for (int v = 0; v < QP_NV; ++v) {
+      const int lo = v * int(QP_ROWS), n = std::min(int(QP_ROWS), ncols - lo);
+      if (n <= 0) continue;
+      const __mmask16 m = __mmask16((1u << n) - 1);
+      __m512 out = f[r][v];
+      if (accumulate) out = _mm512_add_ps(_mm512_maskz_loadu_ps(m, y[r] + lo), out);
+      _mm512_mask_storeu_ps(y[r] + lo, m, out);
+    }
+}
+
+// xu (M rows of ldx bytes, each K quantized by quantize_q8 then + 128, zero-padded: 128) and xs
+// (M rows of ldxs block scales); weight rows wq (N, K) with their scales (N, blocks); Y (M, ldy).
+static void gemm_q8(int64_t M, int64_t N, int64_t K, const uint8_t* xu, int64_t ldx,
+                    const float* xs, int64_t ldxs, const int8_t* wq, const float* wscale,
+                    float* Y, int64_t ldy, bool accumulate, void* ws) {
+  constexpr int64_t B = RESIDENT_INT8_BLOCK;
+  const int64_t nb = (K + B - 1) / B;
+  const int64_t panels = (N + QP_ROWS - 1) / QP_ROWS;
+  const int64_t tiles = (panels + QP_NV - 1) / QP_NV, all = tiles * QP_NV;
+  int8_t* wp = static_cast<int8_t*>(ws);
+  int32_t* wsum = reinterpret_cast<int32_t*>(wp + all * nb * B * QP_ROWS);
+  float* wsc = reinterpret_cast<float*>(wsum + all * nb * QP_ROWS);
+  // pack: panel p, block b, quad t: lane l holds wq[p*16 + l][b*32 + 4t .. +4] (zero past N, K);
+  // whole panels and blocks by gathers (one quad of each of 16 rows), the block sums from the
+  // packed quads (vpdpbusd by ones: lane l sums row l), the edges in scalar
+  const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5,
+                                                           4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(int(K)));
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int64_t p = 0; p < all; ++p)
+    for (int64_t b = 0; b < nb; ++b) {
+      int8_t* dst = wp + (p * nb + b) * B * QP_ROWS;
+      if ((p + 1) * QP_ROWS <= N && (b + 1) * B <= K) {
+        const int8_t* src = wq + p * QP_ROWS * K + b * B;
+        __m512i sum = _mm512_setzero_si512();
+        for (int t = 0; t < int(B / 4); ++t) {
+          const __m512i q = _mm512_i32gather_epi32(rows, src + 4 * t, 1);
+          _mm512_storeu_si512(dst + t * 64, q);
+          sum = _mm512_dpbusd_epi32(sum, ones, q);
+        }
+        _mm512_storeu_si512(wsum + (p * nb + b) * QP_ROWS, _mm512_slli_epi32(sum, 7));
+        for (int64_t l = 0; l < QP_ROWS; ++l)
+          wsc[(p * nb + b) * QP_ROWS + l] = wscale[(p * QP_ROWS + l) * nb + b];
+        continue;
+      }
+      for (int64_t l = 0; l < QP_ROWS; ++l) {
+        const int64_t o = p * QP_ROWS + l;
+        int32_t sum = 0;
+        for (int64_t i = 0; i < B; ++i) {
+          const int64_t k = b * B + i;
+          const int8_t q = (o < N && k < K) ? wq[o * K + k] : int8_t(0);
+          dst[(i / 4) * 64 + l * 4 + (i % 4)] = q;
+          sum += q;
+        }
+        wsum[(p * nb + b) * QP_ROWS + l] = 128 * sum;
+        wsc[(p * nb + b) * QP_ROWS + l] = o < N ? wscale[o * nb + b] : 0.f;
+      }
+    }
+  for (int64_t tl = 0; tl < tiles; ++tl) {
+    const int64_t p0 = tl * QP_NV;
+    const int ncols = int(std::min<int64_t>(QP_NV * QP_ROWS, N - p0 * QP_ROWS));
+    const int8_t* tp = wp + p0 * nb * B * QP_ROWS;
+    const int32_t* ts = wsum + p0 * nb * QP_ROWS;
+    const float* tc = wsc + p0 * nb * QP_ROWS;
+    for (int64_t r0 = 0; r0 < M; r0 += QP_RT) {
+      const int rt = int(std::min<int64_t>(QP_RT, M - r0));
+      const uint8_t* xr[QP_RT];
+      const float* sr[QP_RT];
+      float* yr[QP_RT];
+      for (int r = 0; r < rt; ++r) {
+        xr[r] = xu + (r0 + r) * ldx;
+        sr[r] = xs + (r0 + r) * ldxs;
+        yr[r] = Y + (r0 + r) * ldy + p0 * QP_ROWS;
+      }
+      switch (rt) {
+        case 4: q8_tile<4>(nb, xr, sr, tp, ts, tc, yr, ncols, accumulate); break;
+        case 3: q8_tile<3>(nb, xr, sr, tp, ts, tc, yr, ncols, accumulate); break;
+        case 2: q8_tile<2>(nb, xr, sr, tp, ts, tc, yr, ncols, accumulate); break;
+        default: q8_tile<1>(nb, xr, sr, tp, ts, tc, yr, ncols, accumulate); break;
+      }
+    }
+  }
+}
+#define ALGENTA_GEMM_Q8 gemm_q8, gemm_q8_ws_bytes
+#else
+#define ALGENTA_GEMM_Q8 nullptr, nullptr
+#endif
+
 // A narrow row widened to float32 into d (n): prefill's weight tiles and embedding rows.
 static void widen_bf16(const uint16_t* a, float* d, int64_t n) {
   int64_t i = 0;
@@ -397,7 +539,7 @@ extern const SessionOps session_ops;
 const SessionOps session_ops = {dot,      matvec_rows, matmat_rows_narrow, axpy,
                                 sum,      dot_bf16,    dot_f16,            round_bf16,
                                 dot_bf16_bf16, quantize_q8, dot_q8q8,      widen_bf16,
-                                widen_f16, widen_q8};
+                                widen_f16, widen_q8, ALGENTA_GEMM_Q8};
 
 }  // namespace ALGENTA_ISA_NS
 }  // namespace kern

@@ -142,6 +142,14 @@ struct SessionOps {
   void (*widen_bf16)(const uint16_t* a, float* d, int64_t n);
   void (*widen_f16)(const uint16_t* a, float* d, int64_t n);
   void (*widen_q8)(const int8_t* q, const float* scales, float* d, int64_t n);
+  // int8 prefill GEMM on integer dot products (null without AVX512-VNNI): Y (M, ldy) (+)= the
+  // int8 rows wq (N, K, scales (N, blocks)) times M activation rows given as quantize_q8's
+  // int8 values plus 128 (xu, rows of ldx >= K bytes rounded up to a block, padded with 128)
+  // and block scales (xs, rows of ldxs). ws: gemm_q8_ws_bytes(N, K) bytes, 64-byte aligned.
+  void (*gemm_q8)(int64_t M, int64_t N, int64_t K, const uint8_t* xu, int64_t ldx,
+                  const float* xs, int64_t ldxs, const int8_t* wq, const float* scales, float* Y,
+                  int64_t ldy, bool accumulate, void* ws);
+  int64_t (*gemm_q8_ws_bytes)(int64_t N, int64_t K);
 };
 
 struct IsaTable {
