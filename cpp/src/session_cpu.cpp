@@ -745,13 +745,21 @@ class CpuSession final : public SessionBase {
     // of a 768-column projection on 2 threads is a third of it); a narrow format's widened
     // tile stays within L2 at 64. Column blocking never changes a cell's bits.
     const int64_t per_task = ((N + 4 * nt_ - 1) / (4 * nt_) + 15) / 16 * 16;
-    const int64_t NB = narrow_w ? WIDEN_ROWS : std::clamp<int64_t>(per_task, 16, 256);
+    const bool half_w = W.f == WeightFormat::BF16 || W.f == WeightFormat::F16;
+    const int hk = W.f == WeightFormat::BF16 ? kern::HALF_BF16 : kern::HALF_F16;
+    const int64_t NB =
+        narrow_w && !half_w ? WIDEN_ROWS : std::clamp<int64_t>(per_task, 16, 256);
     const int64_t tasks = (N + NB - 1) / NB;
 #pragma omp parallel for num_threads(nt_) schedule(dynamic)
     for (int64_t tk = 0; tk < tasks; ++tk) {
       const int tid = omp_get_thread_num();
       const int64_t j0 = tk * NB, nb = std::min(NB, N - j0);
       const float* wt = W.w32.p + j0 * K;
+      if (half_w) {  // bf16/f16 rows widened as the GEMM packs them: no float32 tile
+        ops.gemm_bh[hk](M, nb, K, X, K, 1, W.w16.p + j0 * K, 1, K, Y + j0, N, accumulate,
+                        gemm_ws_.p + tid * ws_elems);
+        continue;
+      }
       if (narrow_w) {
         float* tile = wtile_.p + int64_t(tid) * WIDEN_ROWS * K;
         for (int64_t o = 0; o < nb; ++o) W.widen(S, j0 + o, tile + o * K);
