@@ -7,10 +7,11 @@ Measured on the project's random checkpoints (tests/qwen3_reference.py random_we
 the three CONFIGS and a 4-layer d_model-256 model), largest logit deviation from the float32
 engine over a 7-token prefill and 63 decode steps, relative to the largest |logit|:
 
-    bf16  1.7e-3 .. 4.5e-3     f16  1.9e-4 .. 5.7e-4     int8  5.8e-3 .. 1.2e-2
+    bf16  2.3e-3 .. 6.9e-3     f16  1.9e-4 .. 5.7e-4     int8  8.3e-3 .. 1.7e-2
 
-and greedy decoding agreed with the float32 engine on all 64 tokens in every case. The bounds
-below are about three times those figures.
+(bf16 and int8 multiply bf16-rounded and int8-quantized activations; with float32 activations
+they were 1.7e-3 .. 4.5e-3 and 5.8e-3 .. 1.2e-2) and greedy decoding agreed with the float32
+engine on all 64 tokens in every case. The bounds below are about three times those figures.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from algenta.residentk.weights import Bf16Bits
 from conftest import CUDA
 from test_residentk_session import CONFIGS
 
-REL = {"bf16": 1.5e-2, "f16": 2e-3, "int8": 3e-2}
+REL = {"bf16": 2e-2, "f16": 2e-3, "int8": 5e-2}
 BIG = dict(d_model=256, h_q=4, h_kv=2, d_head=64, d_ff=704, n_layers=4, vocab=2003,
            rms_eps=1e-6, rope_theta=1e6, tie_word_embeddings=True)
 MODELS = {**CONFIGS, "big": BIG}
