@@ -22,21 +22,26 @@
 // Every weight element is read exactly once per token, by the thread that owns its row.
 //
 // Prefill runs blocks of M <= PREFILL_BLOCK tokens through each layer as matrix-matrix
-// products: the packed GEMM (kern::ops<float>().gemm) for M >= 32 rows, the narrow tile (weight
-// row read once, reused from L1 across M activation rows) below that, as
-// residentk_prefill_gemm_use_narrow_tile decides. Only the last row's logits are formed.
+// products: the packed GEMM (kern::ops<float>().gemm; bf16/f16 rows widened as it packs them)
+// for M >= 32 rows, the narrow tile (weight row read once, reused from L1 across M activation
+// rows) below that, as residentk_prefill_gemm_use_narrow_tile decides; bf16 with AVX512-BF16
+// and int8 with AVX512-VNNI run their dot-product GEMMs (lossk's gemm_bb, gemm_q8) at every M.
+// Only the last row's logits are formed.
 //
 // Numerics: every output cell has one owning thread and a fixed reduction order, so logits are
 // bit-identical for every thread count, in every weight format. RMSNorm sums squares in double.
-// The RoPE table is the shared one (session_weights.hpp: double angles rounded once). Narrow
-// formats: a bf16/f16 decode matvec widens each weight vector right after its load
-// (session_kernels.cpp); prefill widens a tile of weight rows into float32 scratch and runs the
-// same GEMM as float32. Conversion happens once, at load: bf16 and f16 round to nearest even (a
-// value past float16's range is refused, 609); int8 stores round(w / s) per block of 32 with
-// s = amax / 127 (quant.hpp). Int8 multiplies int8 activations (Q8_0 x Q8_0, as llama.cpp
-// does): decode quantizes each activation vector once per product by the same rule and sums
-// each block's products exactly in int32 (integer dot products); prefill rounds its activation
-// rows to the same int8 blocks (as_consumed), so both compute the same products.
+// The RoPE table is the shared one (session_weights.hpp: double angles rounded once).
+// Conversion happens once, at load: bf16 and f16 round to nearest even (a value past float16's
+// range is refused, 609); int8 stores round(w / s) per block of 32 with s = amax / 127
+// (quant.hpp). What each format multiplies:
+//   f16   float32 activations; weight vectors widened in registers right after their load.
+//   bf16  bf16 activations (each vector entering a matrix rounded once, half.hpp), as
+//         transformers' and llama.cpp's bf16 matmuls: vdpbf16ps where the host has it, else the
+//         widening kernels on the rounded values (products of two bf16 are exact in float32).
+//   int8  int8 activations (Q8_0 x Q8_0, as llama.cpp): each vector quantized once per product
+//         by the weights' rule, block products summed exactly in int32 (vpdpbusd / vpmaddubsw).
+// Prefill rounds its activation rows the same way (as_consumed, or the dot-product GEMMs from
+// the float32 rows), so a prompt computes the same products whether prefilled or stepped.
 //
 // The registry, the refusals and the position are SessionBase's; this file is the compute and
 // the layout of the resident buffers (stage_weight says where each tensor's rows go).

@@ -1,5 +1,6 @@
-// Decode-path primitives of the CPU session (float32 rows, and bf16/f16/int8 rows widened in
-// registers), compiled once per instruction set beside kernels_isa.cpp (CMakeLists.txt puts
+// The CPU session's kernels: decode's matrix-vector products (float32 and f16 rows against
+// float32 activations, bf16 rows against bf16 activations, int8 rows against int8 blocks) and the
+// int8 prefill GEMM, compiled once per instruction set beside kernels_isa.cpp (CMakeLists.txt puts
 // both in each per-ISA object), so the session and lossk share one dispatch: the table
 // cpu_dispatch.cpp picks carries these as IsaTable::session. Written with GCC vector
 // extensions; -ffp-contract (GCC's default) fuses the multiply-adds under FMA.
@@ -250,7 +251,8 @@ static float dot_f16(const uint16_t* a, const float* b, int64_t n) {
 // llama.cpp's bf16 matmuls multiply bf16 inputs. A product of two bf16 values is exact in
 // float32, so every path multiplies the same products and differs only in how it sums them:
 // vdpbf16ps on AVX512-BF16 (a weight pair and an activation pair a lane, straight from the
-// row: no packing), the widening dot on xr elsewhere.
+// row: no packing), the widening dot on xr elsewhere. (vdpbf16ps treats subnormal inputs and
+// results as zero, |v| < 1.2e-38: the only values where the paths' products differ.)
 static void round_bf16(const float* x, int64_t n, uint16_t* xb, float* xr) {
   const int64_t padded = (n + Q8_ACT_PAD - 1) / Q8_ACT_PAD * Q8_ACT_PAD;
   for (int64_t i = 0; i < n; ++i) {
