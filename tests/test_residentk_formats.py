@@ -202,6 +202,17 @@ def test_every_instruction_set_against_the_float64_reference(isa):
                                    atol=TOL[fmt] * max(1.0, np.abs(want).max()), err_msg=fmt)
 
 
+def _run_on_isa(code, isa):
+    """Runs a kernel probe in a process whose kernels are pinned to isa (skipped where the host
+    lacks it); the probe asserts, then prints the ISA it ran on."""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, ALGENTA_ISA=isa), timeout=300)
+    if "not support" in r.stderr:
+        pytest.skip(f"{isa} is not available on this host")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == isa
+
+
 _INT8_KERNEL = """
 import numpy as np
 from algenta import _core
@@ -243,12 +254,7 @@ def test_int8_products_against_exact_integer_sums(isa):
     """Each ISA's int8 decode product (activation quantizer, integer dots: vpdpbusd on
     avx512bf16, vpmaddubsw elsewhere, scalar on generic) against an independent NumPy model:
     the int8 activations bit for bit, each block's integer sum exact, float32 rounding after."""
-    r = subprocess.run([sys.executable, "-c", _INT8_KERNEL], capture_output=True, text=True,
-                       env=dict(os.environ, ALGENTA_ISA=isa), timeout=300)
-    if "not support" in r.stderr:
-        pytest.skip(f"{isa} is not available on this host")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == isa
+    _run_on_isa(_INT8_KERNEL, isa)
 
 
 _BF16_KERNEL = """
@@ -278,12 +284,7 @@ def test_bf16_products_against_exact_products(isa):
     """Each ISA's bf16 decode product (vdpbf16ps on avx512bf16, the widening dot elsewhere)
     against NumPy: the activation's bf16 bits exactly, the sum of exact products to float32
     rounding."""
-    r = subprocess.run([sys.executable, "-c", _BF16_KERNEL], capture_output=True, text=True,
-                       env=dict(os.environ, ALGENTA_ISA=isa), timeout=300)
-    if "not support" in r.stderr:
-        pytest.skip(f"{isa} is not available on this host")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == isa
+    _run_on_isa(_BF16_KERNEL, isa)
 
 
 def test_int8_prefill_gemm_against_exact_integer_sums():

@@ -11,13 +11,7 @@
 #include <cmath>
 #include <cstdint>
 
-#if !defined(ALGENTA_HD)
-#if defined(__CUDACC__)
-#define ALGENTA_HD __host__ __device__ __forceinline__
-#else
-#define ALGENTA_HD inline
-#endif
-#endif
+#include "algenta/hd.hpp"
 
 namespace algenta {
 namespace quant {
