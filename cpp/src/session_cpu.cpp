@@ -193,6 +193,20 @@ struct ActScratch {
   }
 };
 
+// gemm_q8's activation operand: the M rows of X (M, K) quantized by decode's rule into xq, then
+// xu = xq + 128 (the unsigned operand; padding 0 becomes 128), rows of ldx bytes, and their
+// block scales xs (rows of ldxs).
+void q8_gemm_rows(const Simd& S, const float* X, int64_t M, int64_t K, int64_t ldx, int64_t ldxs,
+                  int8_t* xq, uint8_t* xu, float* xs, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t r = 0; r < M; ++r) {
+    int8_t* q = xq + r * ldx;
+    uint8_t* u = xu + r * ldx;
+    S.quantize_q8(X + r * K, K, q, u, xs + r * ldxs);
+    for (int64_t i = 0; i < ldx; ++i) u[i] = uint8_t(int(q[i]) + 128);
+  }
+}
+
 // One resident weight matrix (rows, cols) in the session's format: float32, bf16/f16 bit
 // patterns, or int8 values with one float32 scale per block of RESIDENT_INT8_BLOCK in each row.
 struct WMat {
@@ -663,6 +677,15 @@ class CpuSession final : public SessionBase {
     dispatches_ = stages;
   }
 
+  // Output columns per task of a prefill projection over N columns, a multiple of quantum:
+  // packing A costs <1% of the FLOPs at 256, but a narrow matrix needs about four tasks a
+  // thread or one thread finishes a task behind the other (the tail of a 768-column projection
+  // on 2 threads is a third of it). Column blocking never changes a cell's bits.
+  int64_t task_cols(int64_t N, int64_t quantum) const {
+    const int64_t per_task = ((N + 4 * nt_ - 1) / (4 * nt_) + quantum - 1) / quantum * quantum;
+    return std::clamp<int64_t>(per_task, quantum, 256);
+  }
+
   // project() for bf16 weights where the host multiplies bf16 pairs (vdpbf16ps): X's rows
   // (already bf16 values, as_consumed) narrowed to bf16 bits once, then the bf16 dot-product
   // GEMM on X and the resident rows themselves, with no float32 copy of either. Exact
@@ -673,8 +696,7 @@ class CpuSession final : public SessionBase {
     const int64_t K = W.cols, N = W.rows, ws_elems = ops.gemm_ws_elems();
     if (gemm_ws_.n < ws_elems * nt_) gemm_ws_ = Buf(ws_elems * nt_);
     ops.narrow_h[kern::HALF_BF16](X, xb_.p, M * K);
-    const int64_t per_task = ((N + 4 * nt_ - 1) / (4 * nt_) + 15) / 16 * 16;
-    const int64_t NB = std::clamp<int64_t>(per_task, 16, 256);
+    const int64_t NB = task_cols(N, 16);
     const int64_t tasks = (N + NB - 1) / NB;
 #pragma omp parallel for num_threads(nt_) schedule(dynamic)
     for (int64_t tk = 0; tk < tasks; ++tk) {
@@ -693,17 +715,10 @@ class CpuSession final : public SessionBase {
     const int64_t K = W.cols, N = W.rows;
     const int64_t ldx = (K + kern::Q8_ACT_PAD - 1) / kern::Q8_ACT_PAD * kern::Q8_ACT_PAD;
     const int64_t ldxs = ldx / RESIDENT_INT8_BLOCK;
-    const int64_t per_task = ((N + 4 * nt_ - 1) / (4 * nt_) + 31) / 32 * 32;
-    const int64_t NB = std::clamp<int64_t>(per_task, 32, 256);
+    const int64_t NB = task_cols(N, 32);  // whole micro-tiles of gemm_q8
     const int64_t ws_bytes = (S.gemm_q8_ws_bytes(NB, K) + 63) / 64 * 64;
     if (q8ws_.n < ws_bytes * nt_) q8ws_ = ABuf<int8_t>(ws_bytes * nt_);
-#pragma omp parallel for num_threads(nt_) schedule(static)
-    for (int64_t r = 0; r < M; ++r) {
-      int8_t* q = xq_.p + r * ldx;
-      uint8_t* u = xu_.p + r * ldx;
-      S.quantize_q8(X + r * K, K, q, u, xs_.p + r * ldxs);
-      for (int64_t i = 0; i < ldx; ++i) u[i] = uint8_t(int(q[i]) + 128);  // padding: 0 -> 128
-    }
+    q8_gemm_rows(S, X, M, K, ldx, ldxs, xq_.p, xu_.p, xs_.p, nt_);
     const int64_t tasks = (N + NB - 1) / NB;
 #pragma omp parallel for num_threads(nt_) schedule(dynamic)
     for (int64_t tk = 0; tk < tasks; ++tk) {
@@ -745,15 +760,10 @@ class CpuSession final : public SessionBase {
     const auto& ops = kern::ops<float>();
     const int64_t ws_elems = ops.gemm_ws_elems();
     if (gemm_ws_.n < ws_elems * nt_) gemm_ws_ = Buf(ws_elems * nt_);
-    // output columns per task: packing A costs <1% of the FLOPs at 256, but a narrow matrix
-    // needs about four tasks a thread or one thread finishes a task behind the other (the tail
-    // of a 768-column projection on 2 threads is a third of it); a narrow format's widened
-    // tile stays within L2 at 64. Column blocking never changes a cell's bits.
-    const int64_t per_task = ((N + 4 * nt_ - 1) / (4 * nt_) + 15) / 16 * 16;
+    // a narrow format's widened tile stays within L2 at WIDEN_ROWS columns
     const bool half_w = W.f == WeightFormat::BF16 || W.f == WeightFormat::F16;
     const int hk = W.f == WeightFormat::BF16 ? kern::HALF_BF16 : kern::HALF_F16;
-    const int64_t NB =
-        narrow_w && !half_w ? WIDEN_ROWS : std::clamp<int64_t>(per_task, 16, 256);
+    const int64_t NB = narrow_w && !half_w ? WIDEN_ROWS : task_cols(N, 16);
     const int64_t tasks = (N + NB - 1) / NB;
 #pragma omp parallel for num_threads(nt_) schedule(dynamic)
     for (int64_t tk = 0; tk < tasks; ++tk) {
@@ -909,10 +919,7 @@ bool cpu_int8_gemm(const int8_t* q, const float* sc, int64_t rows, int64_t n, co
   ABuf<int8_t> xq(M * ldx), ws(S.gemm_q8_ws_bytes(rows, n));
   ABuf<uint8_t> xu(M * ldx);
   Buf xs(M * ldxs);
-  for (int64_t r = 0; r < M; ++r) {
-    S.quantize_q8(X + r * n, n, xq.p + r * ldx, xu.p + r * ldx, xs.p + r * ldxs);
-    for (int64_t i = 0; i < ldx; ++i) xu.p[r * ldx + i] = uint8_t(int(xq.p[r * ldx + i]) + 128);
-  }
+  q8_gemm_rows(S, X, M, n, ldx, ldxs, xq.p, xu.p, xs.p, 1);
   S.gemm_q8(M, rows, n, xu.p, ldx, xs.p, ldxs, q, sc, Y, rows, false, ws.p);
   return true;
 }
