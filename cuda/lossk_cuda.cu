@@ -57,6 +57,7 @@
 
 #include "algenta/half.hpp"
 #include "algenta/lossk.hpp"
+#include "algenta/lossk_math.hpp"
 #include "algenta/session.hpp"
 #include "algenta/status_error.hpp"
 
@@ -570,8 +571,7 @@ __global__ void __launch_bounds__(RT) k_prepare(const int64_t* targets, int64_t 
   share(N, &lo, &hi);
   double cnt = 0.0, ws = 0.0;
   for (int64_t t = lo; t < hi; ++t) {
-    bool v = !(shift > 0 && t % seq >= seq - shift);
-    if (v && has_ignore && targets[t + shift] == ignore) v = false;
+    const bool v = math::counted(targets, t, shift, seq, has_ignore, ignore);
     valid[t] = v;
     if (v) {
       cnt += 1.0;
@@ -628,23 +628,14 @@ __global__ void k_merge(MergeArgs<T> a) {
   const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= a.c) return;
   const int64_t t = a.t0 + r, V = a.V;
-  const BlockStatD* s = a.stats + r * a.nvb;
-  double m = s[0].max;
-  int64_t mb = 0;
-  for (int64_t b = 1; b < a.nvb; ++b)
-    if (s[b].max > m) m = s[b].max, mb = b;
-  double se = 0.0, sz = 0.0;
-  for (int64_t b = 0; b < a.nvb; ++b) {
-    se += s[b].sumexp * exp(s[b].max - m);
-    sz += s[b].sumz;
-  }
-  if (a.pred) a.pred[t] = mb * BN + s[mb].arg;
+  const math::Merged mg = math::merge_blocks(a.stats + r * a.nvb, a.nvb);
+  const double m = mg.max, sz = mg.sumz;
+  if (a.pred) a.pred[t] = mg.block * BN + a.stats[r * a.nvb + mg.block].arg;
   const bool valid = a.valid[t] != 0;
   const double zt = a.ztarget[r];
   if (a.logit_sum) a.logit_sum[t] = T(sz);
   if (a.target_logit) a.target_logit[t] = T(valid ? zt : NAN);
-  // (m - z_target) + log(se): equal logits give exactly log(V), see the CPU backend.
-  const double logse = log(se);
+  const double logse = log(mg.sumexp);
   const double l = m + logse;
   const double w_all = a.prep[2], eps = a.eps;
   double ct = 0.0, zl = 0.0, wy = 1.0;
@@ -652,13 +643,7 @@ __global__ void k_merge(MergeArgs<T> a) {
   if (valid) {
     y = a.targets[t + a.shift];
     wy = a.cw ? double(a.cw[y]) : 1.0;
-    ct = (m - zt) + logse;
-    if (a.cw) {
-      ct *= wy;
-      if (eps > 0.0) ct = (1.0 - eps) * ct + (eps / double(V)) * ((w_all * m - sz) + w_all * logse);
-    } else if (eps > 0.0) {
-      ct = (1.0 - eps) * ct + eps * ((m - sz / double(V)) + logse);
-    }
+    ct = math::token_ce(m, logse, zt, sz, wy, w_all, eps, V, a.cw != nullptr);
     zl = a.zs * l * l;
   }
   a.ce[t] = ct;
@@ -668,41 +653,21 @@ __global__ void k_merge(MergeArgs<T> a) {
   if (a.z_tok) a.z_tok[t] = T(zl);
   if (!a.with_grad) return;
   a.lse_c[r] = l;
-  // d loss / d z'_v = p_v A - B w_v - Ct [v == y], then times the cap's 1 - (z'/cap)^2 (see the
-  // CPU backend for A, B, Ct).
-  double A, B, Ct;
+  math::Coef g;
   if (a.grad_coef) {
     const T* k3 = a.grad_coef + 3 * t;
-    A = double(k3[0]);
-    B = double(k3[1]);
-    Ct = valid ? double(k3[2]) : 0.0;
+    g = {double(k3[0]), double(k3[1]), valid ? double(k3[2]) : 0.0};
   } else {
-    double s_ce = 0.0, s_z = 0.0;
-    if (valid) {
-      const double n_valid = a.prep[0], w_sum = a.prep[1];
-      if (a.reduction == Reduction::Mean) {
-        s_ce = w_sum != 0.0 ? a.grad_scale / w_sum : 0.0;
-        s_z = a.grad_scale / n_valid;
-      } else if (a.reduction == Reduction::Sum) {
-        s_ce = s_z = a.grad_scale;
-      } else {
-        s_ce = s_z = a.grad_output ? double(a.grad_output[t]) : 1.0;
-      }
-    }
-    A = s_ce * ((1.0 - eps) * wy + (eps / double(V)) * w_all) + s_z * 2.0 * a.zs * l +
-        (a.grad_lse ? double(a.grad_lse[t]) : 0.0);
-    B = s_ce * eps / double(V);
-    Ct = s_ce * (1.0 - eps) * wy;
+    const math::Scales sc = math::reduction_scales(a.reduction, valid, a.grad_scale, a.prep[0],
+                                                   a.prep[1],
+                                                   a.grad_output ? double(a.grad_output[t]) : 1.0);
+    g = math::grad_coef(sc, eps, V, wy, w_all, a.zs, l, a.grad_lse ? double(a.grad_lse[t]) : 0.0);
   }
-  double f = 1.0;
-  if (a.cap > 0.0 && Ct != 0.0) {
-    const T tz = T(zt) * T(1.0 / a.cap);
-    f = double((T(1) - tz) * (T(1) + tz));
-  }
+  const double f = g.c != 0.0 ? math::cap_slope<T>(zt, a.cap) : 1.0;
   double* k = a.coef + 4 * r;
-  k[0] = A;
-  k[1] = B;
-  k[2] = Ct * f;
+  k[0] = g.a;
+  k[1] = g.b;
+  k[2] = g.c * f;
   k[3] = double(y);
 }
 
@@ -790,15 +755,8 @@ __global__ void __launch_bounds__(RT) k_finish(const double* ce, const double* z
   o[4] = tz, o[5] = fz, o[6] = sz, o[7] = cnt;
   o[8] = wsum, o[9] = correct;
   // FusedOut::reduced, on the device
-  const double ce_mean = cnt > 0.0 ? fce + sce / cnt : NAN, z_mean = cnt > 0.0 ? fz + sz / cnt : NAN;
-  if (loss) {
-    if (red_kind == Reduction::Sum) {
-      loss[0] = T(tce + tz);
-    } else {
-      const double mce = weighted ? tce / wsum : ce_mean;
-      loss[0] = T(tz != 0.0 ? mce + z_mean : mce);
-    }
-  }
+  const double ce_mean = math::sum_mean(fce, sce, cnt), z_mean = math::sum_mean(fz, sz, cnt);
+  if (loss) loss[0] = T(math::reduced_loss(red_kind, weighted, tce, ce_mean, wsum, tz, z_mean));
   if (zout) zout[0] = T(red_kind == Reduction::Sum ? tz : z_mean);
   if (accuracy) accuracy[0] = cnt > 0.0 ? float(correct / cnt) : NAN;
 }

@@ -66,6 +66,7 @@
 
 #include "algenta/residentk.hpp"
 #include "algenta/session_base.hpp"
+#include "algenta/session_math.hpp"
 #include "algenta/session_weights.hpp"
 #include "algenta/status_error.hpp"
 #include "session_cuda_plan.hpp"
@@ -133,8 +134,8 @@ __device__ void block_rmsnorm(const float* __restrict__ x, const float* __restri
     ss += v * v;
   }
   ss = block_sum_d(ss, red);
-  const float inv = float(1.0 / sqrt(ss / double(n) + eps));
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = w[i] * (x[i] * inv);
+  const float inv = session_math::rms_inv(ss, n, eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = session_math::rms_apply(x[i], w[i], inv);
   __syncthreads();
 }
 
@@ -234,7 +235,7 @@ __global__ void k_norm_gateup(const float* __restrict__ Wg /* (F, D) */,
   for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {
     const float g = warp_dot(Wg + r * D, xs, D, lane);
     const float u = warp_dot(Wu + r * D, xs, D, lane);
-    if (lane == 0) act[r] = g / (1.0f + expf(-g)) * u;
+    if (lane == 0) act[r] = session_math::silu_mul(g, u);
   }
 }
 
@@ -277,16 +278,16 @@ __global__ void k_qk_norm_rope(float* __restrict__ qkv /* (M, Q) */, int64_t Q,
     double ss = 0.0;
     for (int64_t i = threadIdx.x; i < Dh; i += blockDim.x) ss += double(v[i]) * double(v[i]);
     ss = block_sum_d(ss, red);  // its barriers also order every read of v before the writes
-    const float inv = float(1.0 / sqrt(ss / double(Dh) + eps));
+    const float inv = session_math::rms_inv(ss, Dh, eps);
     if (half == 0) {  // Dh == 1: no rotation pair exists
-      if (threadIdx.x == 0) v[0] = w[0] * (v[0] * inv);
+      if (threadIdx.x == 0) v[0] = session_math::rms_apply(v[0], w[0], inv);
     }
     const float* cs = rope + p * (half > 0 ? half : 1);
     const float* sn = cs + T * (half > 0 ? half : 1);
     for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-      const float a = w[i] * (v[i] * inv), b = w[i + half] * (v[i + half] * inv);
-      v[i] = a * cs[i] - b * sn[i];
-      v[i + half] = b * cs[i] + a * sn[i];
+      const float a = session_math::rms_apply(v[i], w[i], inv);
+      const float b = session_math::rms_apply(v[i + half], w[i + half], inv);
+      session_math::rope_pair(a, b, cs[i], sn[i], &v[i], &v[i + half]);
     }
     __syncthreads();
   }
@@ -419,22 +420,13 @@ __global__ void k_attn_merge(const float* __restrict__ part_acc /* (Hq, S, Dh) *
   }
 }
 
-// Does candidate (v, i) beat the best so far (b, bix)? numpy.argmax's order: a NaN beats every
-// number, a larger number beats a smaller one, and between equals (two NaNs included) the
-// smaller index wins. Index -1 is "no candidate".
-__device__ __forceinline__ bool beats(float v, int64_t i, float b, int64_t bix) {
-  if (i < 0) return false;
-  if (bix < 0) return true;
-  const bool vn = isnan(v), bn = isnan(b);
-  if (vn != bn) return vn;
-  if (!vn && v != b) return v > b;
-  return i < bix;
-}
+// The argmax's order (numpy.argmax's) is session_math::argmax_beats, shared with the CPU engine.
+using session_math::argmax_beats;
 
 // logits (V) = H (V, D) . xf (D), xf staged in shared memory, plus the argmax on the device:
 // each block writes its best (value, first index), and the last block to finish (a ticket from
 // ctl->done after a __threadfence) reduces them, writes ctl->argmax and rearms ctl->done. The
-// order is numpy.argmax's (beats above).
+// order is numpy.argmax's (argmax_beats).
 __global__ void k_head_argmax(const float* __restrict__ H, const float* __restrict__ xf, int64_t D,
                               int64_t V, int64_t rows_per_block, float* __restrict__ logits,
                               float* __restrict__ blk_val /* (grid) */,
@@ -453,7 +445,7 @@ __global__ void k_head_argmax(const float* __restrict__ H, const float* __restri
   for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {
     const float v = warp_dot(H + r * D, xs, D, lane);
     if (lane == 0) logits[r] = v;
-    if (beats(v, r, best, besti)) best = v, besti = r;
+    if (argmax_beats(v, r, best, besti)) best = v, besti = r;
   }
   if (lane == 0) bv[warp] = best, bi[warp] = besti;
   __syncthreads();
@@ -461,7 +453,7 @@ __global__ void k_head_argmax(const float* __restrict__ H, const float* __restri
     float b = -INFINITY;
     int64_t bix = -1;
     for (int w = 0; w < MATVEC_WARPS; ++w)
-      if (beats(bv[w], bi[w], b, bix)) b = bv[w], bix = bi[w];
+      if (argmax_beats(bv[w], bi[w], b, bix)) b = bv[w], bix = bi[w];
     blk_val[blockIdx.x] = b;
     blk_idx[blockIdx.x] = bix;
     __threadfence();  // the partial is visible device-wide before this block takes its ticket
@@ -475,19 +467,19 @@ __global__ void k_head_argmax(const float* __restrict__ H, const float* __restri
   for (int64_t k = threadIdx.x; k < gridDim.x; k += blockDim.x) {
     const float v = __ldcg(blk_val + k);
     const int64_t i = __ldcg(blk_idx + k);
-    if (beats(v, i, b, bix)) b = v, bix = i;
+    if (argmax_beats(v, i, b, bix)) b = v, bix = i;
   }
   for (int o = 16; o > 0; o >>= 1) {
     const float ov = __shfl_xor_sync(0xffffffffu, b, o);
     const int64_t oi = __shfl_xor_sync(0xffffffffu, bix, o);
-    if (beats(ov, oi, b, bix)) b = ov, bix = oi;
+    if (argmax_beats(ov, oi, b, bix)) b = ov, bix = oi;
   }
   __syncthreads();
   if (lane == 0) bv[warp] = b, bi[warp] = bix;
   __syncthreads();
   if (threadIdx.x == 0) {
     for (int w = 0; w < MATVEC_WARPS; ++w)
-      if (beats(bv[w], bi[w], b, bix)) b = bv[w], bix = bi[w];
+      if (argmax_beats(bv[w], bi[w], b, bix)) b = bv[w], bix = bi[w];
     ctl->argmax = bix;  // every row is a candidate (V >= 1), so bix is in [0, V)
     ctl->done = 0;
   }
@@ -578,7 +570,7 @@ k_gemm_wide(const float* __restrict__ X, const float* __restrict__ W, float* __r
 // g (n) = silu(g) * u, elementwise (prefill's MLP activation).
 __global__ void k_silu_mul(float* __restrict__ g, const float* __restrict__ u, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+  if (i < n) g[i] = session_math::silu_mul(g[i], u[i]);
 }
 
 // ---- host side ------------------------------------------------------------------------------

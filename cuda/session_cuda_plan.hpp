@@ -15,14 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "algenta/hd.hpp"
 #include "algenta/residentk.hpp"
 #include "algenta/session.hpp"
-
-#if defined(__CUDACC__)
-#define ALGENTA_HD __host__ __device__ __forceinline__
-#else
-#define ALGENTA_HD inline
-#endif
 
 namespace algenta {
 namespace residentk {

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "algenta/lossk.hpp"
+#include "algenta/lossk_math.hpp"
 
 namespace algenta {
 namespace lossk {
@@ -83,10 +84,7 @@ double loss_tol_for(double magnitude, double reduction_width) {
   return 8.0 * double(FLT_EPSILON) * m * std::sqrt(w);
 }
 
-double LossSum::mean() const {
-  if (count == 0) return NAN;
-  return first + shifted / double(count);
-}
+double LossSum::mean() const { return math::sum_mean(first, shifted, double(count)); }
 
 }  // namespace lossk
 }  // namespace algenta

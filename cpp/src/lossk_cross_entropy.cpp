@@ -26,6 +26,7 @@
 #include "algenta/buffer.hpp"
 #include "algenta/kernels.hpp"
 #include "algenta/lossk.hpp"
+#include "algenta/lossk_math.hpp"
 
 namespace algenta {
 namespace lossk {
@@ -113,11 +114,7 @@ const char* elem_name(Elem e) {
 
 template <class T>
 double FusedOut<T>::reduced(Reduction r) const {
-  if (r == Reduction::Sum) return ce.total + z.total;
-  // PyTorch's weighted mean divides by the counted targets' weights; without weights the
-  // LossSum mean (exact log(V) for uniform logits). The z-loss averages over counted tokens.
-  const double m = weighted ? ce.total / weight_sum : ce.mean();
-  return z.total != 0.0 ? m + z.mean() : m;
+  return math::reduced_loss(r, weighted, ce.total, ce.mean(), weight_sum, z.total, z.mean());
 }
 
 template <class T>
@@ -278,8 +275,7 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
   int64_t n_valid = 0;
   double w_sum = 0.0;  // sum of the counted targets' weights, in token order
   for (int64_t t = 0; t < N; ++t) {
-    bool v = !(a.shift > 0 && t % a.seq_len >= a.seq_len - a.shift);
-    if (v && a.has_ignore && target_of(t) == a.ignore_index) v = false;
+    const bool v = math::counted(a.targets, t, a.shift, a.seq_len, a.has_ignore, a.ignore_index);
     valid[t] = v;
     if (v) {
       ++n_valid;
@@ -378,23 +374,12 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < c; ++r) {
       const int64_t t = t0 + r;
-      const kern::BlockStats* s = stats.data() + r * nVB;
-      double m = s[0].max;
-      int64_t mb = 0;
-      for (int64_t b = 1; b < nVB; ++b)
-        if (s[b].max > m) m = s[b].max, mb = b;
-      double se = 0.0, sz = 0.0;
-      for (int64_t b = 0; b < nVB; ++b) {
-        se += s[b].sumexp * std::exp(s[b].max - m);
-        sz += s[b].sumz;
-      }
-      if (want_pred) pred[t] = mb * VB + blk_arg[size_t(r * nVB + mb)];
+      const math::Merged mg = math::merge_blocks(stats.data() + r * nVB, nVB);
+      const double m = mg.max, sz = mg.sumz;
+      if (want_pred) pred[t] = mg.block * VB + blk_arg[size_t(r * nVB + mg.block)];
       if (out.logit_sum) zsum[t] = sz;  // weighted by the class weights when given
       if (out.target_logit) zy[t] = valid[t] ? ztarget[r] : std::nan("");
-      // loss = (m - z_target) + log(se), not lse - z_target: the logit difference is formed
-      // before the log is added, so equal logits give exactly log(V) whatever their value,
-      // and a large max does not cancel against a large target logit.
-      const double logse = std::log(se);
+      const double logse = std::log(mg.sumexp);
       const double l = m + logse;
       lse[t] = l;
       double ct = 0.0, zt = 0.0, wy = 1.0;
@@ -402,24 +387,13 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
       if (valid[t]) {
         y = target_of(t);
         wy = cw ? double(cw[y]) : 1.0;
-        ct = (m - ztarget[r]) + logse;
-        if (cw) {
-          ct *= wy;
-          if (eps > 0.0) ct = (1.0 - eps) * ct + (eps / double(V)) * ((w_all * m - sz) + w_all * logse);
-        } else if (eps > 0.0) {
-          ct = (1.0 - eps) * ct + eps * ((m - sz / double(V)) + logse);
-        }
+        ct = math::token_ce(m, logse, ztarget[r], sz, wy, w_all, eps, V, cw != nullptr);
         zt = zs * l * l;
       }
       ce[t] = ct;
       zl[t] = zt;
       if (!with_grad) continue;
       T* g = logits + r * V;
-      // d loss / d z'_v = p_v * A - B * w_v - Ct * [v == y], p = softmax(z'):
-      //   A = s_ce ((1 - eps) w_y + (eps / V) sum_u w_u) + s_z 2 zs lse + grad_lse,
-      //   B = s_ce eps / V, Ct = s_ce (1 - eps) w_y,
-      // with s_ce, s_z the reduction's per-token scales; then times the cap's 1 - (z' / cap)^2.
-      double s_ce = 0.0, s_z = 0.0;
       if (a.grad_coef) {
         const T* k3 = a.grad_coef + 3 * t;
         const double A = double(k3[0]), B = double(k3[1]), Ck = double(k3[2]);
@@ -428,44 +402,20 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
           continue;
         }
         K.softmax_grad(g, V, l, A, B, cw, cap);
-        if (Ck != 0.0 && valid[t]) {
-          const int64_t yk = target_of(t);
-          double f = 1.0;
-          if (cap > 0.0) {
-            const T tz = T(ztarget[r]) * T(1.0 / cap);
-            f = double((T(1) - tz) * (T(1) + tz));
-          }
-          g[yk] -= T(Ck * f);
-        }
+        if (Ck != 0.0 && valid[t]) g[target_of(t)] -= T(Ck * math::cap_slope<T>(ztarget[r], cap));
         continue;
       }
-      if (valid[t]) {
-        if (a.reduction == Reduction::Mean) {
-          s_ce = w_sum != 0.0 ? a.grad_scale / w_sum : 0.0;
-          s_z = a.grad_scale / double(n_valid);
-        } else if (a.reduction == Reduction::Sum) {
-          s_ce = s_z = a.grad_scale;
-        } else {
-          s_ce = s_z = a.grad_output ? double(a.grad_output[t]) : 1.0;
-        }
-      }
-      const double A = s_ce * ((1.0 - eps) * wy + (eps / double(V)) * w_all) +
-                       s_z * 2.0 * zs * l + (a.grad_lse ? double(a.grad_lse[t]) : 0.0);
-      const double B = s_ce * eps / double(V);
-      const double Ct = s_ce * (1.0 - eps) * wy;
-      if (A == 0.0 && B == 0.0 && Ct == 0.0) {
+      const math::Scales sc = math::reduction_scales(
+          a.reduction, valid[t] != 0, a.grad_scale, double(n_valid), w_sum,
+          a.grad_output ? double(a.grad_output[t]) : 1.0);
+      const math::Coef k = math::grad_coef(sc, eps, V, wy, w_all, zs, l,
+                                           a.grad_lse ? double(a.grad_lse[t]) : 0.0);
+      if (k.a == 0.0 && k.b == 0.0 && k.c == 0.0) {
         std::memset(g, 0, sizeof(T) * size_t(V));
         continue;
       }
-      K.softmax_grad(g, V, l, A, B, stats_w ? cw : nullptr, cap);
-      if (Ct != 0.0) {
-        double f = 1.0;
-        if (cap > 0.0) {
-          const T tz = T(ztarget[r]) * T(1.0 / cap);
-          f = double((T(1) - tz) * (T(1) + tz));
-        }
-        g[y] -= T(Ct * f);
-      }
+      K.softmax_grad(g, V, l, k.a, k.b, stats_w ? cw : nullptr, cap);
+      if (k.c != 0.0) g[y] -= T(k.c * math::cap_slope<T>(ztarget[r], cap));
     }
 
     if (!with_grad) continue;

@@ -68,6 +68,7 @@
 #include "algenta/quant.hpp"
 #include "algenta/residentk.hpp"
 #include "algenta/session_base.hpp"
+#include "algenta/session_math.hpp"
 #include "algenta/session_weights.hpp"
 #include "algenta/status_error.hpp"
 
@@ -327,11 +328,9 @@ inline void rows_dynamic(int64_t rows, Fn&& fn) {
 inline void rmsnorm(const float* x, const float* w, int64_t n, double eps, float* out) {
   double ss = 0.0;
   for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * double(x[i]);
-  const float inv = float(1.0 / std::sqrt(ss / double(n) + eps));
-  for (int64_t i = 0; i < n; ++i) out[i] = w[i] * (x[i] * inv);
+  const float inv = session_math::rms_inv(ss, n, eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = session_math::rms_apply(x[i], w[i], inv);
 }
-
-inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
 
 struct Layer {
   Buf in_norm;     // (D)
@@ -533,11 +532,8 @@ class CpuSession final : public SessionBase {
     rmsnorm(h, w, Dh, c_.rms_eps, h);
     const float* cs = rope_.p + p * rope_hw_;
     const float* sn = rope_.p + cap_ * rope_hw_ + p * rope_hw_;
-    for (int64_t i = 0; i < half; ++i) {
-      const float a = h[i], b = h[i + half];
-      h[i] = a * cs[i] - b * sn[i];
-      h[i + half] = b * cs[i] + a * sn[i];
-    }
+    for (int64_t i = 0; i < half; ++i)
+      session_math::rope_pair(h[i], h[i + half], cs[i], sn[i], &h[i], &h[i + half]);
   }
 
   // Head h of one position's fused q|k|v vector v (Dh) at position p: a query head is normed
@@ -640,7 +636,7 @@ class CpuSession final : public SessionBase {
         const In in = input(S, xn, D, t);
         rows_dynamic(F, [&](int64_t r0, int64_t r1) {
           for (int64_t j = r0; j < r1; ++j)
-            act_.p[j] = silu(L.wg.dot(S, j, in)) * L.wu.dot(S, j, in);
+            act_.p[j] = session_math::silu_mul(L.wg.dot(S, j, in), L.wu.dot(S, j, in));
         });
       }
       ++stages;
@@ -660,10 +656,11 @@ class CpuSession final : public SessionBase {
       // Each thread forms the norm's scale itself (same bits everywhere) and writes its slice.
       double ss = 0.0;
       for (int64_t i = 0; i < D; ++i) ss += double(x_.p[i]) * double(x_.p[i]);
-      const float inv = float(1.0 / std::sqrt(ss / double(D) + c_.rms_eps));
+      const float inv = session_math::rms_inv(ss, D, c_.rms_eps);
       int64_t r0, r1;
       split(D, t, omp_get_num_threads(), r0, r1);
-      for (int64_t i = r0; i < r1; ++i) xf_.p[i] = final_norm_.p[i] * (x_.p[i] * inv);
+      for (int64_t i = r0; i < r1; ++i)
+        xf_.p[i] = session_math::rms_apply(x_.p[i], final_norm_.p[i], inv);
     }
     ++stages;
 #pragma omp parallel num_threads(team(c_.vocab * D))
@@ -856,7 +853,7 @@ class CpuSession final : public SessionBase {
       project(S, Xn.p, M, L.wg, Gt.p, false);
       project(S, Xn.p, M, L.wu, U.p, false);
 #pragma omp parallel for num_threads(nt_) schedule(static)
-      for (int64_t i = 0; i < M * F; ++i) Gt.p[i] = silu(Gt.p[i]) * U.p[i];
+      for (int64_t i = 0; i < M * F; ++i) Gt.p[i] = session_math::silu_mul(Gt.p[i], U.p[i]);
       as_consumed(Gt.p, M, F);
       project(S, Gt.p, M, L.wd, X.p, true);
     }

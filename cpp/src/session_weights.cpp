@@ -7,6 +7,7 @@
 
 #include "algenta/half.hpp"
 #include "algenta/residentk.hpp"
+#include "algenta/session_math.hpp"
 #include "algenta/status_error.hpp"
 
 namespace algenta {
@@ -120,11 +121,8 @@ std::vector<float> rope_table(const SessionConfig& c, int64_t T) {
 
 int64_t greedy_argmax(const float* z, int64_t n) {
   int64_t best = 0;
-  if (std::isnan(z[0])) return 0;
-  for (int64_t v = 1; v < n; ++v) {
-    if (std::isnan(z[v])) return v;
-    if (z[v] > z[best]) best = v;
-  }
+  for (int64_t v = 1; v < n; ++v)
+    if (session_math::argmax_beats(z[v], v, z[best], best)) best = v;
   return best;
 }
 

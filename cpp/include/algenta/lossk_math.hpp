@@ -1,0 +1,127 @@
+// The per-token arithmetic of the fused loss that the CPU backend (lossk_cross_entropy.cpp) and
+// the CUDA backend (cuda/lossk_*.cu, also under the emulator) both compute: which tokens count,
+// the merge of a token's vocab-block statistics, its loss terms, its gradient coefficients and
+// the reduced loss. Written once so the two cannot drift apart; each backend keeps its own
+// parallel structure (threads, blocks) around these calls.
+//
+// Bits: nvcc contracts a * b + c into one fma where host C++ does not, so the same expression
+// may differ in the last bit between a device and the CPU; the emulator compiles it as host C++.
+// What does not differ is the formula and its evaluation order, which this file fixes.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "algenta/hd.hpp"
+#include "algenta/lossk.hpp"
+
+namespace algenta {
+namespace lossk {
+namespace math {
+
+// Is token t scored? Not the last `shift` positions of each sequence (their target lies in the
+// next sequence), and not a target equal to ignore_index. Reads targets only for a token a shift
+// keeps, so the last rows never read past the end of targets.
+ALGENTA_HD bool counted(const int64_t* targets, int64_t t, int64_t shift, int64_t seq_len,
+                        bool has_ignore, int64_t ignore_index) {
+  if (shift > 0 && t % seq_len >= seq_len - shift) return false;
+  return !(has_ignore && targets[t + shift] == ignore_index);
+}
+
+// A token's vocab blocks merged in block order: the overall max (the first block holding it),
+// sum_v exp(z_v - max) and sum_v (w_v) z_v. S has fields max, sumexp, sumz.
+struct Merged {
+  double max, sumexp, sumz;
+  int64_t block;  // the first block whose max is the overall max
+};
+
+template <class S>
+ALGENTA_HD Merged merge_blocks(const S* s, int64_t nvb) {
+  Merged r{s[0].max, 0.0, 0.0, 0};
+  for (int64_t b = 1; b < nvb; ++b)
+    if (s[b].max > r.max) r.max = s[b].max, r.block = b;
+  for (int64_t b = 0; b < nvb; ++b) {
+#if defined(__CUDA_ARCH__)
+    r.sumexp += s[b].sumexp * exp(s[b].max - r.max);
+#else
+    r.sumexp += s[b].sumexp * std::exp(s[b].max - r.max);
+#endif
+    r.sumz += s[b].sumz;
+  }
+  return r;
+}
+
+// The cross-entropy term of a counted token (lossk.hpp's ce_t), from the merged max m, logse =
+// log(sumexp), its target's logit zt, sz = sum_v (w_v) z_v, its target's weight wy and w_all =
+// sum_v w_v. Formed as (m - zt) + logse, not lse - zt: the logit difference comes before the log
+// is added, so equal logits give exactly log(V) whatever their value, and a large max does not
+// cancel against a large target logit.
+ALGENTA_HD double token_ce(double m, double logse, double zt, double sz, double wy, double w_all,
+                           double eps, int64_t V, bool weighted) {
+  double ct = (m - zt) + logse;
+  if (weighted) {
+    ct *= wy;
+    if (eps > 0.0) ct = (1.0 - eps) * ct + (eps / double(V)) * ((w_all * m - sz) + w_all * logse);
+  } else if (eps > 0.0) {
+    ct = (1.0 - eps) * ct + eps * ((m - sz / double(V)) + logse);
+  }
+  return ct;
+}
+
+// The reduction's per-token scales of d ce_t and d z_t: for Mean 1/(sum of counted weights) and
+// 1/(counted tokens), for Sum 1, for None the token's upstream gradient; zero for a token that
+// is not counted.
+struct Scales {
+  double ce, z;
+};
+
+ALGENTA_HD Scales reduction_scales(Reduction red, bool valid, double grad_scale, double n_valid,
+                                   double w_sum, double grad_out_t) {
+  if (!valid) return {0.0, 0.0};
+  if (red == Reduction::Mean) return {w_sum != 0.0 ? grad_scale / w_sum : 0.0, grad_scale / n_valid};
+  if (red == Reduction::Sum) return {grad_scale, grad_scale};
+  return {grad_out_t, grad_out_t};
+}
+
+// d loss / d z'_v = p_v a - b w_v - c [v == y], p = softmax(z'):
+//   a = s_ce ((1 - eps) w_y + (eps / V) sum_u w_u) + s_z 2 zs lse + grad_lse,
+//   b = s_ce eps / V,  c = s_ce (1 - eps) w_y;
+// then times the soft cap's slope (cap_slope) where a cap is set.
+struct Coef {
+  double a, b, c;
+};
+
+ALGENTA_HD Coef grad_coef(Scales s, double eps, int64_t V, double wy, double w_all, double zs,
+                          double lse, double grad_lse_t) {
+  return {s.ce * ((1.0 - eps) * wy + (eps / double(V)) * w_all) + s.z * 2.0 * zs * lse + grad_lse_t,
+          s.ce * eps / double(V), s.ce * (1.0 - eps) * wy};
+}
+
+// d z' / d z = 1 - (z' / cap)^2 at a capped logit z', in the compute type T (both backends form
+// it in T, as the gradient sweep does for every other logit); 1 without a cap.
+template <class T>
+ALGENTA_HD double cap_slope(double zcapped, double cap) {
+  if (!(cap > 0.0)) return 1.0;
+  const T tz = T(zcapped) * T(1.0 / cap);
+  return double((T(1) - tz) * (T(1) + tz));
+}
+
+// LossSum's mean from its parts: first + sum(l - first) / n, NaN over no tokens (PyTorch's mean
+// of nothing).
+ALGENTA_HD double sum_mean(double first, double shifted, double count) {
+  return count > 0.0 ? first + shifted / count : NAN;
+}
+
+// The loss a reduction returns from the token-order sums: Sum adds both terms; Mean is PyTorch's
+// weighted mean (divided by the counted targets' weights) with class weights, the LossSum mean
+// without (exact log(V) for uniform logits); the z-loss averages over counted tokens.
+ALGENTA_HD double reduced_loss(Reduction red, bool weighted, double ce_total, double ce_mean,
+                               double weight_sum, double z_total, double z_mean) {
+  if (red == Reduction::Sum) return ce_total + z_total;
+  const double m = weighted ? ce_total / weight_sum : ce_mean;
+  return z_total != 0.0 ? m + z_mean : m;
+}
+
+}  // namespace math
+}  // namespace lossk
+}  // namespace algenta

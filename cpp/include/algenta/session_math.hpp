@@ -1,0 +1,56 @@
+// The per-element arithmetic of a decode step that the CPU engine (session_cpu.cpp) and the CUDA
+// engine (cuda/session_*.cu, also under the emulator) both compute: RMSNorm's scale, the SiLU
+// gate, the rotate-half RoPE pair and the argmax order. Each engine keeps its own reduction
+// structure (one thread's loop, a block's tree) around these; what an element's value is, is
+// written here once.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "algenta/hd.hpp"
+
+namespace algenta {
+namespace session_math {
+
+// RMSNorm as transformers' Qwen3RMSNorm: out = w * (x * inv), inv = 1/sqrt(mean(x^2) + eps),
+// the squares summed in double by the caller (ss), the inverse rounded to float once.
+ALGENTA_HD float rms_inv(double ss, int64_t n, double eps) {
+#if defined(__CUDA_ARCH__)
+  return float(1.0 / sqrt(ss / double(n) + eps));
+#else
+  return float(1.0 / std::sqrt(ss / double(n) + eps));
+#endif
+}
+ALGENTA_HD float rms_apply(float x, float w, float inv) { return w * (x * inv); }
+
+// silu(g) * u, the gate of the MLP, in float as transformers computes it.
+ALGENTA_HD float silu_mul(float g, float u) {
+#if defined(__CUDA_ARCH__)
+  return g / (1.0f + expf(-g)) * u;
+#else
+  return g / (1.0f + std::exp(-g)) * u;
+#endif
+}
+
+// Rotate-half RoPE of the pair (a, b) = (h[i], h[i + Dh/2]) by the angle whose cosine and sine
+// are c and s.
+ALGENTA_HD void rope_pair(float a, float b, float c, float s, float* ra, float* rb) {
+  *ra = a * c - b * s;
+  *rb = b * c + a * s;
+}
+
+// Does candidate (v, i) beat the best so far (b, bix)? numpy.argmax's order: a NaN beats every
+// number, a larger number beats a smaller one, and between equals (two NaNs included) the
+// smaller index wins. Index -1 is "no candidate".
+ALGENTA_HD bool argmax_beats(float v, int64_t i, float b, int64_t bix) {
+  if (i < 0) return false;
+  if (bix < 0) return true;
+  const bool vn = v != v, bn = b != b;  // isnan without naming std:: or ::, for both compilers
+  if (vn != bn) return vn;
+  if (!vn && v != b) return v > b;
+  return i < bix;
+}
+
+}  // namespace session_math
+}  // namespace algenta
