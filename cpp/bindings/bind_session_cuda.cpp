@@ -8,7 +8,7 @@
 
 #include "algenta/residentk.hpp"
 #include "algenta/session.hpp"
-#include "session_cuda_plan.hpp"
+#include "algenta/session_cuda_plan.hpp"
 #include "session_args.hpp"
 
 namespace py = pybind11;

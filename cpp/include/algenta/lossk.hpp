@@ -176,7 +176,7 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out);
 template <class T>
 int fused_linear_ce_check_shape(const FusedArgs<T>& a, std::string* why = nullptr);
 
-// ---- the CUDA backend (cuda/lossk_cuda.cu; cuda/absent.cpp refuses 589 without one) ------------
+// ---- the CUDA backend (cuda/lossk_*.cu; cpp/src/cuda_absent.cpp refuses 589 without one) ----
 // The same loss on a CUDA device, the same options, the same guarantees: no atomics in any
 // reduction, every output cell one fixed-order chain, so the same inputs give the same bits on
 // every run and for every chunk size. With half inputs the chunk is rounded down to a multiple

@@ -117,7 +117,7 @@ void cpu_bf16_products(const uint16_t* w, int64_t rows, int64_t n, const float* 
 
 // ---- the CUDA backend's entry points ------------------------------------------------------
 // Implemented by cuda/ in a build with a CUDA backend (ALGENTA_GPU with nvcc, or ALGENTA_CUDA_EMU
-// over the CPU emulator) and by cuda/absent.cpp, which refuses with 604, in a build without one.
+// over the CPU emulator) and by cpp/src/cuda_absent.cpp, which refuses with 604, in a build without one.
 
 struct CudaBackend {
   std::string kind;     // "device" (nvcc build), "emulator" (ALGENTA_CUDA_EMU) or "none"

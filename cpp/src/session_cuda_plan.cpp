@@ -4,7 +4,7 @@
 //
 // Sizes are int64 throughout. The contract's ceilings (residentk.hpp) bound every product formed
 // here below 2^50 floats, and make_plan runs the contract's checks before forming any of them.
-#include "session_cuda_plan.hpp"
+#include "algenta/session_cuda_plan.hpp"
 
 #include <algorithm>
 #include <cmath>

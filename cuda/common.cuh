@@ -1,0 +1,116 @@
+// What both CUDA families (lossk_*.cu, session_*.cu) share: a failed CUDA call turned into the
+// family's status, device memory freed on scope exit, and the block reductions whose order is
+// fixed (so their bits do not depend on which thread runs first).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "algenta/status_error.hpp"
+
+namespace algenta {
+namespace gpu {
+
+// A failed CUDA call -> StatusError(family, code) naming the call. The pending error is cleared
+// first so a later, unrelated call does not report it again (a sticky error such as a device
+// fault keeps failing, and keeps saying so).
+[[noreturn]] inline void call_failed(Family family, int code, cudaError_t e, const char* what) {
+  cudaGetLastError();
+  throw StatusError(family, code,
+                    std::string("CUDA call failed: ") + what + ": " + cudaGetErrorName(e) + " (" +
+                        cudaGetErrorString(e) + ")");
+}
+
+// A device allocation freed on scope exit, so a refusal halfway through frees what was taken.
+// Never zeroed here: what must start at zero is cleared on the stream that uses it (a cudaMemset
+// on the legacy default stream is not ordered before work on a non-blocking stream).
+struct DeviceBuffer {
+  void* p = nullptr;
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p(o.p) { o.p = nullptr; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(p, o.p);
+    return *this;
+  }
+  ~DeviceBuffer() {
+    if (p) cudaFree(p);
+  }
+  // At least 16 bytes (a zero-byte request still gets a distinct pointer); the caller turns the
+  // result into its family's status.
+  cudaError_t allocate(int64_t bytes) {
+    if (p) cudaFree(p), p = nullptr;
+    return cudaMalloc(&p, size_t(bytes > 0 ? bytes : 16));
+  }
+  template <class X>
+  X* as() const {
+    return static_cast<X*>(p);
+  }
+  float* f() const { return as<float>(); }
+};
+
+// ---- warp and block reductions ------------------------------------------------------------
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ double warp_sum_d(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, <= 1024) by warp shuffles, then across warps;
+// every thread gets the total. red: 32 doubles of shared memory. Two barriers; the caller may
+// reuse red afterwards.
+__device__ inline double block_sum_d(double v, double* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_sum_d(v);
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  double t = lane < nw ? red[lane] : 0.0;
+  t = warp_sum_d(t);
+  __syncthreads();  // red is free again once every warp has read it
+  return t;
+}
+
+// A block of exactly NT threads (a power of two) reduced in a fixed tree through shared memory:
+// thread i folds in thread i + s for s = NT/2, ..., 1; every thread gets the result. red: NT
+// doubles of shared memory, free again on return.
+struct TreeSum {
+  __device__ double operator()(double a, double b) const { return a + b; }
+};
+struct TreeMin {
+  __device__ double operator()(double a, double b) const { return fmin(a, b); }
+};
+struct TreeMax {
+  __device__ double operator()(double a, double b) const { return fmax(a, b); }
+};
+
+template <int NT, class Op>
+__device__ double block_tree(double v, double* red, Op op) {
+  red[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = NT / 2; s > 0; s >>= 1) {
+    if (int(threadIdx.x) < s) red[threadIdx.x] = op(red[threadIdx.x], red[threadIdx.x + s]);
+    __syncthreads();
+  }
+  const double r = red[0];
+  __syncthreads();
+  return r;
+}
+
+}  // namespace gpu
+}  // namespace algenta

@@ -1,0 +1,229 @@
+// The per-token kernels of lossk's fused loss on a CUDA device (k_prepare, k_merge,
+// k_softmax_grad, k_bias_grad, k_narrow, k_finish; see lossk_cuda.cu for the order they run in).
+// Their arithmetic per token is lossk_math.hpp's, shared with the CPU backend.
+#pragma once
+
+#include "lossk_tile.cuh"
+
+namespace algenta {
+namespace lossk {
+namespace {
+
+constexpr int RT = 1024;  // threads of the one-block reductions
+
+// Sums and minima over the block in a fixed tree (gpu::block_tree): the same bits on every run.
+__device__ double block_sum(double v, double* red) { return gpu::block_tree<RT>(v, red, gpu::TreeSum{}); }
+__device__ double block_min(double v, double* red) { return gpu::block_tree<RT>(v, red, gpu::TreeMin{}); }
+
+// Thread i's contiguous share of [0, n): a partition that depends on n only.
+__device__ __forceinline__ void share(int64_t n, int64_t* lo, int64_t* hi) {
+  *lo = n * int64_t(threadIdx.x) / RT;
+  *hi = n * int64_t(threadIdx.x + 1) / RT;
+}
+
+// prep: (0) counted tokens, (1) their targets' weight sum, (2) sum of all class weights (V
+// without). valid: per token, counted or not.
+template <class T>
+__global__ void __launch_bounds__(RT) k_prepare(const int64_t* targets, int64_t N, int64_t V,
+                                                int64_t shift, int64_t seq, bool has_ignore,
+                                                int64_t ignore, const T* cw, uint8_t* valid,
+                                                double* prep) {
+  __shared__ double red[RT];
+  int64_t lo, hi;
+  share(N, &lo, &hi);
+  double cnt = 0.0, ws = 0.0;
+  for (int64_t t = lo; t < hi; ++t) {
+    const bool v = math::counted(targets, t, shift, seq, has_ignore, ignore);
+    valid[t] = v;
+    if (v) {
+      cnt += 1.0;
+      ws += cw ? double(cw[targets[t + shift]]) : 1.0;
+    }
+  }
+  cnt = block_sum(cnt, red);
+  ws = block_sum(ws, red);
+  double wa = double(V);
+  if (cw) {
+    share(V, &lo, &hi);
+    double a = 0.0;
+    for (int64_t v = lo; v < hi; ++v) a += double(cw[v]);
+    wa = block_sum(a, red);
+  }
+  if (threadIdx.x == 0) {
+    prep[0] = cnt;
+    prep[1] = ws;
+    prep[2] = wa;
+  }
+}
+
+template <class T>
+struct MergeArgs {
+  const BlockStatD* stats = nullptr;  // (c, nvb)
+  int64_t nvb = 0, c = 0, t0 = 0, V = 0, shift = 0;
+  const uint8_t* valid = nullptr;
+  const int64_t* targets = nullptr;
+  const T* cw = nullptr;
+  const double* ztarget = nullptr;  // (c)
+  const double* prep = nullptr;
+  double eps = 0.0, zs = 0.0, cap = 0.0;
+  Reduction reduction = Reduction::Mean;
+  double grad_scale = 1.0;
+  const T* grad_output = nullptr;
+  const T* grad_lse = nullptr;
+  const T* grad_coef = nullptr;
+  bool with_grad = false;
+  double* ce = nullptr;   // (N)
+  double* zl = nullptr;   // (N)
+  T* lse = nullptr;       // (N) or null
+  T* loss_tok = nullptr;  // (N) or null
+  T* z_tok = nullptr;     // (N) or null
+  T* target_logit = nullptr;
+  T* logit_sum = nullptr;
+  int64_t* pred = nullptr;
+  double* lse_c = nullptr;  // (c) the chunk rows' lse, for k_softmax_grad
+  double* coef = nullptr;   // (c, 4): a, b, the target's term (cap's derivative applied), target
+};
+
+// One thread per token of the chunk: the same arithmetic as the CPU backend's step 2.
+template <class T>
+__global__ void k_merge(MergeArgs<T> a) {
+  const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= a.c) return;
+  const int64_t t = a.t0 + r, V = a.V;
+  const math::Merged mg = math::merge_blocks(a.stats + r * a.nvb, a.nvb);
+  const double m = mg.max, sz = mg.sumz;
+  if (a.pred) a.pred[t] = mg.block * BN + a.stats[r * a.nvb + mg.block].arg;
+  const bool valid = a.valid[t] != 0;
+  const double zt = a.ztarget[r];
+  if (a.logit_sum) a.logit_sum[t] = T(sz);
+  if (a.target_logit) a.target_logit[t] = T(valid ? zt : NAN);
+  const double logse = log(mg.sumexp);
+  const double l = m + logse;
+  const double w_all = a.prep[2], eps = a.eps;
+  double ct = 0.0, zl = 0.0, wy = 1.0;
+  int64_t y = -1;
+  if (valid) {
+    y = a.targets[t + a.shift];
+    wy = a.cw ? double(a.cw[y]) : 1.0;
+    ct = math::token_ce(m, logse, zt, sz, wy, w_all, eps, V, a.cw != nullptr);
+    zl = a.zs * l * l;
+  }
+  a.ce[t] = ct;
+  a.zl[t] = zl;
+  if (a.lse) a.lse[t] = T(l);
+  if (a.loss_tok) a.loss_tok[t] = T(ct + zl);
+  if (a.z_tok) a.z_tok[t] = T(zl);
+  if (!a.with_grad) return;
+  a.lse_c[r] = l;
+  math::Coef g;
+  if (a.grad_coef) {
+    const T* k3 = a.grad_coef + 3 * t;
+    g = {double(k3[0]), double(k3[1]), valid ? double(k3[2]) : 0.0};
+  } else {
+    const math::Scales sc = math::reduction_scales(a.reduction, valid, a.grad_scale, a.prep[0],
+                                                   a.prep[1],
+                                                   a.grad_output ? double(a.grad_output[t]) : 1.0);
+    g = math::grad_coef(sc, eps, V, wy, w_all, a.zs, l, a.grad_lse ? double(a.grad_lse[t]) : 0.0);
+  }
+  const double f = g.c != 0.0 ? math::cap_slope<T>(zt, a.cap) : 1.0;
+  double* k = a.coef + 4 * r;
+  k[0] = g.a;
+  k[1] = g.b;
+  k[2] = g.c * f;
+  k[3] = double(y);
+}
+
+// The chunk's logits (c, V) overwritten by their gradient, as the CPU backend's softmax_grad.
+template <class T>
+__global__ void k_softmax_grad(T* g, int64_t c, int64_t V, const double* lse_c, const double* coef,
+                               const T* w, double cap) {
+  const T ic = cap > 0.0 ? T(1.0 / cap) : T(0);
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < c * V;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / V, v = i % V;
+    const double* k = coef + 4 * r;
+    if (k[0] == 0.0 && k[1] == 0.0 && k[2] == 0.0) {
+      g[i] = T(0);
+      continue;
+    }
+    const T x = g[i];
+    T d = dexp(x - T(lse_c[r])) * T(k[0]) - T(k[1]) * (w ? w[v] : T(1));
+    if (cap > 0.0) {
+      const T tz = x * ic;
+      d *= (T(1) - tz) * (T(1) + tz);
+    }
+    if (double(v) == k[3]) d -= T(k[2]);
+    g[i] = d;
+  }
+}
+
+// d_bias (V) += column sums of the chunk's gradient: one chain per cell, in token order.
+template <class T>
+__global__ void k_bias_grad(const T* g, int64_t c, int64_t V, T* db) {
+  const int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (v >= V) return;
+  T acc = db[v];
+  for (int64_t r = 0; r < c; ++r) acc += g[r * V + v];
+  db[v] = acc;
+}
+
+template <class T, class XO>
+__global__ void k_narrow(const T* src, XO* dst, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    put(dst + i, float(src[i]));
+}
+
+// Token-order results in one block over a fixed partition of [0, N): LossSum's (total, first,
+// shifted, count) of ce and z, the weight sum, correct argmaxes; and the reduced loss.
+template <class T>
+__global__ void __launch_bounds__(RT) k_finish(const double* ce, const double* zl,
+                                               const uint8_t* valid, const int64_t* pred,
+                                               const int64_t* targets, int64_t shift, int64_t N,
+                                               const double* prep, bool weighted, Reduction red_kind,
+                                               double* sums, T* loss, T* zout, float* accuracy) {
+  __shared__ double red[RT];
+  int64_t lo, hi;
+  share(N, &lo, &hi);
+  double first_t = INFINITY;
+  for (int64_t t = lo; t < hi; ++t)
+    if (valid[t]) {
+      first_t = double(t);
+      break;
+    }
+  first_t = block_min(first_t, red);
+  const bool any = first_t < double(N);
+  const double fce = any ? ce[int64_t(first_t)] : 0.0, fz = any ? zl[int64_t(first_t)] : 0.0;
+  double tce = 0.0, sce = 0.0, tz = 0.0, sz = 0.0, cnt = 0.0, correct = 0.0;
+  for (int64_t t = lo; t < hi; ++t) {
+    if (!valid[t]) continue;
+    tce += ce[t];
+    sce += ce[t] - fce;
+    tz += zl[t];
+    sz += zl[t] - fz;
+    cnt += 1.0;
+    if (pred && pred[t] == targets[t + shift]) correct += 1.0;
+  }
+  tce = block_sum(tce, red);
+  sce = block_sum(sce, red);
+  tz = block_sum(tz, red);
+  sz = block_sum(sz, red);
+  cnt = block_sum(cnt, red);
+  correct = block_sum(correct, red);
+  if (threadIdx.x != 0) return;
+  const double wsum = prep[1];
+  double* o = sums;
+  o[0] = tce, o[1] = fce, o[2] = sce, o[3] = cnt;
+  o[4] = tz, o[5] = fz, o[6] = sz, o[7] = cnt;
+  o[8] = wsum, o[9] = correct;
+  // FusedOut::reduced, on the device
+  const double ce_mean = math::sum_mean(fce, sce, cnt), z_mean = math::sum_mean(fz, sz, cnt);
+  if (loss) loss[0] = T(math::reduced_loss(red_kind, weighted, tce, ce_mean, wsum, tz, z_mean));
+  if (zout) zout[0] = T(red_kind == Reduction::Sum ? tz : z_mean);
+  if (accuracy) accuracy[0] = cnt > 0.0 ? float(correct / cnt) : NAN;
+}
+
+
+}  // namespace
+}  // namespace lossk
+}  // namespace algenta
