@@ -48,7 +48,7 @@ inline unsigned grid_for(int64_t n, int threads) {
   return unsigned(std::max<int64_t>(1, std::min<int64_t>(ceil_div(n, threads), 8192)));
 }
 
-inline size_t elem_bytes(Elem e) { return e == Elem::F64 ? 8 : e == Elem::F32 ? 4 : 2; }
+inline size_t elem_bytes(Dtype e) { return e == Dtype::F64 ? 8 : e == Dtype::F32 ? 4 : 2; }
 
 // ---- element types ------------------------------------------------------------------------------
 

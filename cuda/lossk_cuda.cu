@@ -73,11 +73,9 @@ struct Carver {
 template <class T>
 int64_t device_chunk(const FusedArgs<T>& a) {
   int64_t c = std::min(a.chunk, a.n_tok);
-  if (a.elem == Elem::BF16 || a.elem == Elem::F16) c = std::min(a.n_tok, std::max<int64_t>(16, c - c % 16));
+  if (a.elem == Dtype::BF16 || a.elem == Dtype::F16) c = std::min(a.n_tok, std::max<int64_t>(16, c - c % 16));
   return c;
 }
-
-bool is_half(Elem e) { return e == Elem::BF16 || e == Elem::F16; }
 
 template <class T>
 struct Scratch {
@@ -127,18 +125,18 @@ void check_data(const FusedArgs<T>& a, const Scratch<T>& s, cudaStream_t st) {
   const int64_t N = a.n_tok, D = a.d_model, V = a.vocab;
   CK(cudaMemsetAsync(s.flags, 0, 8 * sizeof(int), st));
   CK(cudaMemsetAsync(s.first_bad, 0xff, sizeof(unsigned long long), st));
-  auto finite = [&](const void* p, int64_t n, Elem e, int flag) {
+  auto finite = [&](const void* p, int64_t n, Dtype e, int flag) {
     if (!p) return;
     const unsigned g = grid_for(n, 256);
     switch (e) {
-      case Elem::F32: k_check_finite<float><<<g, 256, 0, st>>>(static_cast<const float*>(p), n, s.flags + flag); break;
-      case Elem::F64: k_check_finite<double><<<g, 256, 0, st>>>(static_cast<const double*>(p), n, s.flags + flag); break;
-      case Elem::BF16: k_check_finite<__nv_bfloat16><<<g, 256, 0, st>>>(static_cast<const __nv_bfloat16*>(p), n, s.flags + flag); break;
-      case Elem::F16: k_check_finite<__half><<<g, 256, 0, st>>>(static_cast<const __half*>(p), n, s.flags + flag); break;
+      case Dtype::F32: k_check_finite<float><<<g, 256, 0, st>>>(static_cast<const float*>(p), n, s.flags + flag); break;
+      case Dtype::F64: k_check_finite<double><<<g, 256, 0, st>>>(static_cast<const double*>(p), n, s.flags + flag); break;
+      case Dtype::BF16: k_check_finite<__nv_bfloat16><<<g, 256, 0, st>>>(static_cast<const __nv_bfloat16*>(p), n, s.flags + flag); break;
+      case Dtype::F16: k_check_finite<__half><<<g, 256, 0, st>>>(static_cast<const __half*>(p), n, s.flags + flag); break;
     }
     CK(cudaGetLastError());
   };
-  const Elem te = sizeof(T) == 8 ? Elem::F64 : Elem::F32;
+  const Dtype te = sizeof(T) == 8 ? Dtype::F64 : Dtype::F32;
   finite(a.grad_output, N, te, 0);
   finite(a.grad_lse, N, te, 1);
   finite(a.grad_coef, 3 * N, te, 2);
@@ -179,10 +177,10 @@ void launch_forward(const FusedArgs<T>& a, const TileArgs<T>& p, cudaStream_t s)
     launch_tile<LogitsTile<SIMT, double, double>>(p, s);
   } else {
     switch (a.elem) {
-      case Elem::BF16:
+      case Dtype::BF16:
         launch_tile<LogitsTile<WMMA_BF16, float, __nv_bfloat16>>(p, s);
         break;
-      case Elem::F16:
+      case Dtype::F16:
         launch_tile<LogitsTile<WMMA_F16, float, __half>>(p, s);
         break;
       default:
@@ -193,19 +191,19 @@ void launch_forward(const FusedArgs<T>& a, const TileArgs<T>& p, cudaStream_t s)
 
 // d_hidden rows = G (c, V) @ W (V, D), written in grad_elem.
 template <class T>
-void launch_dhidden(const FusedArgs<T>& a, const TileArgs<T>& p, Elem ge, cudaStream_t s) {
+void launch_dhidden(const FusedArgs<T>& a, const TileArgs<T>& p, Dtype ge, cudaStream_t s) {
   if constexpr (sizeof(T) == 8) {
     launch_tile<DHiddenTile<SIMT, double, double, double>>(p, s);
   } else {
     switch (a.elem) {
-      case Elem::BF16:
-        if (ge == Elem::BF16)
+      case Dtype::BF16:
+        if (ge == Dtype::BF16)
           launch_tile<DHiddenTile<WMMA_BF16, float, __nv_bfloat16, __nv_bfloat16>>(p, s);
         else
           launch_tile<DHiddenTile<WMMA_BF16, float, __nv_bfloat16, float>>(p, s);
         break;
-      case Elem::F16:
-        if (ge == Elem::F16)
+      case Dtype::F16:
+        if (ge == Dtype::F16)
           launch_tile<DHiddenTile<WMMA_TF32, float, __half, __half>>(p, s);
         else
           launch_tile<DHiddenTile<WMMA_TF32, float, __half, float>>(p, s);
@@ -223,10 +221,10 @@ void launch_dweight(const FusedArgs<T>& a, const TileArgs<T>& p, cudaStream_t s)
     launch_tile<DWeightTile<SIMT, double, double>>(p, s);
   } else {
     switch (a.elem) {
-      case Elem::BF16:
+      case Dtype::BF16:
         launch_tile<DWeightTile<WMMA_BF16, float, __nv_bfloat16>>(p, s);
         break;
-      case Elem::F16:
+      case Dtype::F16:
         launch_tile<DWeightTile<WMMA_TF32, float, __half>>(p, s);
         break;
       default:
@@ -236,9 +234,9 @@ void launch_dweight(const FusedArgs<T>& a, const TileArgs<T>& p, cudaStream_t s)
 }
 
 template <class T>
-void narrow(const T* src, void* dst, int64_t n, Elem e, cudaStream_t s) {
+void narrow(const T* src, void* dst, int64_t n, Dtype e, cudaStream_t s) {
   const unsigned g = grid_for(n, 256);
-  if (e == Elem::BF16) k_narrow<T, __nv_bfloat16><<<g, 256, 0, s>>>(src, static_cast<__nv_bfloat16*>(dst), n);
+  if (e == Dtype::BF16) k_narrow<T, __nv_bfloat16><<<g, 256, 0, s>>>(src, static_cast<__nv_bfloat16*>(dst), n);
   else k_narrow<T, __half><<<g, 256, 0, s>>>(src, static_cast<__half*>(dst), n);
   CK(cudaGetLastError());
 }

@@ -157,7 +157,7 @@ class CudaSession final : public SessionBase {
  public:
   CudaSession(const SessionConfig& c, int64_t max_ctx) : SessionBase(c, max_ctx) {
     // The device kernels read float32 weights only (narrow formats are the CPU engine's).
-    if (c.weights != WeightFormat::F32)
+    if (c.weights != Dtype::F32)
       refuse(RESIDENT_ERR_WEIGHT_LENGTH,
              std::string("device='cuda' holds float32 weights only; weights='") +
                  residentk_weight_format_name(c.weights) + "' runs on device='cpu'");

@@ -14,9 +14,13 @@
 #include "algenta/kernels.hpp"
 #include "algenta/lossk.hpp"
 #include "algenta/status_error.hpp"
+#include "dtype_args.hpp"
 
 namespace py = pybind11;
 using namespace algenta::lossk;
+using algenta::Dtype;
+using algenta::dtype_arg;
+using algenta::is_half;
 using algenta::Family;
 using algenta::StatusError;
 
@@ -43,15 +47,10 @@ Reduction parse_reduction(const std::string& r) {
   refuse(LOSS_ERR_UNKNOWN_OBJECTIVE, "reduction must be 'mean', 'sum' or 'none', got '" + r + "'");
 }
 
-Elem parse_elem(const std::string& e, const char* what) {
-  if (e == "f32") return Elem::F32;
-  if (e == "f64") return Elem::F64;
-  if (e == "bf16") return Elem::BF16;
-  if (e == "f16") return Elem::F16;
-  throw py::type_error(std::string(what) + " must be 'f32', 'f64', 'bf16' or 'f16', got '" + e + "'");
-}
+// The element types lossk computes in or takes (dtype.hpp): halves compute in float32.
+constexpr Dtype kLossDtypes[] = {Dtype::F32, Dtype::F64, Dtype::BF16, Dtype::F16};
+Dtype parse_elem(const std::string& e, const char* what) { return dtype_arg(e, kLossDtypes, what); }
 
-bool half(Elem e) { return e == Elem::BF16 || e == Elem::F16; }
 
 // device="cpu" or "cuda" (the NumPy API's: host arrays in and out, the work on the device).
 bool on_cuda(const std::string& device) {
@@ -86,12 +85,12 @@ py::array own_narrowed(std::unique_ptr<void, FreeDeleter>& buf, std::vector<int6
 
 template <class T>
 py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t> targets,
-               int64_t n_tok, int64_t d_model, int64_t vocab, int64_t chunk, Elem elem,
+               int64_t n_tok, int64_t d_model, int64_t vocab, int64_t chunk, Dtype elem,
                const std::string& reduction, bool has_ignore, int64_t ignore_index,
                double label_smoothing, std::optional<double> softcap, double z_loss,
                int64_t shift, int64_t seq_len, const std::optional<py::array>& bias,
                const std::optional<carray<T>>& class_weight, bool want_dh, bool want_dw,
-               bool want_db, Elem grad_elem, const std::optional<carray<T>>& grad_output,
+               bool want_db, Dtype grad_elem, const std::optional<carray<T>>& grad_output,
                double grad_scale, const std::optional<carray<T>>& grad_lse,
                const std::optional<carray<T>>& grad_coef, bool want_loss_tok, bool want_z_tok,
                bool want_pred, bool want_shard_stats, bool cuda) {
@@ -111,7 +110,7 @@ py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t>
   a.shift = shift;
   a.seq_len = seq_len;
   a.grad_scale = grad_scale;
-  if (half(grad_elem) && !half(elem))
+  if (is_half(grad_elem) && !is_half(elem))
     refuse(LOSS_ERR_LENGTH_MISMATCH, "half-precision gradients need half-precision inputs");
   // Dimensions first: the length products below are only formed for in-ceiling shapes.
   const int st = loss_dims_check(n_tok, d_model, vocab);
@@ -123,7 +122,7 @@ py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t>
   // The input buffers: T elements (cast to T if they are not: a copy the Python layer avoids)
   // or, for half inputs, the caller's 2-byte elements as they are.
   carray<T> hT, wT, bT;
-  if (half(elem)) {
+  if (is_half(elem)) {
     a.hidden = half_data(hidden, "hidden");
     a.weight = half_data(weight, "weight");
     if (bias) a.bias = half_data(*bias, "linear_bias");
@@ -184,7 +183,7 @@ py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t>
     out.logit_sum = logit_sum.mutable_data();
   }
   if (want_dh) {
-    if (half(grad_elem)) {
+    if (is_half(grad_elem)) {
       py::array_t<uint16_t> g({n_tok, d_model});
       out.d_hidden = g.mutable_data();
       dh = g;
@@ -196,7 +195,7 @@ py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t>
   }
   std::unique_ptr<void, FreeDeleter> dw_buf, db_buf;
   if (want_dw) {
-    if (half(grad_elem)) {
+    if (is_half(grad_elem)) {
       // As large as the weight: huge pages, so first touch is not a fault per 4 KiB.
       dw_buf.reset(algenta::huge_malloc(size_t(vocab) * size_t(d_model) * sizeof(T)));
       out.d_weight = static_cast<T*>(dw_buf.get());
@@ -207,7 +206,7 @@ py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t>
     }
   }
   if (want_db) {
-    if (half(grad_elem)) {
+    if (is_half(grad_elem)) {
       db_buf.reset(algenta::huge_malloc(size_t(vocab) * sizeof(T)));
       out.d_bias = static_cast<T*>(db_buf.get());
     } else {
@@ -267,10 +266,10 @@ py::dict fused_any(const py::array& hidden, const py::array& weight, carray<int6
                    const std::optional<py::array>& grad_coef, bool want_loss_tok, bool want_z_tok,
                    bool want_pred, bool want_shard_stats, const std::string& device) {
   const bool cuda = on_cuda(device);
-  const Elem e = parse_elem(elem, "elem");
-  const Elem ge = grad_elem.empty() ? e : parse_elem(grad_elem, "grad_elem");
-  if (e == Elem::F64) {
-    if (ge != Elem::F64) refuse(LOSS_ERR_LENGTH_MISMATCH, "float64 inputs give float64 gradients");
+  const Dtype e = parse_elem(elem, "elem");
+  const Dtype ge = grad_elem.empty() ? e : parse_elem(grad_elem, "grad_elem");
+  if (e == Dtype::F64) {
+    if (ge != Dtype::F64) refuse(LOSS_ERR_LENGTH_MISMATCH, "float64 inputs give float64 gradients");
     return fused<double>(hidden, weight, targets, n_tok, d_model, vocab, chunk, e, reduction,
                          has_ignore, ignore_index, label_smoothing, softcap, z_loss, shift,
                          seq_len, bias, as_opt<double>(class_weight), want_dh, want_dw, want_db,
@@ -278,7 +277,7 @@ py::dict fused_any(const py::array& hidden, const py::array& weight, carray<int6
                          as_opt<double>(grad_coef), want_loss_tok, want_z_tok, want_pred,
                          want_shard_stats, cuda);
   }
-  if (ge == Elem::F64) refuse(LOSS_ERR_LENGTH_MISMATCH, "float64 gradients need float64 inputs");
+  if (ge == Dtype::F64) refuse(LOSS_ERR_LENGTH_MISMATCH, "float64 gradients need float64 inputs");
   return fused<float>(hidden, weight, targets, n_tok, d_model, vocab, chunk, e, reduction,
                       has_ignore, ignore_index, label_smoothing, softcap, z_loss, shift, seq_len,
                       bias, as_opt<float>(class_weight), want_dh, want_dw, want_db, ge,
@@ -310,10 +309,10 @@ DevCall dev_args(const py::dict& k) {
   auto f64 = [&](const char* n) { return k[n].cast<double>(); };
   auto p = [&](const char* n) { return k.contains(n) ? k[n].cast<uintptr_t>() : uintptr_t(0); };
   DevCall c;
-  const Elem e = parse_elem(k["elem"].cast<std::string>(), "elem");
-  const Elem ge = parse_elem(k["grad_elem"].cast<std::string>(), "grad_elem");
-  c.f64 = e == Elem::F64;
-  if (c.f64 != (ge == Elem::F64))
+  const Dtype e = parse_elem(k["elem"].cast<std::string>(), "elem");
+  const Dtype ge = parse_elem(k["grad_elem"].cast<std::string>(), "grad_elem");
+  c.f64 = e == Dtype::F64;
+  if (c.f64 != (ge == Dtype::F64))
     refuse(LOSS_ERR_LENGTH_MISMATCH, "float64 gradients go with float64 inputs only");
   auto set = [&](auto& a, auto& o, auto tag) {
     typedef decltype(tag) T;

@@ -11,6 +11,7 @@
 
 namespace py = pybind11;
 using namespace algenta::residentk;
+using algenta::Dtype;
 
 void bind_residentk(py::module_& m) {
   py::module_ r = m.def_submodule("residentk", "residentk contract and probe");
@@ -40,9 +41,9 @@ void bind_residentk(py::module_& m) {
   r.attr("RESIDENT_SPLITK_MAX_SPLITS") = RESIDENT_SPLITK_MAX_SPLITS;
   r.attr("RESIDENT_PREFILL_NARROW_BELOW_ROWS") = RESIDENT_PREFILL_NARROW_BELOW_ROWS;
   r.attr("RESIDENT_INT8_BLOCK") = RESIDENT_INT8_BLOCK;
-  py::tuple formats(std::size(kFormats));
-  for (std::size_t i = 0; i < std::size(kFormats); ++i)
-    formats[i] = py::str(residentk_weight_format_name(kFormats[i]));
+  py::tuple formats(std::size(kWeightFormats));
+  for (std::size_t i = 0; i < std::size(kWeightFormats); ++i)
+    formats[i] = py::str(residentk_weight_format_name(kWeightFormats[i]));
   r.attr("RESIDENT_WEIGHT_FORMATS") = formats;
 
   r.def("residentk_smem_tier_bytes", &residentk_smem_tier_bytes);
@@ -75,7 +76,7 @@ void bind_residentk(py::module_& m) {
       "residentk_footprint",
       [](int64_t d, int64_t hq, int64_t hkv, int64_t dh, int64_t ff, int64_t l, int64_t v,
          int64_t ctx, bool tied, int64_t tp, bool check_tier, const std::string& format) {
-        const WeightFormat fmt = weight_format(format);
+        const Dtype fmt = weight_format(format);
         std::string why;
         const ResidentFootprint f =
             residentk_footprint(d, hq, hkv, dh, ff, l, v, ctx, tied, tp, &why, check_tier, fmt);

@@ -8,6 +8,7 @@
 #include "algenta/session.hpp"
 #include "algenta/session_weights.hpp"
 #include "algenta/status_error.hpp"
+#include "dtype_args.hpp"
 #include "session_args.hpp"
 
 namespace py = pybind11;
@@ -18,7 +19,7 @@ namespace {
 
 using F32 = py::array_t<float, py::array::c_style | py::array::forcecast>;
 using I64 = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
-using algenta::residentk::SourceType;
+using algenta::Dtype;
 
 [[noreturn]] void refuse(int code, const std::string& msg) {
   throw algenta::StatusError(algenta::Family::Resident, code, msg);
@@ -42,12 +43,9 @@ void bind_session(py::module_& m) {
               const std::string& source) {
              // The element type is named by the caller (bf16 arrives as uint16 bit patterns);
              // the binding only checks that the buffer holds elements of that width, densely.
-             SourceType t;
-             py::ssize_t width;
-             if (source == "f32") t = SourceType::F32, width = 4;
-             else if (source == "bf16") t = SourceType::BF16, width = 2;
-             else if (source == "f16") t = SourceType::F16, width = 2;
-             else throw py::type_error("source must be 'f32', 'bf16' or 'f16', got '" + source + "'");
+             static constexpr Dtype kSources[] = {Dtype::F32, Dtype::BF16, Dtype::F16};
+             const Dtype t = dtype_arg(source, kSources, "source");
+             const py::ssize_t width = dtype_info(t).bytes;
              if (a.itemsize() != width || !(a.flags() & py::array::c_style))
                throw py::type_error("set_weight(source='" + source + "') needs a C-contiguous "
                                     "array of " + std::to_string(width) + "-byte elements");

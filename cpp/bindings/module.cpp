@@ -1,6 +1,7 @@
 // algenta._core: argument conversion and nothing else. Each family binds itself in its own file.
 #include <pybind11/pybind11.h>
 
+#include "algenta/dtype.hpp"
 #include "algenta/kernels.hpp"
 #include "algenta/status_error.hpp"
 
@@ -35,6 +36,14 @@ PYBIND11_MODULE(_core, m) {
       },
         "How lossk multiplies bfloat16 inputs on this host: 'vdpbf16ps' (bf16 dot products, "
         "d_logits rounded to bf16 for the gradient products) or 'widen' (to float32, FMA).");
+
+  // The one dtype vocabulary (dtype.hpp): (name, long name, bytes per element), in enum order.
+  py::tuple dtypes(algenta::kNumDtypes);
+  for (int i = 0; i < algenta::kNumDtypes; ++i) {
+    const algenta::DtypeInfo& d = algenta::kDtypes[i];
+    dtypes[i] = py::make_tuple(d.name, d.long_name, d.bytes);
+  }
+  m.attr("DTYPES") = dtypes;
 
   bind_lossk(m);
   bind_residentk(m);

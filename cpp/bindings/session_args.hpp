@@ -11,17 +11,14 @@
 namespace algenta {
 namespace residentk {
 
-constexpr WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16,
-                                     WeightFormat::Int8};
-
-// "f32" | "bf16" | "f16" | "int8" -> WeightFormat; anything else is a refused caller input
+// "f32" | "bf16" | "f16" | "int8" -> Dtype; anything else is a refused caller input
 // (ResidentError, a ValueError, status 601 as for the session's unknown device name), naming the
 // four the core knows.
-inline WeightFormat weight_format(const std::string& name) {
-  WeightFormat f;
+inline Dtype weight_format(const std::string& name) {
+  Dtype f;
   if (residentk_parse_weight_format(name, &f)) return f;
   std::string known;
-  for (WeightFormat g : kFormats)
+  for (Dtype g : kWeightFormats)
     known += std::string(known.empty() ? "'" : ", '") + residentk_weight_format_name(g) + "'";
   throw StatusError(Family::Resident, RESIDENT_ERR_EMPTY_DIMENSION,
                     "weight format must be one of " + known + ", got '" + name + "'");

@@ -54,18 +54,18 @@ bool all_finite(const T* p, int64_t n) {
                                  sizeof(T) == 4 ? U(0x7f800000u) : U(0x7ff0000000000000ull));
 }
 
-bool all_finite(const void* p, int64_t n, Elem e) {
+bool all_finite(const void* p, int64_t n, Dtype e) {
   switch (e) {
-    case Elem::F32: return all_finite(static_cast<const float*>(p), n);
-    case Elem::F64: return all_finite(static_cast<const double*>(p), n);
-    case Elem::BF16: return exponent_never_all_ones(static_cast<const uint16_t*>(p), n, uint16_t(0x7f80));
-    case Elem::F16: return exponent_never_all_ones(static_cast<const uint16_t*>(p), n, uint16_t(0x7c00));
+    case Dtype::F32: return all_finite(static_cast<const float*>(p), n);
+    case Dtype::F64: return all_finite(static_cast<const double*>(p), n);
+    case Dtype::BF16: return exponent_never_all_ones(static_cast<const uint16_t*>(p), n, uint16_t(0x7f80));
+    case Dtype::F16: return exponent_never_all_ones(static_cast<const uint16_t*>(p), n, uint16_t(0x7c00));
+    case Dtype::Int8: break;  // not an element type lossk takes (the bindings refuse it)
   }
   return false;
 }
 
-bool is_half(Elem e) { return e == Elem::BF16 || e == Elem::F16; }
-int half_kind(Elem e) { return e == Elem::F16 ? kern::HALF_F16 : kern::HALF_BF16; }
+int half_kind(Dtype e) { return e == Dtype::F16 ? kern::HALF_F16 : kern::HALF_BF16; }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -102,16 +102,6 @@ void narrow_in_place(float* buf, int64_t n, int kind, const kern::IsaOps<float>&
 
 }  // namespace
 
-const char* elem_name(Elem e) {
-  switch (e) {
-    case Elem::F32: return "float32";
-    case Elem::F64: return "float64";
-    case Elem::BF16: return "bfloat16";
-    case Elem::F16: return "float16";
-  }
-  return "?";
-}
-
 template <class T>
 double FusedOut<T>::reduced(Reduction r) const {
   return math::reduced_loss(r, weighted, ce.total, ce.mean(), weight_sum, z.total, z.mean());
@@ -135,8 +125,8 @@ int fused_linear_ce_check_shape(const FusedArgs<T>& a, std::string* why) {
                           (st == LOSS_ERR_BAD_CHUNK
                                ? " (chunk * vocab must be <= 2^27 = 134217728 logit cells)"
                                : ""));
-  if ((sizeof(T) == 8) != (a.elem == Elem::F64))
-    return refuse(LOSS_ERR_LENGTH_MISMATCH, std::string("inputs of ") + elem_name(a.elem) +
+  if ((sizeof(T) == 8) != (a.elem == Dtype::F64))
+    return refuse(LOSS_ERR_LENGTH_MISMATCH, std::string("inputs of ") + dtype_long_name(a.elem) +
                                                 " cannot compute in this precision");
   if (!loss_scalars_ok(a.label_smoothing) || a.label_smoothing < 0.0 || a.label_smoothing > 1.0)
     return refuse(LOSS_ERR_NON_FINITE, "label_smoothing must be a finite number in [0, 1], got " +
@@ -205,7 +195,7 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
   // tokens, chained chunk after chunk: every chunk but the last holds an even number of tokens,
   // so the pairs, and the bits, are the same for every chunk size.
   const kern::Bf16DotOps& DP = K.bf16dot;
-  const bool dp = a.elem == Elem::BF16 && DP.gemm_papb != nullptr;
+  const bool dp = a.elem == Dtype::BF16 && DP.gemm_papb != nullptr;
   int64_t C = a.chunk < N ? a.chunk : N;
   if (dp && C < N) C = C < 2 ? 2 : C & ~int64_t(1);
   const int64_t VB = LOSS_VOCAB_BLOCK;

@@ -153,38 +153,34 @@ int64_t residentk_dispatch_budget_deep(int64_t n_layers) {
   return 1 + n_layers * 7 + 2;
 }
 
-const char* residentk_weight_format_name(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::F32: return "f32";
-    case WeightFormat::BF16: return "bf16";
-    case WeightFormat::F16: return "f16";
-    case WeightFormat::Int8: return "int8";
-  }
+const char* residentk_weight_format_name(Dtype f) {
+  for (Dtype g : kWeightFormats)
+    if (f == g) return dtype_name(f);
   return "?";
 }
 
-bool residentk_parse_weight_format(const std::string& name, WeightFormat* out) {
-  for (WeightFormat f : {WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16,
-                         WeightFormat::Int8})
-    if (name == residentk_weight_format_name(f)) {
+bool residentk_parse_weight_format(const std::string& name, Dtype* out) {
+  for (Dtype f : kWeightFormats)
+    if (name == dtype_name(f)) {
       *out = f;
       return true;
     }
   return false;
 }
 
-int64_t residentk_matrix_bytes(int64_t rows, int64_t cols, WeightFormat f) {
+int64_t residentk_matrix_bytes(int64_t rows, int64_t cols, Dtype f) {
   if (rows < 1 || cols < 1) return 0;
   int64_t n = 0, t = 0;
   if (!mul(rows, cols, &n)) return 0;
   switch (f) {
-    case WeightFormat::F32: return mul(n, 4, &t) ? t : 0;
-    case WeightFormat::BF16:
-    case WeightFormat::F16: return mul(n, 2, &t) ? t : 0;
-    case WeightFormat::Int8: {
+    case Dtype::F32: return mul(n, 4, &t) ? t : 0;
+    case Dtype::BF16:
+    case Dtype::F16: return mul(n, 2, &t) ? t : 0;
+    case Dtype::Int8: {
       const int64_t blocks = cols / RESIDENT_INT8_BLOCK + (cols % RESIDENT_INT8_BLOCK != 0);
       return mul(rows, blocks, &t) && mul(t, 4, &t) && add(n, t, &t) ? t : 0;
     }
+    case Dtype::F64: return 0;  // not a weight format
   }
   return 0;
 }
@@ -192,7 +188,7 @@ int64_t residentk_matrix_bytes(int64_t rows, int64_t cols, WeightFormat f) {
 ResidentFootprint residentk_footprint(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
                                       int64_t d_ff, int64_t n_layers, int64_t vocab,
                                       int64_t max_ctx, bool tied, int64_t tp, std::string* why,
-                                      bool check_tier, WeightFormat format) {
+                                      bool check_tier, Dtype format) {
   ResidentFootprint f;
   f.status = shape_check7(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, why, check_tier);
   if (f.status != RESIDENT_OK) return f;
@@ -248,7 +244,7 @@ int64_t residentk_weight_elems(int64_t d_model, int64_t h_q, int64_t h_kv, int64
 int64_t residentk_max_ctx_fitting(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
                                   int64_t d_ff, int64_t n_layers, int64_t vocab, bool tied,
                                   int64_t tp, int64_t budget_bytes, bool check_tier,
-                                  WeightFormat format) {
+                                  Dtype format) {
   if (budget_bytes < 1) return 0;
   for (int64_t cap = RESIDENT_MAX_CONTEXT; cap >= RESIDENT_DEFAULT_CONTEXT; cap /= 2) {
     const ResidentFootprint f = residentk_footprint(d_model, h_q, h_kv, d_head, d_ff, n_layers,

@@ -20,7 +20,7 @@ SessionBase::SessionBase(const SessionConfig& c, int64_t max_ctx)
 int64_t SessionBase::weight_chunk_elems() const { return int64_t(1) << 20; }
 
 void SessionBase::set_weight(const std::string& name, const std::vector<int64_t>& shape,
-                             const void* data, SourceType type) {
+                             const void* data, Dtype type) {
   const std::lock_guard<std::mutex> lock(mu_);
   weights_.set(
       name, shape, data, type, weight_chunk_elems(),

@@ -160,32 +160,32 @@ struct In {
 
 // Per-thread room for one prepared activation vector of up to `widest` values.
 struct ActScratch {
-  WeightFormat f = WeightFormat::F32;
+  Dtype f = Dtype::F32;
   int64_t stride = 0;  // elements per thread (widest rounded up to Q8_ACT_PAD)
   ABuf<int8_t> q;
   ABuf<uint8_t> a;
   ABuf<uint16_t> b;
   Buf s, r;
   ActScratch() = default;
-  ActScratch(WeightFormat fmt, int nt, int64_t widest)
+  ActScratch(Dtype fmt, int nt, int64_t widest)
       : f(fmt), stride((widest + kern::Q8_ACT_PAD - 1) / kern::Q8_ACT_PAD * kern::Q8_ACT_PAD) {
-    if (f == WeightFormat::Int8) {
+    if (f == Dtype::Int8) {
       q = ABuf<int8_t>(nt * stride);
       a = ABuf<uint8_t>(nt * stride);
       s = Buf(nt * (stride / RESIDENT_INT8_BLOCK));
-    } else if (f == WeightFormat::BF16) {
+    } else if (f == Dtype::BF16) {
       b = ABuf<uint16_t>(nt * stride);
       r = Buf(nt * stride);
     }
   }
   In prepare(const Simd& S, const float* x, int64_t n, int t) const {
-    if (f == WeightFormat::BF16) {
+    if (f == Dtype::BF16) {
       uint16_t* bt = b.p + t * stride;
       float* rt = r.p + t * stride;
       S.round_bf16(x, n, bt, rt);
       return In{rt, bt};
     }
-    if (f != WeightFormat::Int8) return In{x};
+    if (f != Dtype::Int8) return In{x};
     int8_t* qt = q.p + t * stride;
     uint8_t* at = a.p + t * stride;
     float* st = s.p + t * (stride / RESIDENT_INT8_BLOCK);
@@ -211,7 +211,7 @@ void q8_gemm_rows(const Simd& S, const float* X, int64_t M, int64_t K, int64_t l
 // One resident weight matrix (rows, cols) in the session's format: float32, bf16/f16 bit
 // patterns, or int8 values with one float32 scale per block of RESIDENT_INT8_BLOCK in each row.
 struct WMat {
-  WeightFormat f = WeightFormat::F32;
+  Dtype f = Dtype::F32;
   int64_t rows = 0, cols = 0, blocks = 0;  // blocks: int8 scale blocks per row
   Buf w32;
   ABuf<uint16_t> w16;
@@ -219,50 +219,53 @@ struct WMat {
   Buf scales;  // (rows, blocks)
   WMat() = default;
   // rows of the matrix carved out of the arena (arena null: only count its bytes into *need)
-  WMat(WeightFormat fmt, int64_t r, int64_t c, Arena* arena, size_t* need = nullptr)
+  WMat(Dtype fmt, int64_t r, int64_t c, Arena* arena, size_t* need = nullptr)
       : f(fmt), rows(r), cols(c) {
     const int64_t nb = (c + RESIDENT_INT8_BLOCK - 1) / RESIDENT_INT8_BLOCK;
     if (need) {
-      *need += f == WeightFormat::F32   ? Arena::span(size_t(r * c) * 4)
-               : f == WeightFormat::Int8 ? Arena::span(size_t(r * c)) + Arena::span(size_t(r * nb) * 4)
+      *need += f == Dtype::F32   ? Arena::span(size_t(r * c) * 4)
+               : f == Dtype::Int8 ? Arena::span(size_t(r * c)) + Arena::span(size_t(r * nb) * 4)
                                          : Arena::span(size_t(r * c) * 2);
       return;
     }
     switch (f) {
-      case WeightFormat::F32: w32 = arena->take<float>(r * c); break;
-      case WeightFormat::BF16:
-      case WeightFormat::F16: w16 = arena->take<uint16_t>(r * c); break;
-      case WeightFormat::Int8:
+      case Dtype::F32: w32 = arena->take<float>(r * c); break;
+      case Dtype::BF16:
+      case Dtype::F16: w16 = arena->take<uint16_t>(r * c); break;
+      case Dtype::Int8:
         blocks = nb;
         w8 = arena->take<int8_t>(r * c);
         scales = arena->take<float>(r * blocks);
         break;
+      case Dtype::F64: break;  // not a weight format: session_open_status refuses it (601)
     }
   }
   // row o . x (cols); int8 rows multiply x's int8 blocks
   float dot(const Simd& S, int64_t o, const In& x) const {
     switch (f) {
-      case WeightFormat::F32: return S.dot(w32.p + o * cols, x.x, cols);
-      case WeightFormat::BF16: return S.dot_bf16_bf16(w16.p + o * cols, x.b, x.x, cols);
-      case WeightFormat::F16: return S.dot_f16(w16.p + o * cols, x.x, cols);
-      case WeightFormat::Int8:
+      case Dtype::F32: return S.dot(w32.p + o * cols, x.x, cols);
+      case Dtype::BF16: return S.dot_bf16_bf16(w16.p + o * cols, x.b, x.x, cols);
+      case Dtype::F16: return S.dot_f16(w16.p + o * cols, x.x, cols);
+      case Dtype::Int8:
         return S.dot_q8q8(w8.p + o * cols, scales.p + o * blocks, x.q, x.a, x.s, cols);
+      case Dtype::F64: break;  // refused at open
     }
     return 0.f;
   }
   // row o widened to float32 in d (cols)
   void widen(const Simd& S, int64_t o, float* d) const {
     switch (f) {
-      case WeightFormat::F32: std::memcpy(d, w32.p + o * cols, size_t(cols) * sizeof(float)); break;
-      case WeightFormat::BF16: S.widen_bf16(w16.p + o * cols, d, cols); break;
-      case WeightFormat::F16: S.widen_f16(w16.p + o * cols, d, cols); break;
-      case WeightFormat::Int8: S.widen_q8(w8.p + o * cols, scales.p + o * blocks, d, cols); break;
+      case Dtype::F32: std::memcpy(d, w32.p + o * cols, size_t(cols) * sizeof(float)); break;
+      case Dtype::BF16: S.widen_bf16(w16.p + o * cols, d, cols); break;
+      case Dtype::F16: S.widen_f16(w16.p + o * cols, d, cols); break;
+      case Dtype::Int8: S.widen_q8(w8.p + o * cols, scales.p + o * blocks, d, cols); break;
+      case Dtype::F64: break;  // refused at open
     }
   }
   // y[o] (+)= row o . x for o in [r0, r1)
   void matvec(const Simd& S, const In& x, int64_t r0, int64_t r1, float* y,
               bool accumulate) const {
-    if (f == WeightFormat::F32) return S.matvec_rows(w32.p, x.x, cols, r0, r1, y, accumulate);
+    if (f == Dtype::F32) return S.matvec_rows(w32.p, x.x, cols, r0, r1, y, accumulate);
     for (int64_t o = r0; o < r1; ++o) {
       const float d = dot(S, o, x);
       y[o] = accumulate ? y[o] + d : d;
@@ -274,19 +277,19 @@ struct WMat {
 // (within src) of the first value the format cannot hold (it would round to infinity), or -1.
 int64_t store_rows(WMat& m, int64_t row0, const float* src, int64_t n) {
   const int64_t cols = m.cols;
-  const bool half = m.f == WeightFormat::BF16 || m.f == WeightFormat::F16;
-  const uint16_t exp_mask = m.f == WeightFormat::BF16 ? 0x7f80u : 0x7c00u;
+  const bool half = m.f == Dtype::BF16 || m.f == Dtype::F16;
+  const uint16_t exp_mask = m.f == Dtype::BF16 ? 0x7f80u : 0x7c00u;
   int overflow = 0;
 #pragma omp parallel for schedule(static) if (n * cols > (int64_t(1) << 16)) reduction(| : overflow)
   for (int64_t r = 0; r < n; ++r) {
     const float* x = src + r * cols;
     const int64_t o = row0 + r;
-    if (m.f == WeightFormat::F32) {
+    if (m.f == Dtype::F32) {
       std::memcpy(m.w32.p + o * cols, x, size_t(cols) * sizeof(float));
     } else if (half) {
       uint16_t* d = m.w16.p + o * cols;
       for (int64_t i = 0; i < cols; ++i) {
-        d[i] = m.f == WeightFormat::BF16 ? half::f32_to_bf16(x[i]) : half::f32_to_f16(x[i]);
+        d[i] = m.f == Dtype::BF16 ? half::f32_to_bf16(x[i]) : half::f32_to_f16(x[i]);
         overflow |= (d[i] & exp_mask) == exp_mask;
       }
     } else {
@@ -357,7 +360,7 @@ class CpuSession final : public SessionBase {
   CpuSession(const SessionConfig& c, int64_t max_ctx) : SessionBase(c, max_ctx) {
     nt_ = std::max(1, omp_get_max_threads());
     const int64_t D = c.d_model, Dh = c.d_head, F = c.d_ff;
-    const WeightFormat wf = c.weights;
+    const Dtype wf = c.weights;
     q_rows_ = (c.h_q + 2 * c.h_kv) * Dh;
     // every matrix, in one order: sized first (need), then carved out of the arena
     auto matrices = [&](size_t* need) {
@@ -385,15 +388,15 @@ class CpuSession final : public SessionBase {
     }
     const int64_t widest = std::max({D, F, c.h_q * Dh});
     act_scratch_ = ActScratch(wf, nt_, widest);
-    if (wf == WeightFormat::BF16 && kern::ops<float>().bf16dot.gemm_bb)
+    if (wf == Dtype::BF16 && kern::ops<float>().bf16dot.gemm_bb)
       xb_ = ABuf<uint16_t>(PREFILL_BLOCK * widest);
-    if (wf == WeightFormat::Int8 && simd().gemm_q8) {
+    if (wf == Dtype::Int8 && simd().gemm_q8) {
       const int64_t ldx = (widest + kern::Q8_ACT_PAD - 1) / kern::Q8_ACT_PAD * kern::Q8_ACT_PAD;
       xq_ = ABuf<int8_t>(PREFILL_BLOCK * ldx);
       xu_ = ABuf<uint8_t>(PREFILL_BLOCK * ldx);
       xs_ = Buf(PREFILL_BLOCK * (ldx / RESIDENT_INT8_BLOCK));
     }
-    if (wf != WeightFormat::F32) {
+    if (wf != Dtype::F32) {
       staging_ = Buf(std::max(STAGE_ELEMS, widest));
       wtile_ = Buf(int64_t(nt_) * WIDEN_ROWS * widest);  // prefill's widened weight rows
     }
@@ -425,16 +428,16 @@ class CpuSession final : public SessionBase {
   float* stage_weight(const TensorSpec& t, int64_t r0, int64_t) override {
     if (float* v = vec_dest(t)) return v;
     const MatDest d = mat_dest(t);
-    if (d.m->f == WeightFormat::F32) return d.m->w32.p + (d.row0 + r0) * t.cols();
+    if (d.m->f == Dtype::F32) return d.m->w32.p + (d.row0 + r0) * t.cols();
     return staging_.p;
   }
   void commit_weight(const TensorSpec& t, int64_t r0, int64_t r1) override {
     if (vec_dest(t)) return;
     const MatDest d = mat_dest(t);
-    if (d.m->f == WeightFormat::F32) return;
+    if (d.m->f == Dtype::F32) return;
     const int64_t bad = store_rows(*d.m, d.row0 + r0, staging_.p, r1 - r0);
     if (bad >= 0) {
-      const bool f16 = d.m->f == WeightFormat::F16;
+      const bool f16 = d.m->f == Dtype::F16;
       throw StatusError(Family::Resident, RESIDENT_ERR_NON_FINITE,
                         "weight '" + t.name + "' holds " + std::to_string(staging_.p[bad]) +
                             " at index " + std::to_string(r0 * t.cols() + bad) + ", past " +
@@ -445,7 +448,7 @@ class CpuSession final : public SessionBase {
     }
   }
   int64_t weight_chunk_elems() const override {
-    return c_.weights == WeightFormat::F32 ? std::numeric_limits<int64_t>::max() : STAGE_ELEMS;
+    return c_.weights == Dtype::F32 ? std::numeric_limits<int64_t>::max() : STAGE_ELEMS;
   }
 
   void run_prefill(const int64_t* ids, int64_t n, float* logits) override {
@@ -731,10 +734,10 @@ class CpuSession final : public SessionBase {
   // tile or GEMM on it: the widening is paid once per weight row, not once per token.
   void project(const Simd& S, const float* X, int64_t M, const WMat& W, float* Y,
                bool accumulate) {
-    if (W.f == WeightFormat::BF16 && xb_.p) return project_bf16_dot(X, M, W, Y, accumulate);
-    if (W.f == WeightFormat::Int8 && S.gemm_q8) return project_int8_dot(S, X, M, W, Y, accumulate);
+    if (W.f == Dtype::BF16 && xb_.p) return project_bf16_dot(X, M, W, Y, accumulate);
+    if (W.f == Dtype::Int8 && S.gemm_q8) return project_int8_dot(S, X, M, W, Y, accumulate);
     const int64_t K = W.cols, N = W.rows;
-    const bool narrow_w = W.f != WeightFormat::F32;
+    const bool narrow_w = W.f != Dtype::F32;
     if (residentk_prefill_gemm_use_narrow_tile(M)) {
 #pragma omp parallel num_threads(nt_)
       {
@@ -758,8 +761,8 @@ class CpuSession final : public SessionBase {
     const int64_t ws_elems = ops.gemm_ws_elems();
     if (gemm_ws_.n < ws_elems * nt_) gemm_ws_ = Buf(ws_elems * nt_);
     // a narrow format's widened tile stays within L2 at WIDEN_ROWS columns
-    const bool half_w = W.f == WeightFormat::BF16 || W.f == WeightFormat::F16;
-    const int hk = W.f == WeightFormat::BF16 ? kern::HALF_BF16 : kern::HALF_F16;
+    const bool half_w = W.f == Dtype::BF16 || W.f == Dtype::F16;
+    const int hk = W.f == Dtype::BF16 ? kern::HALF_BF16 : kern::HALF_F16;
     const int64_t NB = narrow_w && !half_w ? WIDEN_ROWS : task_cols(N, 16);
     const int64_t tasks = (N + NB - 1) / NB;
 #pragma omp parallel for num_threads(nt_) schedule(dynamic)
@@ -787,12 +790,12 @@ class CpuSession final : public SessionBase {
   // same Q8_0 x Q8_0 products as decode's integer dots, up to float32 rounding; for bf16 weights
   // each value is rounded to bf16 (half.hpp, as decode's round_bf16). Other formats: nothing.
   void as_consumed(float* X, int64_t M, int64_t n) const {
-    if (c_.weights == WeightFormat::BF16) {
+    if (c_.weights == Dtype::BF16) {
 #pragma omp parallel for num_threads(nt_) schedule(static)
       for (int64_t i = 0; i < M * n; ++i) X[i] = half::bf16_to_f32(half::f32_to_bf16(X[i]));
       return;
     }
-    if (c_.weights != WeightFormat::Int8 || simd().gemm_q8) return;  // gemm_q8 quantizes X itself
+    if (c_.weights != Dtype::Int8 || simd().gemm_q8) return;  // gemm_q8 quantizes X itself
 #pragma omp parallel for num_threads(nt_) schedule(static)
     for (int64_t r = 0; r < M; ++r) {
       float* x = X + r * n;
@@ -899,7 +902,7 @@ void cpu_int8_products(const int8_t* q, const float* sc, int64_t rows, int64_t n
                        float* y, int8_t* xq, float* xs) {
   const Simd& S = simd();
   const int64_t blocks = (n + RESIDENT_INT8_BLOCK - 1) / RESIDENT_INT8_BLOCK;
-  const ActScratch scratch(WeightFormat::Int8, 1, n);
+  const ActScratch scratch(Dtype::Int8, 1, n);
   const In in = scratch.prepare(S, x, n, 0);
   for (int64_t o = 0; o < rows; ++o)
     y[o] = S.dot_q8q8(q + o * n, sc + o * blocks, in.q, in.a, in.s, n);
@@ -924,7 +927,7 @@ bool cpu_int8_gemm(const int8_t* q, const float* sc, int64_t rows, int64_t n, co
 void cpu_bf16_products(const uint16_t* w, int64_t rows, int64_t n, const float* x, float* y,
                        uint16_t* xb) {
   const Simd& S = simd();
-  const ActScratch scratch(WeightFormat::BF16, 1, n);
+  const ActScratch scratch(Dtype::BF16, 1, n);
   const In in = scratch.prepare(S, x, n, 0);
   for (int64_t o = 0; o < rows; ++o) y[o] = S.dot_bf16_bf16(w + o * n, in.b, in.x, n);
   std::memcpy(xb, in.b, size_t(n) * sizeof(uint16_t));

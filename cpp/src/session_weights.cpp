@@ -86,6 +86,10 @@ int session_open_status(const SessionConfig& c, int64_t max_ctx, int64_t* capaci
     if (why) *why = "rms_eps and rope_theta must be finite and > 0";
     return RESIDENT_ERR_NON_FINITE;
   }
+  if (std::string(residentk_weight_format_name(c.weights)) == "?") {
+    if (why) *why = std::string("weights='") + dtype_name(c.weights) + "' is not a weight format";
+    return RESIDENT_ERR_EMPTY_DIMENSION;  // 601, as the bindings' refusal of an unknown name
+  }
   st = residentk_context_check(1, 0, max_ctx);
   if (st != RESIDENT_OK) {
     if (why)
@@ -126,26 +130,30 @@ int64_t greedy_argmax(const float* z, int64_t n) {
   return best;
 }
 
-int64_t widen_checked(const void* src, SourceType t, int64_t i0, int64_t n, float* dst) {
+int64_t widen_checked(const void* src, Dtype t, int64_t i0, int64_t n, float* dst) {
   const unsigned char* s = static_cast<const unsigned char*>(src);
   switch (t) {
-    case SourceType::F32:
+    case Dtype::F32:
       std::memcpy(dst, s + 4 * i0, size_t(n) * 4);
       break;
-    case SourceType::BF16:  // widening is exact (half.hpp)
+    case Dtype::BF16:  // widening is exact (half.hpp)
       for (int64_t i = 0; i < n; ++i) {
         uint16_t b;
         std::memcpy(&b, s + 2 * (i0 + i), 2);
         dst[i] = half::bf16_to_f32(b);
       }
       break;
-    case SourceType::F16:
+    case Dtype::F16:
       for (int64_t i = 0; i < n; ++i) {
         uint16_t h;
         std::memcpy(&h, s + 2 * (i0 + i), 2);
         dst[i] = half::f16_to_f32(h);
       }
       break;
+    case Dtype::F64:
+    case Dtype::Int8:  // not source types (the set_weight binding takes f32, bf16, f16 only)
+      for (int64_t i = 0; i < n; ++i) dst[i] = NAN;
+      return i0;
   }
   // One NaN or infinite weight would turn every later logit into NaN without a word.
   for (int64_t i = 0; i < n; ++i)

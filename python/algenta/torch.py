@@ -43,7 +43,8 @@ from torch.autograd.function import once_differentiable
 from . import _core
 from ._convert import I64_MAX, I64_MIN, as_float, as_i64_clamped, as_int
 from .errors import LossError
-from .lossk.cross_entropy import HalfBits, vocab_shard_pass
+from ._dtypes import HalfBits, torch_short_name
+from .lossk.cross_entropy import vocab_shard_pass
 from .lossk.cross_entropy import linear_cross_entropy as _np_linear_cross_entropy
 
 __all__ = ["linear_cross_entropy", "LinearCrossEntropyLoss", "LinearCrossEntropyOutput",
@@ -53,7 +54,7 @@ __all__ = ["linear_cross_entropy", "LinearCrossEntropyLoss", "LinearCrossEntropy
 _lossk = _core.lossk
 _REDUCTIONS = ("mean", "sum", "none")
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-_HALF = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_HALF = (torch.bfloat16, torch.float16)
 # Tokens per step of the small gathers done next to the core (target rows of the head in the
 # vocab-parallel backward): bounds their temporaries at this many rows of d_model.
 _GATHER_ROWS = 4096
@@ -188,7 +189,6 @@ def _run(input, weight, target, bias, class_weight, reduction, ii, ls, cap, zs, 
         grad_lse=None if grad_lse is None else grad_lse.detach().contiguous().numpy())
 
 
-_ELEM = {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
 def _per_token_full(x: Tensor, input: Tensor, shift: int, dtype) -> Tensor:
@@ -219,7 +219,7 @@ def _cuda_pass(input, weight, target, bias, class_weight, reduction, ii, ls, cap
             "d_bias": "bias" in need}
     k = {"n_tok": n, "d_model": d, "vocab": v,
          "chunk": chunk if chunk is not None else max(_lossk.loss_max_chunk(n, v), 1),
-         "elem": _ELEM[input.dtype], "grad_elem": _ELEM[input.dtype], "reduction": reduction,
+         "elem": torch_short_name(input.dtype), "grad_elem": torch_short_name(input.dtype), "reduction": reduction,
          "has_ignore": True, "ignore_index": ii, "label_smoothing": ls, "softcap": cap,
          "z_loss": zs, "shift": shift, "seq_len": lead[-1] if shift else 0,
          "grad_scale": 1.0 if isinstance(grad_output, Tensor) or grad_output is None

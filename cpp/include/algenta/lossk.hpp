@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <string>
 
+#include "algenta/dtype.hpp"
+
 namespace algenta {
 namespace lossk {
 
@@ -90,8 +92,7 @@ enum class Reduction { Mean, Sum, None };
 
 // Storage of hidden, weight and bias (and of gradients handed back narrowed). BF16/F16 inputs
 // compute in float32: FusedArgs<float>.
-enum class Elem : int { F32 = 0, F64 = 1, BF16 = 2, F16 = 3 };
-const char* elem_name(Elem e);
+// f32, f64, bf16 or f16 (dtype.hpp); names in messages are dtype_long_name's.
 
 // The loss of one token t, with z = hidden_t W^T + bias, z' = softcap * tanh(z / softcap) when a
 // soft cap is set (else z' = z), lse = log sum_v exp(z'_v), w the class weights (1 without), y its
@@ -107,7 +108,7 @@ struct FusedArgs {
   const void* hidden = nullptr;        // (N, D) row-major, `elem`
   const void* weight = nullptr;        // (V, D) row-major, `elem`
   const void* bias = nullptr;          // (V), `elem`, or null
-  Elem elem = sizeof(T) == 8 ? Elem::F64 : Elem::F32;  // F64 with T = double; F32/BF16/F16 else
+  Dtype elem = sizeof(T) == 8 ? Dtype::F64 : Dtype::F32;  // F64 with T = double; F32/BF16/F16 else
   const int64_t* targets = nullptr;    // (N): row r's target is targets[r + shift]
   const T* class_weight = nullptr;     // (V) PyTorch's `weight`, or null
   int64_t n_tok = 0, d_model = 0, vocab = 0;
@@ -145,7 +146,7 @@ struct FusedOut {
   void* d_hidden = nullptr;
   T* d_weight = nullptr;
   T* d_bias = nullptr;
-  Elem grad_elem = sizeof(T) == 8 ? Elem::F64 : Elem::F32;
+  Dtype grad_elem = sizeof(T) == 8 ? Dtype::F64 : Dtype::F32;
   // Results, summed in token order over the counted tokens.
   LossSum ce, z;           // ce_t and z_t; ce.count is the number of counted tokens
   double weight_sum = 0.0; // sum of the counted targets' class weights (count without weights)
@@ -199,7 +200,7 @@ struct FusedCudaOut {          // device memory, each pointer null when not want
   void* d_hidden = nullptr;    // (N, D) in grad_elem
   void* d_weight = nullptr;    // (V, D) in grad_elem
   void* d_bias = nullptr;      // (V) in grad_elem
-  Elem grad_elem = sizeof(T) == 8 ? Elem::F64 : Elem::F32;
+  Dtype grad_elem = sizeof(T) == 8 ? Dtype::F64 : Dtype::F32;
 };
 // Device scratch one call needs, in bytes: per token a few numbers, per chunk its block
 // statistics and, with gradients, its (C, V) logits; a float32 accumulator of d_weight/d_bias

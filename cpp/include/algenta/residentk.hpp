@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <string>
 
+#include "algenta/dtype.hpp"
+
 namespace algenta {
 namespace residentk {
 
@@ -139,14 +141,15 @@ int64_t resident_bucket_ctx(int64_t max_ctx);
 // symmetric per-block quantization of each row: blocks of RESIDENT_INT8_BLOCK along the row, one
 // float32 scale per block (amax / 127), values rounded to nearest even (llama.cpp's Q8_0 with a
 // float32 instead of a float16 scale).
-enum class WeightFormat : int { F32 = 0, BF16 = 1, F16 = 2, Int8 = 3 };
+// The formats are Dtype's f32, bf16, f16 and int8 (dtype.hpp); f64 is none.
+constexpr Dtype kWeightFormats[] = {Dtype::F32, Dtype::BF16, Dtype::F16, Dtype::Int8};
 constexpr int64_t RESIDENT_INT8_BLOCK = 32;
-const char* residentk_weight_format_name(WeightFormat f);  // "f32", "bf16", "f16", "int8"
-// false for a name that is none of those
-bool residentk_parse_weight_format(const std::string& name, WeightFormat* out);
+const char* residentk_weight_format_name(Dtype f);  // "f32", "bf16", "f16", "int8"
+// false for a name that is none of those (the short names only, as the APIs spell them)
+bool residentk_parse_weight_format(const std::string& name, Dtype* out);
 // Bytes of one (rows, cols) matrix held in format f: 4, 2, 2 bytes an element, or for int8 one
 // byte an element plus 4 per block (rows * ceil(cols / 32) blocks). 0 for rows or cols < 1.
-int64_t residentk_matrix_bytes(int64_t rows, int64_t cols, WeightFormat f);
+int64_t residentk_matrix_bytes(int64_t rows, int64_t cols, Dtype f);
 
 // ---- sizing, term by term ------------------------------------------------------------------
 // Float32 elements of one model's resident state, per GPU when the heads and the MLP are split
@@ -174,14 +177,14 @@ ResidentFootprint residentk_footprint(int64_t d_model, int64_t h_q, int64_t h_kv
                                       int64_t d_ff, int64_t n_layers, int64_t vocab,
                                       int64_t max_ctx, bool tied, int64_t tp,
                                       std::string* why = nullptr, bool check_tier = true,
-                                      WeightFormat format = WeightFormat::F32);
+                                      Dtype format = Dtype::F32);
 // Largest power-of-two capacity (a resident_bucket_ctx value, 512..65536) whose per-GPU
 // footprint (total_bytes in `format`) fits budget_bytes; 0 when not even 512 positions fit or the
 // shape is refused (check_tier as in residentk_footprint).
 int64_t residentk_max_ctx_fitting(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
                                   int64_t d_ff, int64_t n_layers, int64_t vocab, bool tied,
                                   int64_t tp, int64_t budget_bytes, bool check_tier = true,
-                                  WeightFormat format = WeightFormat::F32);
+                                  Dtype format = Dtype::F32);
 
 // ---- probe ----------------------------------------------------------------------------------
 // A build fact: true in a build with a CUDA backend (ALGENTA_GPU, or ALGENTA_CUDA_EMU whose

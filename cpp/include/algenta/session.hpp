@@ -44,11 +44,10 @@ struct SessionConfig {
   bool tie_word_embeddings = true;  // the head reuses model.embed_tokens.weight
   // How the weight matrices are held resident (residentk.hpp); norms, activations, RoPE and the
   // KV cache are float32 whatever this says.
-  WeightFormat weights = WeightFormat::F32;
+  Dtype weights = Dtype::F32;
 };
 
-// Element types a tensor can arrive in (what checkpoints store).
-enum class SourceType { F32, BF16, F16 };
+// A tensor arrives as f32, bf16 or f16 (what checkpoints store; dtype.hpp).
 
 class Session {
  public:
@@ -70,7 +69,7 @@ class Session {
   // the format's range (float16's 65504), 609, and leaves the tensor unset (never half old,
   // half new).
   virtual void set_weight(const std::string& name, const std::vector<int64_t>& shape,
-                          const void* data, SourceType type) = 0;
+                          const void* data, Dtype type) = 0;
   // The shape the config declares for an HF-named tensor; empty when the model has no such
   // tensor. Lets a loader refuse a checkpoint entry before reading (or converting) its data.
   virtual std::vector<int64_t> weight_shape(const std::string& name) const = 0;
@@ -92,7 +91,7 @@ class Session {
   virtual void reset() = 0;
 };
 
-// The CPU engine (OpenMP; weights in any WeightFormat). Throws StatusError(Resident, 601-603/609) on a config the
+// The CPU engine (OpenMP; weights in any Dtype). Throws StatusError(Resident, 601-603/609) on a config the
 // residentk contract refuses and 601/602 on a max_ctx outside [1, RESIDENT_MAX_CONTEXT].
 std::unique_ptr<Session> make_cpu_session(const SessionConfig& cfg, int64_t max_ctx);
 

@@ -25,7 +25,7 @@ class SessionBase : public Session {
   int64_t dispatches_per_token() const override { return dispatches_; }
 
   void set_weight(const std::string& name, const std::vector<int64_t>& shape, const void* data,
-                  SourceType type) override;
+                  Dtype type) override;
   std::vector<int64_t> weight_shape(const std::string& name) const override;
   std::vector<std::string> missing_weights() const override;
 

@@ -63,7 +63,7 @@ int64_t greedy_argmax(const float* logits, int64_t n);
 // Widens src elements [i0, i0 + n) of type t (read bytewise: src need not be aligned) to float32
 // in dst (n floats). Returns the flat index of the first non-finite value (dst then holds an
 // unspecified prefix), or -1 when every value was finite.
-int64_t widen_checked(const void* src, SourceType t, int64_t i0, int64_t n, float* dst);
+int64_t widen_checked(const void* src, Dtype t, int64_t i0, int64_t n, float* dst);
 
 // The registry of one session's tensors: which are set, checked against the table by name and
 // shape. Not thread-safe on its own: the session serializes its writers.
@@ -88,7 +88,7 @@ class WeightRegistry {
   // tensor and index, or whatever commit throws) leaves it unset, never half old.
   template <class Stage, class Commit>
   void set(const std::string& name, const std::vector<int64_t>& shape, const void* data,
-           SourceType type, int64_t chunk_elems, Stage&& stage, Commit&& commit) {
+           Dtype type, int64_t chunk_elems, Stage&& stage, Commit&& commit) {
     const TensorSpec& t = find(name, shape);
     const size_t i = index_.at(name);
     if (set_[i]) {

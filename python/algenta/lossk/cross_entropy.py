@@ -24,6 +24,7 @@ import math
 import numpy as np
 
 from .. import _core
+from .._dtypes import HalfBits, short_name  # HalfBits: re-exported, its historical home
 from .._convert import (I64_MAX, I64_MIN, _asarray, as_float, as_i64_clamped, as_int,
                         float_array, int_array, length_of)
 from .._records import record_type
@@ -246,40 +247,14 @@ def release_scratch() -> int:
 
 # ---- the NumPy-native entry point ------------------------------------------------------------
 
-class HalfBits:
-    """A bfloat16 or float16 array given by its 16-bit patterns (a uint16 or int16 array): how
-    bfloat16 data reaches :func:`linear_cross_entropy` without ``ml_dtypes``, and how
-    ``algenta.torch`` hands over half tensors without a copy. Gradients of HalfBits inputs come
-    back as HalfBits."""
-
-    __slots__ = ("bits", "dtype")
-
-    def __init__(self, bits, dtype: str):
-        if dtype not in ("bfloat16", "float16"):
-            raise TypeError(f"HalfBits dtype must be 'bfloat16' or 'float16', got {dtype!r}")
-        b = np.asarray(bits)
-        if b.dtype not in (np.uint16, np.int16):
-            raise TypeError(f"HalfBits holds 16-bit patterns, got dtype {b.dtype}")
-        self.bits, self.dtype = b, dtype
-
-    shape = property(lambda self: self.bits.shape)
-    ndim = property(lambda self: self.bits.ndim)
-
-    def __repr__(self):
-        return f"HalfBits(shape={self.shape}, dtype={self.dtype!r})"
-
-
-_ELEMS = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64", np.dtype(np.float16): "f16"}
-
-
 def _elem(a) -> tuple:
     """(core element name, the array the core reads): bfloat16 goes as its bits."""
     if isinstance(a, HalfBits):
-        return ("bf16" if a.dtype == "bfloat16" else "f16"), a.bits.view(np.uint16)
-    e = _ELEMS.get(a.dtype)
-    if e is not None:
+        return a.name, a.bits.view(np.uint16)
+    e = short_name(a)
+    if e in ("f32", "f64", "f16"):
         return e, a
-    if a.dtype.name == "bfloat16" and a.dtype.itemsize == 2:  # ml_dtypes
+    if e == "bf16" and a.dtype.itemsize == 2:  # ml_dtypes
         return "bf16", a.view(np.uint16)
     raise TypeError(f"expected float32, float64, float16 or bfloat16 data (ml_dtypes or "
                     f"HalfBits), got dtype {a.dtype}")

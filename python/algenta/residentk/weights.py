@@ -4,8 +4,9 @@ reproducible random model, and the conversion of a tensor on its way into an eng
 A tensor reaches an engine as its stored elements, float32, float16 or bfloat16, and the engine
 widens it to float32 itself (exactly: every half and bfloat16 value is a float32), straight into
 its resident buffer, checking each value is finite. So a memory-mapped checkpoint tensor is
-never copied on the host. NumPy has no bfloat16: a bf16 tensor arrives as :class:`Bf16Bits`
-(its uint16 bit patterns), as a torch ``bfloat16`` tensor, or as an ``ml_dtypes.bfloat16`` array.
+never copied on the host. NumPy has no bfloat16: a bf16 tensor arrives as
+:class:`~algenta._dtypes.HalfBits` (its uint16 bit patterns; ``Bf16Bits(bits)`` makes one), as a
+torch ``bfloat16`` tensor, or as an ``ml_dtypes.bfloat16`` array.
 """
 
 from __future__ import annotations
@@ -16,23 +17,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from .. import _core
+from .._dtypes import Bf16Bits, HalfBits
 from .config import make_config
-
-
-class Bf16Bits:
-    """A bfloat16 tensor as its uint16 bit patterns (what safetensors stores for BF16)."""
-
-    __slots__ = ("bits",)
-
-    def __init__(self, bits):
-        b = np.asarray(bits)
-        if b.dtype not in (np.uint16, np.int16):
-            raise TypeError(f"Bf16Bits holds 16-bit patterns, got dtype {b.dtype}")
-        self.bits = b
-
-    @property
-    def shape(self):
-        return self.bits.shape
 
 
 def tensor_table(config) -> list:
@@ -71,8 +57,8 @@ def engine_tensor(x, name: str = "weights") -> tuple:
     rounded to float32. torch tensors of any device are accepted. Anything else (integers, bool,
     complex, objects) is refused: an integer tensor is most likely a packed quantized format,
     whose values are not the weights, and a complex one would lose its imaginary part."""
-    if isinstance(x, Bf16Bits):
-        return np.ascontiguousarray(x.bits).view(np.uint16), "bf16"
+    if isinstance(x, HalfBits):
+        return np.ascontiguousarray(x.bits).view(np.uint16), x.name
     if hasattr(x, "detach") and hasattr(x, "dtype") and hasattr(x, "cpu"):  # a torch tensor
         import torch
 

@@ -1,0 +1,46 @@
+// The one vocabulary of element types, for every family and both backends: what lossk's inputs
+// and gradients are (f32, f64, bf16, f16), how a session holds its weight matrices (f32, bf16,
+// f16, int8) and what a checkpoint's tensors arrive as (f32, bf16, f16). Each API states the
+// subset it takes and refuses any other by name; the names here are the only spelling, and the
+// Python layer reads them from this table (algenta._core.DTYPES).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace algenta {
+
+// int8 is a block format (quant.hpp: blocks of 32 codes with one float32 scale), not a plain
+// integer array; `bytes` is its per-code size.
+enum class Dtype : int { F32 = 0, F64 = 1, BF16 = 2, F16 = 3, Int8 = 4 };
+
+struct DtypeInfo {
+  Dtype id;
+  const char* name;       // what every API takes: "f32", "bf16", ...
+  const char* long_name;  // NumPy's and PyTorch's spelling, used in messages: "float32", ...
+  int bytes;              // bytes of one stored element
+};
+
+constexpr DtypeInfo kDtypes[] = {
+    {Dtype::F32, "f32", "float32", 4}, {Dtype::F64, "f64", "float64", 8},
+    {Dtype::BF16, "bf16", "bfloat16", 2}, {Dtype::F16, "f16", "float16", 2},
+    {Dtype::Int8, "int8", "int8", 1},
+};
+constexpr int kNumDtypes = int(sizeof(kDtypes) / sizeof(kDtypes[0]));
+
+constexpr const DtypeInfo& dtype_info(Dtype d) { return kDtypes[int(d)]; }
+inline const char* dtype_name(Dtype d) { return dtype_info(d).name; }
+inline const char* dtype_long_name(Dtype d) { return dtype_info(d).long_name; }
+constexpr bool is_half(Dtype d) { return d == Dtype::BF16 || d == Dtype::F16; }
+
+// name or long_name -> Dtype; false for neither.
+inline bool parse_dtype(const std::string& name, Dtype* out) {
+  for (const DtypeInfo& i : kDtypes)
+    if (name == i.name || name == i.long_name) {
+      *out = i.id;
+      return true;
+    }
+  return false;
+}
+
+}  // namespace algenta
