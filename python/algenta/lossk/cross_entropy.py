@@ -25,10 +25,11 @@ import numpy as np
 
 from .. import _core
 from .._dtypes import HalfBits, short_name  # HalfBits: re-exported, its historical home
-from .._convert import (I64_MAX, I64_MIN, _asarray, as_float, as_i64_clamped, as_int,
+from .._convert import (_asarray, as_float, as_i64_clamped, as_int,
                         float_array, int_array, length_of)
 from .._records import record_type
 from ..errors import LossError
+from . import _args
 from . import contract as _contract
 
 _c = _core.lossk
@@ -329,8 +330,6 @@ def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=Non
     if welem != elem:
         raise TypeError(f"hidden and weight must share one dtype; got {_dtype_name(hidden)} and "
                         f"{_dtype_name(weight)}")
-    # Any other reduction is the core's refusal (588), a non-string one named by its repr.
-    reduction = reduction if isinstance(reduction, str) else repr(reduction)
     want_dh, want_dw, want_db = _grad_sets(with_grad, bias is not None)
     want_grad = want_dh or want_dw or want_db
     if targets is None or not isinstance(targets, (np.ndarray, list, tuple)) and \
@@ -338,25 +337,10 @@ def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=Non
         raise TypeError(f"targets must be an array of integer class indices, got "
                         f"{type(targets).__name__}")
     t = _targets(targets)
-    if hidden.ndim < 2 or weight.ndim != 2:
-        raise _err(f"hidden must be [..., d_model] with at least one token axis and weight "
-                   f"[vocab, d_model], got shapes {hidden.shape} and {weight.shape}", 582)
-    lead, d = hidden.shape[:-1], hidden.shape[-1]
-    n, v = math.prod(lead), weight.shape[0]
-    if weight.shape[1] != d:
-        raise _err(f"weight has d_model {weight.shape[1]}, hidden has {d}", 582)
-    if np.shape(targets) != lead:
-        raise _err(f"targets must have shape {lead} (hidden's leading axes), got "
-                   f"{np.shape(targets)}", 582)
-    k = as_int(shift, "shift")
-    seq = lead[-1]
-    c = _chunk(chunk, n, v)
-    ii = None if ignore_index is None else as_int(ignore_index, "ignore_index")
-    if ii is not None and not I64_MIN <= ii <= I64_MAX:
-        raise _err(f"ignore_index={ii} is beyond int64", 586)
-    ls = as_float(label_smoothing, "label_smoothing")
-    cap = None if softcap is None else as_float(softcap, "softcap")
-    zs = as_float(lse_square_scale, "lse_square_scale")
+    o = _args.options(reduction, ignore_index, label_smoothing, softcap, lse_square_scale,
+                      shift, chunk)
+    reduction, ii, ls, cap, zs, k = (o.reduction, o.ignore_index, o.label_smoothing, o.softcap,
+                                     o.lse_square_scale, o.shift)
     compute = np.float64 if elem == "f64" else np.float32
     if grad_dtype is None or (elem == "f32" and np.dtype(grad_dtype) == np.float32) or \
             (elem == "f64" and np.dtype(grad_dtype) == np.float64):
@@ -366,23 +350,26 @@ def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=Non
     else:
         raise TypeError(f"grad_dtype must be None, the input dtype or float32 (for half inputs), "
                         f"got {grad_dtype!r}")
-    b = None
     if bias is not None:
         if not isinstance(bias, (np.ndarray, HalfBits)):
             raise TypeError("linear_bias must be a NumPy array (or HalfBits)")
         if _dtype_name(bias) != _dtype_name(weight):
             raise _err(f"linear_bias must have weight's dtype {_dtype_name(weight)}, got "
                        f"{_dtype_name(bias)}", 582)
-        if bias.shape != (v,):
-            raise _err(f"linear_bias must have shape ({v},), got {bias.shape}", 582)
-        b = np.ascontiguousarray(_elem(bias)[1])
     cw = None
     if class_weight is not None:
         cw = _asarray(class_weight, "class_weight")
         if cw.dtype.kind not in "fiu":
             raise TypeError(f"class_weight must hold real numbers, got dtype {cw.dtype}")
-        if cw.shape != (v,):
-            raise _err(f"class_weight must have shape ({v},), got {cw.shape}", 582)
+    lead, n, d, v = _args.shapes(
+        hidden.shape, weight.shape, np.shape(targets), shift=k,
+        bias_shape=None if bias is None else bias.shape,
+        class_weight_shape=None if cw is None else cw.shape,
+        names=("hidden", "weight", "targets", "linear_bias", "class_weight"))
+    seq = lead[-1]
+    c = _chunk(o.chunk, n, v)
+    b = None if bias is None else np.ascontiguousarray(_elem(bias)[1])
+    if cw is not None:
         cw = np.ascontiguousarray(cw, dtype=compute)
     out_shape = lead[:-1] + (seq - k,) if 0 < k < seq else lead
 

@@ -1,0 +1,286 @@
+"""The fused loss as PyTorch ops: ``algenta::lce_fwd`` and ``algenta::lce_grad`` registered with
+torch.library (fake implementations, autograd), ``linear_cross_entropy`` and its module."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+from ._bridge import _cuda_pass, _loss_dtype, _out_shape, _per_token_view, _run, _tensor
+from .._convert import as_float, as_int
+from ._checks import _REDUCTIONS, _check
+
+class LinearCrossEntropyOutput(NamedTuple):
+    """What linear_cross_entropy returns when any return_* flag is set: each field the flag
+    asked for (else None). lse is differentiable; z_loss (already part of loss), pred and
+    accuracy are not."""
+
+    loss: Tensor
+    lse: Optional[Tensor]
+    z_loss: Optional[Tensor]
+    pred: Optional[Tensor]
+    accuracy: Optional[Tensor]
+
+
+
+# ---- the ops --------------------------------------------------------------------------------------
+
+@torch.library.custom_op("algenta::lce_fwd", mutates_args=())
+def _lce_fwd(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor],
+             class_weight: Optional[Tensor], reduction: str, ignore_index: int,
+             label_smoothing: float, softcap: Optional[float], lse_square_scale: float,
+             shift: int, chunk: Optional[int], need_dh: bool, need_dw: bool, need_db: bool,
+             want_pred: bool, lse_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
+                                                       Tensor, Tensor, Tensor]:
+    """(loss, lse, z_loss, pred, accuracy, d_input, d_weight, d_bias): the gradients of a
+    mean/sum loss are computed in this same pass (when the lse needs none of its own)."""
+    need = [n for n, f in (("hidden", need_dh), ("weight", need_dw), ("bias", need_db)) if f]
+    if reduction == "none" or lse_grad:
+        need = []  # the upstream gradients are only known in backward
+    if input.is_cuda:
+        loss, lse, z, pred, acc, dh, dw, db = _cuda_pass(
+            input, weight, target, bias, class_weight, reduction, ignore_index, label_smoothing,
+            softcap, lse_square_scale, shift, chunk, need, want_pred=want_pred)
+        empty = input.new_empty(0)
+        if reduction == "none":
+            loss, z = _per_token_view(loss, input, shift), _per_token_view(z, input, shift)
+        return (loss, _per_token_view(lse, input, shift), z,
+                _per_token_view(pred, input, shift) if want_pred
+                else input.new_empty(0, dtype=torch.int64),
+                acc if want_pred else torch.full((), math.nan, device=input.device),
+                dh if dh is not None else empty, dw if dw is not None else empty.clone(),
+                db if db is not None else empty.clone())
+    r = _run(input, weight, target, bias, class_weight, reduction, ignore_index,
+             label_smoothing, softcap, lse_square_scale, shift, chunk, need, want_pred=want_pred)
+    ldt = _loss_dtype(input.dtype)
+    empty = torch.empty(0, dtype=input.dtype)
+    return (torch.as_tensor(r.loss, dtype=ldt).clone(), _tensor(r.lse, ldt),
+            torch.as_tensor(r.z_loss, dtype=ldt).clone(),
+            _tensor(r.pred, torch.int64) if want_pred else torch.empty(0, dtype=torch.int64),
+            torch.tensor(r.accuracy if want_pred else math.nan, dtype=torch.float32),
+            _tensor(r.d_hidden, input.dtype) if r.d_hidden is not None else empty,
+            _tensor(r.d_weight, input.dtype) if r.d_weight is not None else empty.clone(),
+            _tensor(r.d_bias, input.dtype) if r.d_bias is not None else empty.clone())
+
+
+@_lce_fwd.register_fake
+def _(input, weight, target, bias, class_weight, reduction, ignore_index, label_smoothing,
+      softcap, lse_square_scale, shift, chunk, need_dh, need_dw, need_db, want_pred, lse_grad):
+    ldt = _loss_dtype(input.dtype)
+    per = _out_shape(input, shift)
+    loss_shape = per if reduction == "none" else ()
+    pre = reduction != "none" and not lse_grad
+    return (input.new_empty(loss_shape, dtype=ldt), input.new_empty(per, dtype=ldt),
+            input.new_empty(loss_shape, dtype=ldt),
+            input.new_empty(per if want_pred else (0,), dtype=torch.int64),
+            input.new_empty((), dtype=torch.float32),
+            input.new_empty(input.shape if pre and need_dh else (0,)),
+            input.new_empty(weight.shape if pre and need_dw else (0,)),
+            input.new_empty(bias.shape if pre and need_db and bias is not None else (0,)))
+
+
+@torch.library.custom_op("algenta::lce_grad", mutates_args=())
+def _lce_grad(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor],
+              class_weight: Optional[Tensor], grad_loss: Tensor, grad_lse: Optional[Tensor],
+              reduction: str, ignore_index: int, label_smoothing: float,
+              softcap: Optional[float], lse_square_scale: float, shift: int,
+              chunk: Optional[int], need_dh: bool, need_dw: bool,
+              need_db: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward's own pass of the core, for what the forward could not precompute: the
+    per-token upstream gradient of reduction='none', and the gradient of a used lse."""
+    need = [n for n, f in (("hidden", need_dh), ("weight", need_dw), ("bias", need_db)) if f]
+    ldt = _loss_dtype(input.dtype)
+    go = grad_loss.to(ldt) if reduction == "none" else float(grad_loss)
+    empty = torch.empty(0, dtype=input.dtype, device=input.device)
+    if not need:
+        return empty, empty.clone(), empty.clone()
+    if input.is_cuda:
+        _, _, _, _, _, dh, dw, db = _cuda_pass(
+            input, weight, target, bias, class_weight, reduction, ignore_index, label_smoothing,
+            softcap, lse_square_scale, shift, chunk, need,
+            grad_output=grad_loss.to(ldt) if reduction == "none" else float(grad_loss),
+            grad_lse=None if grad_lse is None else grad_lse.to(ldt))
+        e = input.new_empty(0)
+        return (dh if need_dh else e, dw if need_dw else e.clone(), db if need_db else e.clone())
+    r = _run(input, weight, target, bias, class_weight, reduction, ignore_index,
+             label_smoothing, softcap, lse_square_scale, shift, chunk, need, grad_output=go,
+             grad_lse=None if grad_lse is None else grad_lse.to(ldt))
+    return (_tensor(r.d_hidden, input.dtype) if need_dh else empty,
+            _tensor(r.d_weight, input.dtype) if need_dw else empty.clone(),
+            _tensor(r.d_bias, input.dtype) if need_db else empty.clone())
+
+
+@_lce_grad.register_fake
+def _(input, weight, target, bias, class_weight, grad_loss, grad_lse, reduction, ignore_index,
+      label_smoothing, softcap, lse_square_scale, shift, chunk, need_dh, need_dw, need_db):
+    return (input.new_empty(input.shape if need_dh else (0,)),
+            input.new_empty(weight.shape if need_dw else (0,)),
+            input.new_empty(bias.shape if need_db and bias is not None else (0,)))
+
+
+def _setup_fwd(ctx, inputs, output):
+    (input, weight, target, bias, class_weight, reduction, ii, ls, cap, zs, shift, chunk,
+     need_dh, need_dw, need_db, want_pred, lse_grad) = inputs
+    loss, lse, z, pred, acc, dh, dw, db = output
+    ctx.mark_non_differentiable(z, pred, acc, dh, dw, db)
+    if not lse_grad:
+        ctx.mark_non_differentiable(lse)
+    # Unmaterialized: autograd would otherwise hand backward a zero tensor for every output
+    # without a gradient, d_weight's shape among them (a zero-filled copy of the weight).
+    ctx.set_materialize_grads(False)
+    ctx.loss_shape = loss.shape
+    ctx.opts = (reduction, ii, ls, cap, zs, shift, chunk)
+    ctx.precomputed = reduction != "none" and not lse_grad
+    ctx.lse_grad = lse_grad
+    # The forward's gradients are as large as the weight. Eager: held as a plain attribute, so
+    # the first backward can take them, scale them in place and hand them on as the gradients
+    # themselves (no second and third copy of d_weight); a later backward of a retained graph
+    # finds them gone and makes its own pass. Compiled: saved tensors, scaled out of place, and
+    # the compiler plans the memory.
+    ctx.eager = not torch.compiler.is_compiling()
+    ctx.grads = [dh, dw, db] if ctx.precomputed and ctx.eager else None
+    if ctx.eager:
+        ctx.save_for_backward(input, weight, target, bias, class_weight)
+    else:
+        ctx.save_for_backward(input, weight, target, bias, class_weight, dh, dw, db)
+
+
+def _scaled(g: Tensor, by: Tensor) -> Tensor:
+    """g * by, in place (g is the forward's own buffer, referenced by nothing else). An upstream
+    gradient of exactly 1 (loss.backward()) skips the pass over g. A non-finite one (a sum
+    divided by num_items_in_batch = 0) keeps g's exact zeros zero, as autograd's own chain does
+    for ignored tokens (their gradient is a zero, not upstream * 0 = NaN). On CUDA, reading the
+    scalar waits for the stream once per backward of the loss."""
+    b = float(by)
+    if b == 1.0:
+        return g
+    if math.isfinite(b):
+        return g.mul_(by)  # the same type promotion, hence the same bits, as g * by
+    return torch.where(g == 0, g, g * by)
+
+
+def _backward_fwd(ctx, g_loss, g_lse, *_unused):
+    input, weight, target, bias, class_weight = ctx.saved_tensors[:5]
+    if g_loss is None:  # only the lse was used: the loss's upstream gradient is zero
+        g_loss = torch.zeros(ctx.loss_shape, dtype=_loss_dtype(input.dtype), device=input.device)
+    need_dh, need_dw, _, need_db = ctx.needs_input_grad[:4]
+    if ctx.precomputed and not ctx.eager:
+        dh, dw, db = ctx.saved_tensors[5:]
+        return (dh * g_loss if need_dh else None, dw * g_loss if need_dw else None, None,
+                db * g_loss if need_db else None) + (None,) * 13
+    if ctx.precomputed:
+        if ctx.grads is not None:  # the first backward: the forward's gradients, taken
+            (dh, dw, db), ctx.grads = ctx.grads, None
+        else:  # a retained graph's next backward: the forward's pass again, the same bits
+            one = torch.ones((), dtype=_loss_dtype(input.dtype), device=input.device)
+            dh, dw, db = _lce_grad(input, weight, target, bias, class_weight, one, None,
+                                   *ctx.opts, need_dh, need_dw, need_db)
+        return (_scaled(dh, g_loss) if need_dh else None, _scaled(dw, g_loss) if need_dw else None,
+                None, _scaled(db, g_loss) if need_db else None) + (None,) * 13
+    gdh, gdw, gdb = _lce_grad(input, weight, target, bias, class_weight, g_loss,
+                              g_lse if ctx.lse_grad else None, *ctx.opts, need_dh, need_dw,
+                              need_db)
+    return (gdh if need_dh else None, gdw if need_dw else None, None,
+            gdb if need_db else None) + (None,) * 13
+
+
+_lce_fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)
+
+
+def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weight=None,
+                         reduction="mean", ignore_index=None, label_smoothing=0.0, softcap=None,
+                         lse_square_scale=0.0, shift=0, return_lse=False, return_z_loss=False,
+                         return_accuracy=False, chunk=None):
+    """``F.cross_entropy(F.linear(input, linear_weight, linear_bias), target, weight=weight,
+    ...)`` without the logits; the signature of PyTorch's ``F.linear_cross_entropy``.
+
+    input ``[..., d_model]`` and linear_weight ``[vocab, d_model]``: CPU tensors of one dtype
+    (float32, float64, bfloat16, float16; any strides). target ``[...]``: integer class indices,
+    ``ignore_index`` (default -100, as PyTorch maps None) marking tokens that count for nothing.
+    ``linear_bias [vocab]`` (linear_weight's dtype) and ``weight [vocab]`` (class weights,
+    PyTorch's semantics: the mean divides by the counted targets' weights) are optional.
+    ``reduction="none"`` returns the per-token losses with target's shape (minus ``shift``
+    positions of the last axis). Keyword-only extras: ``softcap=c`` caps each logit to
+    ``c * tanh(z / c)``; ``lse_square_scale=s`` adds ``s * lse**2`` per counted token (the
+    z-loss, averaged over counted tokens for "mean"); ``shift=k`` scores ``input[..., t, :]``
+    against ``target[..., t + k]`` within each sequence (the second-to-last axis), nothing
+    copied. ``return_lse`` / ``return_z_loss`` / ``return_accuracy`` make the result a
+    :class:`LinearCrossEntropyOutput` (the per-token lse is differentiable). ``chunk`` (tokens per
+    pass, default the largest the logit budget admits) changes no result by a single bit.
+
+    For "mean"/"sum" the gradients are computed in the forward pass, in the same sweep as the
+    loss, and scaled by the upstream gradient in backward; only the inputs that require grad
+    (with grad mode on) get one. For "none", or when the lse is returned, the backward makes its
+    own pass with the upstream gradients. Loss, lse and gradients are bit-identical for every
+    chunk size and thread count.
+    """
+    reduction, ii, ls, cap, zs, k, chunk = _check(
+        input, linear_weight, target, linear_bias, weight, reduction, ignore_index,
+        label_smoothing, softcap, lse_square_scale, shift, chunk)
+    if torch.is_autocast_enabled(input.device.type):
+        # As F.linear under autocast: the projection's operands in the autocast dtype (the
+        # casts are part of the graph, so float32 parameters get float32 gradients).
+        low = torch.get_autocast_dtype(input.device.type)
+        input, linear_weight = input.to(low), linear_weight.to(low)
+        if linear_bias is not None:
+            linear_bias = linear_bias.to(low)
+    unbatched = input.dim() == 1
+    if unbatched:
+        input, target = input.unsqueeze(0), target.unsqueeze(0)
+    grad_on = torch.is_grad_enabled()
+    need_dh = grad_on and input.requires_grad
+    need_dw = grad_on and linear_weight.requires_grad
+    need_db = grad_on and linear_bias is not None and linear_bias.requires_grad
+    lse_grad = bool(return_lse) and (need_dh or need_dw or need_db)
+    loss, lse, z, pred, acc, _, _, _ = _lce_fwd(
+        input, linear_weight, target, linear_bias, weight, reduction, ii, ls, cap, zs, k, chunk,
+        need_dh, need_dw, need_db, bool(return_accuracy), lse_grad)
+    if unbatched:
+        lse, pred = lse.squeeze(0), pred.squeeze(0) if return_accuracy else pred
+        if reduction == "none":
+            loss, z = loss.squeeze(0), z.squeeze(0)
+    if not (return_lse or return_z_loss or return_accuracy):
+        return loss
+    return LinearCrossEntropyOutput(loss, lse if return_lse else None,
+                                    z if return_z_loss else None,
+                                    pred if return_accuracy else None,
+                                    acc if return_accuracy else None)
+
+
+class LinearCrossEntropyLoss(torch.nn.Module):
+    """Module form of :func:`linear_cross_entropy`: ``loss_fn(hidden, linear_weight, target,
+    linear_bias=None)``.
+
+    It holds no parameters: the head's weight is passed in, so it can be tied to an embedding or
+    live in another module; class weights (``weight=``) are a buffer."""
+
+    def __init__(self, ignore_index=-100, reduction="mean", label_smoothing=0.0, chunk=None, *,
+                 weight=None, softcap=None, lse_square_scale=0.0, shift=0):
+        super().__init__()
+        if reduction not in _REDUCTIONS:
+            raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+        self.ignore_index = as_int(ignore_index, "ignore_index")
+        self.reduction = reduction
+        self.label_smoothing = as_float(label_smoothing, "label_smoothing")
+        self.chunk = None if chunk is None else as_int(chunk, "chunk")
+        self.softcap = None if softcap is None else as_float(softcap, "softcap")
+        self.lse_square_scale = as_float(lse_square_scale, "lse_square_scale")
+        self.shift = as_int(shift, "shift")
+        self.register_buffer("weight", weight)
+
+    def forward(self, hidden, linear_weight, target, linear_bias=None):
+        return linear_cross_entropy(hidden, linear_weight, target, linear_bias=linear_bias,
+                                    weight=self.weight, reduction=self.reduction,
+                                    ignore_index=self.ignore_index,
+                                    label_smoothing=self.label_smoothing, softcap=self.softcap,
+                                    lse_square_scale=self.lse_square_scale, shift=self.shift,
+                                    chunk=self.chunk)
+
+    def extra_repr(self) -> str:
+        return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
+                f"label_smoothing={self.label_smoothing}, chunk={self.chunk}, "
+                f"softcap={self.softcap}, lse_square_scale={self.lse_square_scale}, "
+                f"shift={self.shift}")
