@@ -36,28 +36,22 @@ struct TileTypes {
   static constexpr int BK = 16;
   static constexpr int LDS = BK + 8;  // unused: SIMT stages [BK][BM] and [BK][BN]
 };
-template <class T>
-struct TileTypes<WMMA_BF16, T> {
-  typedef __nv_bfloat16 S;
+// 16-bit operands H (bfloat16 or float16) on 16x16x16 tensor-core steps, float accumulators.
+template <class H>
+struct TileTypes16 {
+  typedef H S;
   typedef float Acc;
   static constexpr int BK = 32;
   static constexpr int LDS = BK + 8;  // staged row stride: a 16-byte multiple, off the bank period
   static constexpr int KS = 16;
-  typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> FA;
-  typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> FB;
+  typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, H, wmma::row_major> FA;
+  typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, H, wmma::col_major> FB;
   typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FC;
 };
 template <class T>
-struct TileTypes<WMMA_F16, T> {
-  typedef __half S;
-  typedef float Acc;
-  static constexpr int BK = 32;
-  static constexpr int LDS = BK + 8;  // staged row stride: a 16-byte multiple, off the bank period
-  static constexpr int KS = 16;
-  typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> FA;
-  typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> FB;
-  typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FC;
-};
+struct TileTypes<WMMA_BF16, T> : TileTypes16<__nv_bfloat16> {};
+template <class T>
+struct TileTypes<WMMA_F16, T> : TileTypes16<__half> {};
 template <class T>
 struct TileTypes<WMMA_TF32, T> {
   typedef float S;

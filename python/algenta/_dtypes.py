@@ -18,7 +18,8 @@ SHORT = {long_name: name for name, (long_name, _) in DTYPES.items()}
 class HalfBits:
     """A bfloat16 or float16 array given by its 16-bit patterns (a uint16 or int16 array): how
     bfloat16 data reaches the core without ``ml_dtypes`` (a checkpoint's BF16 tensors, lossk's
-    inputs and gradients), and how ``algenta.torch`` hands over half tensors without a copy."""
+    inputs), and how ``algenta.torch`` hands over half tensors without a copy. Gradients of HalfBits
+    inputs come back as HalfBits."""
 
     __slots__ = ("bits", "dtype")
 

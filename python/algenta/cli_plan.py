@@ -13,8 +13,9 @@ import re
 import sys
 
 from .cli import CliError
+from .residentk.config import SHAPE_KEYS
 
-_DIM_NAMES = ("d_model", "h_q", "h_kv", "d_head", "d_ff", "n_layers", "vocab")
+_DIM_NAMES = SHAPE_KEYS
 _HF_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
             "intermediate_size", "num_hidden_layers", "vocab_size")
 

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 
 namespace algenta {
 
@@ -32,15 +31,5 @@ constexpr const DtypeInfo& dtype_info(Dtype d) { return kDtypes[int(d)]; }
 inline const char* dtype_name(Dtype d) { return dtype_info(d).name; }
 inline const char* dtype_long_name(Dtype d) { return dtype_info(d).long_name; }
 constexpr bool is_half(Dtype d) { return d == Dtype::BF16 || d == Dtype::F16; }
-
-// name or long_name -> Dtype; false for neither.
-inline bool parse_dtype(const std::string& name, Dtype* out) {
-  for (const DtypeInfo& i : kDtypes)
-    if (name == i.name || name == i.long_name) {
-      *out = i.id;
-      return true;
-    }
-  return false;
-}
 
 }  // namespace algenta

@@ -26,8 +26,10 @@ from ..errors import ResidentError
 
 _WEIGHT = 607
 
-CONFIG_KEYS = ("d_model", "h_q", "h_kv", "d_head", "d_ff", "n_layers", "vocab", "rms_eps",
-               "rope_theta", "tie_word_embeddings")
+# The seven residentk dimensions, in the order every contract function takes them: the one list
+# of a model's shape that ResidentConfig, HFModel, presets.ModelShape and `algenta plan` share.
+SHAPE_KEYS = ("d_model", "h_q", "h_kv", "d_head", "d_ff", "n_layers", "vocab")
+CONFIG_KEYS = SHAPE_KEYS + ("rms_eps", "rope_theta", "tie_word_embeddings")
 ResidentConfig = record_type(
     "ResidentConfig", CONFIG_KEYS,
     "The shape and scalars of a Qwen3 model as a resident session holds it (d_head need not "
@@ -35,12 +37,12 @@ ResidentConfig = record_type(
 ResidentConfig.__module__ = __name__
 
 _DEFAULTS = {"rms_eps": 1e-6, "rope_theta": 1_000_000.0, "tie_word_embeddings": True}
-_INT_KEYS = CONFIG_KEYS[:7]
+_INT_KEYS = SHAPE_KEYS
 
 HFModel = record_type(
     "HFModel",
-    ("model_type", "architectures", "d_model", "h_q", "h_kv", "d_head", "d_ff", "n_layers",
-     "vocab", "tied", "rope_theta", "rms_eps", "rope_type", "sliding_window", "attention_bias",
+    ("model_type", "architectures") + SHAPE_KEYS +
+    ("tied", "rope_theta", "rms_eps", "rope_type", "sliding_window", "attention_bias",
      "hidden_act"),
     "What a HuggingFace config.json says about a decoder-only model, with transformers' "
     "defaults filled in.")

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from .._records import record_type
 from ..errors import ResidentError
-from .config import parse_hf_config, read_json_file
+from .config import SHAPE_KEYS, parse_hf_config, read_json_file
 
 ModelShape = record_type(
     "ModelShape",
-    ("name", "d_model", "h_q", "h_kv", "d_head", "d_ff", "n_layers", "vocab", "tied",
-     "rope_theta", "rms_eps"),
+    ("name",) + SHAPE_KEYS + ("tied", "rope_theta", "rms_eps"),
     """One decoder-only transformer shape: the seven residentk dimensions (``d_model``, ``h_q``,
     ``h_kv``, ``d_head``, ``d_ff``, ``n_layers``, ``vocab``), whether the embedding is ``tied`` to
     the lm_head, and the RoPE base and RMSNorm eps a session needs.""",
