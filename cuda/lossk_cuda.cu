@@ -89,7 +89,7 @@ struct Scratch {
   T* logits;                   // C * V, with gradients
   T* dw_acc;                   // V * D, for half d_weight
   T* db_acc;                   // V, for half d_bias
-  double* sums;                // 10, when the caller passes none
+  double* sums;                // 11, when the caller passes none
   int64_t bytes;
 };
 
@@ -111,7 +111,7 @@ Scratch<T> carve(const FusedArgs<T>& a, const FusedCudaOut<T>& out, void* base) 
   s.lse_c = cv.take<double>(C);
   s.coef = cv.take<double>(4 * C);
   s.stats = cv.take<BlockStatD>(C * nvb);
-  s.sums = cv.take<double>(10);
+  s.sums = cv.take<double>(11);
   s.logits = grad ? cv.take<T>(C * V) : nullptr;
   s.dw_acc = out.d_weight && half_g ? cv.take<T>(V * D) : nullptr;
   s.db_acc = out.d_bias && half_g ? cv.take<T>(V) : nullptr;
@@ -144,6 +144,10 @@ void check_data(const FusedArgs<T>& a, const Scratch<T>& s, cudaStream_t st) {
   finite(a.weight, V * D, a.elem, 4);
   finite(a.bias, V, a.elem, 5);
   finite(a.class_weight, V, te, 6);
+  if (a.token_weight) {
+    k_check_token_weights<T><<<grid_for(N, 256), 256, 0, st>>>(a.token_weight, N, s.flags + 7);
+    CK(cudaGetLastError());
+  }
   k_check_targets<<<grid_for(N, 256), 256, 0, st>>>(a.targets, N, a.shift, a.seq_len,
                                                     a.has_ignore, a.ignore_index, V, s.first_bad);
   CK(cudaGetLastError());
@@ -152,12 +156,13 @@ void check_data(const FusedArgs<T>& a, const Scratch<T>& s, cudaStream_t st) {
   CK(cudaMemcpyAsync(flags, s.flags, sizeof flags, cudaMemcpyDeviceToHost, st));
   CK(cudaMemcpyAsync(&first, s.first_bad, sizeof first, cudaMemcpyDeviceToHost, st));
   CK(cudaStreamSynchronize(st));
-  static const char* const what[7] = {
+  static const char* const what[8] = {
       "grad_output contains NaN or infinity", "the gradient of lse contains NaN or infinity",
       "grad_coef contains NaN or infinity", "hidden contains NaN or infinity",
       "weight contains NaN or infinity", "linear_bias contains NaN or infinity",
-      "the class weights contain NaN or infinity"};
-  for (int i = 0; i < 7; ++i)
+      "the class weights contain NaN or infinity",
+      "token_weight must be finite and >= 0"};
+  for (int i = 0; i < 8; ++i)
     if (flags[i]) refuse(LOSS_ERR_NON_FINITE, what[i]);
   if (first != ~0ull) {
     int64_t y = 0;
@@ -276,7 +281,7 @@ void fused_linear_ce_cuda(const FusedArgs<T>& a, FusedCudaOut<T>& out, void* wor
   const double cap = a.has_softcap ? a.softcap : 0.0;
   const T* cw = a.class_weight;
   k_prepare<T><<<1, RT, 0, s>>>(a.targets, N, V, a.shift, a.seq_len, a.has_ignore, a.ignore_index,
-                                cw, sc.valid, sc.prep);
+                                cw, a.token_weight, sc.valid, sc.prep);
   CK(cudaGetLastError());
   T* dw = want_dw ? (half_g ? sc.dw_acc : static_cast<T*>(out.d_weight)) : nullptr;
   T* db = want_db ? (half_g ? sc.db_acc : static_cast<T*>(out.d_bias)) : nullptr;
@@ -301,7 +306,8 @@ void fused_linear_ce_cuda(const FusedArgs<T>& a, FusedCudaOut<T>& out, void* wor
 
     MergeArgs<T> m;
     m.stats = sc.stats, m.nvb = nvb, m.c = c, m.t0 = t0, m.V = V, m.shift = a.shift;
-    m.valid = sc.valid, m.targets = a.targets, m.cw = cw, m.ztarget = sc.ztarget, m.prep = sc.prep;
+    m.valid = sc.valid, m.targets = a.targets, m.cw = cw, m.tw = a.token_weight;
+    m.ztarget = sc.ztarget, m.prep = sc.prep;
     m.eps = a.label_smoothing, m.zs = a.z_loss, m.cap = cap, m.reduction = a.reduction;
     m.grad_scale = a.grad_scale, m.grad_output = a.grad_output, m.grad_lse = a.grad_lse;
     m.grad_coef = a.grad_coef, m.with_grad = grad;
@@ -338,7 +344,8 @@ void fused_linear_ce_cuda(const FusedArgs<T>& a, FusedCudaOut<T>& out, void* wor
   }
 
   k_finish<T><<<1, RT, 0, s>>>(sc.ce, sc.zl, sc.valid, out.pred, a.targets, a.shift, N, sc.prep,
-                               cw != nullptr, a.reduction, out.sums ? out.sums : sc.sums, out.loss,
+                               cw != nullptr || a.token_weight != nullptr, a.token_weight != nullptr,
+                               a.reduction, out.sums ? out.sums : sc.sums, out.loss,
                                out.z, out.accuracy);
   CK(cudaGetLastError());
   if (half_g) {
@@ -354,7 +361,7 @@ void fused_linear_ce_cuda_host(const FusedArgs<T>& a, FusedOut<T>& out) {
   const size_t esz = elem_bytes(a.elem), tsz = sizeof(T);
   FusedArgs<T> d = a;
   DevBuf hidden(a.hidden, size_t(N * D) * esz), weight(a.weight, size_t(V * D) * esz);
-  DevBuf bias, targets, cw, go, gl, gc;
+  DevBuf bias, targets, cw, tw, go, gl, gc;
   d.hidden = hidden.p;
   d.weight = weight.p;
   if (a.bias) bias = DevBuf(a.bias, size_t(V) * esz), d.bias = bias.p;
@@ -362,6 +369,7 @@ void fused_linear_ce_cuda_host(const FusedArgs<T>& a, FusedOut<T>& out) {
   targets = DevBuf(a.targets, size_t(N) * sizeof(int64_t));
   d.targets = targets.as<int64_t>();
   if (a.class_weight) cw = DevBuf(a.class_weight, size_t(V) * tsz), d.class_weight = cw.as<T>();
+  if (a.token_weight) tw = DevBuf(a.token_weight, size_t(N) * tsz), d.token_weight = tw.as<T>();
   if (a.grad_output) go = DevBuf(a.grad_output, size_t(N) * tsz), d.grad_output = go.as<T>();
   if (a.grad_lse) gl = DevBuf(a.grad_lse, size_t(N) * tsz), d.grad_lse = gl.as<T>();
   if (a.grad_coef) gc = DevBuf(a.grad_coef, size_t(3 * N) * tsz), d.grad_coef = gc.as<T>();
@@ -369,7 +377,7 @@ void fused_linear_ce_cuda_host(const FusedArgs<T>& a, FusedOut<T>& out) {
   FusedCudaOut<T> o;
   o.grad_elem = out.grad_elem;
   const size_t gsz = elem_bytes(out.grad_elem);
-  DevBuf lse(size_t(N) * tsz), sums(10 * sizeof(double)), loss_tok, z_tok, pred, tl, ls, dh, dw, db;
+  DevBuf lse(size_t(N) * tsz), sums(11 * sizeof(double)), loss_tok, z_tok, pred, tl, ls, dh, dw, db;
   o.lse = lse.as<T>();
   o.sums = sums.as<double>();
   if (out.loss_tok) loss_tok = DevBuf(size_t(N) * tsz), o.loss_tok = loss_tok.as<T>();
@@ -394,13 +402,15 @@ void fused_linear_ce_cuda_host(const FusedArgs<T>& a, FusedOut<T>& out) {
   // CPU backend leaves it.
   to_host(out.d_weight, o.d_weight, size_t(V * D) * gsz);
   to_host(out.d_bias, o.d_bias, size_t(V) * gsz);
-  double s[10];
+  double s[11];
   to_host(s, o.sums, sizeof s);
   out.ce.total = s[0], out.ce.first = s[1], out.ce.shifted = s[2], out.ce.count = int64_t(s[3]);
   out.z.total = s[4], out.z.first = s[5], out.z.shifted = s[6], out.z.count = int64_t(s[7]);
   out.weight_sum = s[8];
   out.n_correct = int64_t(s[9]);
-  out.weighted = a.class_weight != nullptr;
+  out.token_weight_sum = s[10];
+  out.weighted = a.class_weight != nullptr || a.token_weight != nullptr;
+  out.token_weighted = a.token_weight != nullptr;
 }
 
 template int64_t fused_linear_ce_cuda_workspace<float>(const FusedArgs<float>&, const FusedCudaOut<float>&);

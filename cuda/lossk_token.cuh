@@ -11,6 +11,17 @@ namespace {
 
 constexpr int RT = 1024;  // threads of the one-block reductions
 
+// Token weights: the flag is set when any is NaN, infinite or negative.
+template <class T>
+__global__ void k_check_token_weights(const T* p, int64_t n, int* flag) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    if (!math::token_weight_ok(double(p[i]))) {
+      atomicExch(flag, 1);
+      return;
+    }
+}
+
 // Sums and minima over the block in a fixed tree (gpu::block_tree): the same bits on every run.
 __device__ double block_sum(double v, double* red) { return gpu::block_tree<RT>(v, red, gpu::TreeSum{}); }
 __device__ double block_min(double v, double* red) { return gpu::block_tree<RT>(v, red, gpu::TreeMin{}); }
@@ -21,27 +32,31 @@ __device__ __forceinline__ void share(int64_t n, int64_t* lo, int64_t* hi) {
   *hi = n * int64_t(threadIdx.x + 1) / RT;
 }
 
-// prep: (0) counted tokens, (1) their targets' weight sum, (2) sum of all class weights (V
-// without). valid: per token, counted or not.
+// prep: (0) counted tokens, (1) their sum of u w_y (token weight times class weight), (2) sum of
+// all class weights (V without), (3) their sum of u (the count without token weights). valid: per
+// token, counted or not.
 template <class T>
 __global__ void __launch_bounds__(RT) k_prepare(const int64_t* targets, int64_t N, int64_t V,
                                                 int64_t shift, int64_t seq, bool has_ignore,
-                                                int64_t ignore, const T* cw, uint8_t* valid,
-                                                double* prep) {
+                                                int64_t ignore, const T* cw, const T* tw,
+                                                uint8_t* valid, double* prep) {
   __shared__ double red[RT];
   int64_t lo, hi;
   share(N, &lo, &hi);
-  double cnt = 0.0, ws = 0.0;
+  double cnt = 0.0, ws = 0.0, us = 0.0;
   for (int64_t t = lo; t < hi; ++t) {
     const bool v = math::counted(targets, t, shift, seq, has_ignore, ignore);
     valid[t] = v;
     if (v) {
+      const double u = tw ? double(tw[t + shift]) : 1.0;
       cnt += 1.0;
-      ws += cw ? double(cw[targets[t + shift]]) : 1.0;
+      us += u;
+      ws += u * (cw ? double(cw[targets[t + shift]]) : 1.0);
     }
   }
   cnt = block_sum(cnt, red);
   ws = block_sum(ws, red);
+  us = block_sum(us, red);
   double wa = double(V);
   if (cw) {
     share(V, &lo, &hi);
@@ -53,6 +68,7 @@ __global__ void __launch_bounds__(RT) k_prepare(const int64_t* targets, int64_t 
     prep[0] = cnt;
     prep[1] = ws;
     prep[2] = wa;
+    prep[3] = us;
   }
 }
 
@@ -63,6 +79,7 @@ struct MergeArgs {
   const uint8_t* valid = nullptr;
   const int64_t* targets = nullptr;
   const T* cw = nullptr;
+  const T* tw = nullptr;            // (N) token weights, aligned with targets, or null
   const double* ztarget = nullptr;  // (c)
   const double* prep = nullptr;
   double eps = 0.0, zs = 0.0, cap = 0.0;
@@ -100,13 +117,14 @@ __global__ void k_merge(MergeArgs<T> a) {
   const double logse = log(mg.sumexp);
   const double l = m + logse;
   const double w_all = a.prep[2], eps = a.eps;
-  double ct = 0.0, zl = 0.0, wy = 1.0;
+  double ct = 0.0, zl = 0.0, wy = 1.0, u = 1.0;
   int64_t y = -1;
   if (valid) {
     y = a.targets[t + a.shift];
     wy = a.cw ? double(a.cw[y]) : 1.0;
-    ct = math::token_ce(m, logse, zt, sz, wy, w_all, eps, V, a.cw != nullptr);
-    zl = a.zs * l * l;
+    u = a.tw ? double(a.tw[t + a.shift]) : 1.0;
+    ct = u * math::token_ce(m, logse, zt, sz, wy, w_all, eps, V, a.cw != nullptr);
+    zl = u * (a.zs * l * l);
   }
   a.ce[t] = ct;
   a.zl[t] = zl;
@@ -120,9 +138,10 @@ __global__ void k_merge(MergeArgs<T> a) {
     const T* k3 = a.grad_coef + 3 * t;
     g = {double(k3[0]), double(k3[1]), valid ? double(k3[2]) : 0.0};
   } else {
-    const math::Scales sc = math::reduction_scales(a.reduction, valid, a.grad_scale, a.prep[0],
+    const math::Scales sc = math::reduction_scales(a.reduction, valid, a.grad_scale, a.prep[3],
                                                    a.prep[1],
-                                                   a.grad_output ? double(a.grad_output[t]) : 1.0);
+                                                   a.grad_output ? double(a.grad_output[t]) : 1.0,
+                                                   u);
     g = math::grad_coef(sc, eps, V, wy, w_all, a.zs, l, a.grad_lse ? double(a.grad_lse[t]) : 0.0);
   }
   const double f = g.c != 0.0 ? math::cap_slope<T>(zt, a.cap) : 1.0;
@@ -175,12 +194,13 @@ __global__ void k_narrow(const T* src, XO* dst, int64_t n) {
 }
 
 // Token-order results in one block over a fixed partition of [0, N): LossSum's (total, first,
-// shifted, count) of ce and z, the weight sum, correct argmaxes; and the reduced loss.
+// shifted, count) of u ce and u z, the weight sums, correct argmaxes; and the reduced loss.
 template <class T>
 __global__ void __launch_bounds__(RT) k_finish(const double* ce, const double* zl,
                                                const uint8_t* valid, const int64_t* pred,
                                                const int64_t* targets, int64_t shift, int64_t N,
-                                               const double* prep, bool weighted, Reduction red_kind,
+                                               const double* prep, bool weighted,
+                                               bool token_weighted, Reduction red_kind,
                                                double* sums, T* loss, T* zout, float* accuracy) {
   __shared__ double red[RT];
   int64_t lo, hi;
@@ -211,13 +231,14 @@ __global__ void __launch_bounds__(RT) k_finish(const double* ce, const double* z
   cnt = block_sum(cnt, red);
   correct = block_sum(correct, red);
   if (threadIdx.x != 0) return;
-  const double wsum = prep[1];
+  const double wsum = prep[1], usum = prep[3];
   double* o = sums;
   o[0] = tce, o[1] = fce, o[2] = sce, o[3] = cnt;
   o[4] = tz, o[5] = fz, o[6] = sz, o[7] = cnt;
-  o[8] = wsum, o[9] = correct;
+  o[8] = wsum, o[9] = correct, o[10] = usum;
   // FusedOut::reduced, on the device
-  const double ce_mean = math::sum_mean(fce, sce, cnt), z_mean = math::sum_mean(fz, sz, cnt);
+  const double ce_mean = math::sum_mean(fce, sce, cnt);
+  const double z_mean = math::z_mean(token_weighted, tz, usum, fz, sz, cnt);
   if (loss) loss[0] = T(math::reduced_loss(red_kind, weighted, tce, ce_mean, wsum, tz, z_mean));
   if (zout) zout[0] = T(red_kind == Reduction::Sum ? tz : z_mean);
   if (accuracy) accuracy[0] = cnt > 0.0 ? float(correct / cnt) : NAN;

@@ -39,7 +39,7 @@ def reference(hidden, weight, targets, reduction="mean", ignore_index=None, labe
 
 def reference_full(hidden, weight, targets, *, bias=None, class_weight=None, reduction="mean",
                    ignore_index=None, label_smoothing=0.0, softcap=None, z_scale=0.0, shift=0,
-                   grad_output=None, grad_lse=None):
+                   grad_output=None, grad_lse=None, token_weight=None):
     """Every option of the fused loss, written out on materialized float64 logits.
 
     hidden [..., S, D], targets [..., S]; with shift k, position t scores target t + k within each
@@ -47,6 +47,8 @@ def reference_full(hidden, weight, targets, *, bias=None, class_weight=None, red
     logits, w the class weights (ones without), eps the smoothing:
         ce = (1 - eps) w_y (lse - z'_y) + (eps / V) sum_v w_v (lse - z'_v),  zl = s lse^2
     mean = sum ce / sum w_y + sum zl / n_counted (PyTorch's weighted mean; Liger's z-loss mean).
+    Token weights u (targets' shape, shifted with them) multiply ce and zl; the mean then divides
+    by sum u w_y and sum u.
     Returns loss, lse, z (reduced like the loss), per-token values over scored positions, the
     argmax, and the gradients (d_hidden in hidden's full shape)."""
     h = np.asarray(hidden, np.float64)
@@ -73,26 +75,32 @@ def reference_full(hidden, weight, targets, *, bias=None, class_weight=None, red
     eps = label_smoothing
     logp = zc - lse[:, None]
     ce = (1 - eps) * wy * (-logp[np.arange(n), ys]) + (eps / V) * (-(logp * cw).sum(axis=1))
-    ce = np.where(valid, ce, 0.0)
-    zl = np.where(valid, z_scale * lse * lse, 0.0)
+    if token_weight is None:
+        u = np.ones(n)
+    else:
+        tw = np.asarray(token_weight, np.float64)
+        u = (tw[..., shift:] if shift else tw).reshape(-1)
+    ce = np.where(valid, u * ce, 0.0)
+    zl = np.where(valid, u * z_scale * lse * lse, 0.0)
     nv = int(valid.sum())
-    wsum = float(wy[valid].sum())
+    wsum = float((u * wy)[valid].sum())
+    usum = float(u[valid].sum())
     if reduction == "mean":
-        loss = (ce.sum() / wsum if wsum else np.nan) + (zl.sum() / nv if nv else np.nan) \
+        loss = (ce.sum() / wsum if wsum else np.nan) + (zl.sum() / usum if usum else np.nan) \
             if nv else np.nan
-        zred = zl.sum() / nv if nv else np.nan
-        s_ce = np.where(valid, 1.0 / wsum if wsum else 0.0, 0.0)
-        s_z = np.where(valid, 1.0 / nv if nv else 0.0, 0.0)
+        zred = zl.sum() / usum if usum else np.nan
+        s_ce = np.where(valid, u / wsum if wsum else 0.0, 0.0)
+        s_z = np.where(valid, u / usum if usum else 0.0, 0.0)
         if grad_output is not None:
             s_ce, s_z = s_ce * grad_output, s_z * grad_output
     elif reduction == "sum":
         loss, zred = ce.sum() + zl.sum(), zl.sum()
         g0 = 1.0 if grad_output is None else float(grad_output)
-        s_ce = s_z = np.where(valid, g0, 0.0)
+        s_ce = s_z = np.where(valid, g0 * u, 0.0)
     else:
         loss, zred = (ce + zl).reshape(out_shape), zl.reshape(out_shape)
         go = np.ones(n) if grad_output is None else np.asarray(grad_output, np.float64).reshape(-1)
-        s_ce = s_z = np.where(valid, go, 0.0)
+        s_ce = s_z = np.where(valid, go * u, 0.0)
     gl = np.zeros(n) if grad_lse is None else np.asarray(grad_lse, np.float64).reshape(-1)
     p = np.exp(logp)
     a = s_ce * ((1 - eps) * wy + (eps / V) * w_all) + s_z * 2.0 * z_scale * lse + gl

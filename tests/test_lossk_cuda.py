@@ -277,6 +277,12 @@ def test_data_refusals_come_from_the_device(cuda):
     with pytest.raises(LossError) as e:
         lce(h, wb, t, device="cuda")
     assert e.value.status == 585 and "weight contains NaN" in str(e.value)
+    for u in (-1.0, np.nan, np.inf):
+        tw = np.ones(6)
+        tw[3] = u
+        with pytest.raises(LossError) as e:
+            lce(h, w, t, token_weight=tw, device="cuda")
+        assert e.value.status == 585 and "token_weight must be finite and >= 0" in str(e.value)
     tb = t.copy()
     tb[4] = 300
     with pytest.raises(LossError) as e:

@@ -50,18 +50,31 @@ OPTION_SETS = {
     "shift2_ignore": dict(shift=2, ignore_index=-100),
     "all": dict(bias=True, softcap=2.5, lse_square_scale=3e-3, class_weight=True,
                 label_smoothing=0.1, shift=1, ignore_index=-100),
+    "token_weight": dict(token_weight=True),
+    "token_weight_all": dict(token_weight=True, bias=True, softcap=2.5, lse_square_scale=3e-3,
+                             class_weight=True, label_smoothing=0.1, shift=1, ignore_index=-100),
 }
+
+
+def token_weights(shape, seed=7):
+    """Per-token loss weights in [0, 2) with exact zeros every 7th token (a masked token)."""
+    u = np.random.default_rng(seed).uniform(0.0, 2.0, shape)
+    u.reshape(-1)[::7] = 0.0
+    return u
 
 
 def call(h, w, t, b, cw, opts, **kw):
     o = dict(opts)
     use_b, use_cw = o.pop("bias", False), o.pop("class_weight", False)
-    r = lce(h, w, t, bias=b if use_b else None, class_weight=cw if use_cw else None, **o, **kw)
+    tw = token_weights(np.shape(t)).astype(cw.dtype) if o.pop("token_weight", False) else None
+    r = lce(h, w, t, bias=b if use_b else None, class_weight=cw if use_cw else None,
+            token_weight=tw, **o, **kw)
     ref = reference_full(h, w, t, bias=b if use_b else None, class_weight=cw if use_cw else None,
                          reduction=kw.get("reduction", "mean"), ignore_index=o.get("ignore_index"),
                          label_smoothing=o.get("label_smoothing", 0.0), softcap=o.get("softcap"),
                          z_scale=o.get("lse_square_scale", 0.0), shift=o.get("shift", 0),
-                         grad_output=kw.get("grad_output"), grad_lse=kw.get("grad_lse"))
+                         grad_output=kw.get("grad_output"), grad_lse=kw.get("grad_lse"),
+                         token_weight=tw)
     return r, ref
 
 
@@ -274,6 +287,10 @@ def test_only_requested_gradients_are_computed(monkeypatch):
     (dict(class_weight=np.r_[np.ones(49), np.nan]), 585), (dict(bias=np.ones(50, np.float32)), 582),
     (dict(bias=np.ones(49)), 582), (dict(bias=np.r_[np.ones(49), np.inf]), 585),
     (dict(shift=6), 582), (dict(shift=-1), 582), (dict(grad_lse=np.ones((2, 6))), 582),
+    (dict(token_weight=-np.ones((2, 6))), 585), (dict(token_weight=np.r_[np.ones(11), np.nan]
+                                                      .reshape(2, 6)), 585),
+    (dict(token_weight=np.r_[np.ones(11), np.inf].reshape(2, 6)), 585),
+    (dict(token_weight=np.ones(12)), 582), (dict(token_weight=np.ones((2, 5))), 582),
 ])
 def test_bad_option_values_are_refused_before_work(kw, status):
     h, w, t, _, _ = problem((2, 6), 4, 50, seed=13)
@@ -288,7 +305,7 @@ def test_option_types_are_type_errors():
     h, w, t, _, _ = problem((4,), 4, 10, seed=14)
     for kw in (dict(softcap="1"), dict(lse_square_scale=None), dict(shift=1.0),
                dict(class_weight=np.array(["a"] * 10)), dict(grad_dtype=np.int32),
-               dict(bias=[0.0] * 10)):
+               dict(bias=[0.0] * 10), dict(token_weight=np.array(["a"] * 4))):
         with pytest.raises(TypeError):
             lce(h, w, t, **kw)
 
@@ -319,12 +336,61 @@ def test_against_pytorch_materialized():
             close(r.d_bias, B.grad.numpy(), 1e-12, "d_bias")
 
 
+def test_token_weights_against_pytorch_materialized():
+    # PyTorch has no per-token weight: weigh its per-token losses by hand. "mean" divides by the
+    # sum of u_t w_{y_t} over counted tokens; with reduction "none" and no other option, -loss is
+    # u_t log p(y_t), the per-token log-probability RL losses take.
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    h, w, t, b, cw = problem((3, 10), 20, 401, seed=16, ignore=-100)
+    u = token_weights((3, 10))
+    for use_cw in (False, True):
+        for red in ("mean", "sum", "none"):
+            r = lce(h, w, t, class_weight=cw if use_cw else None, ignore_index=-100,
+                    reduction=red, token_weight=u, with_grad=True,
+                    grad_output=np.ones((3, 10)) if red == "none" else None)
+            H = torch.tensor(h, requires_grad=True)
+            W = torch.tensor(w, requires_grad=True)
+            T, U = torch.tensor(t).reshape(-1), torch.tensor(u).reshape(-1)
+            CW = torch.tensor(cw) if use_cw else None
+            z = F.linear(H, W).reshape(-1, 401)
+            per = F.cross_entropy(z, T, weight=CW, ignore_index=-100, reduction="none") * U
+            if red == "mean":
+                wy = CW[T.clamp(min=0)] if use_cw else torch.ones_like(U)
+                loss = per.sum() / (U * wy * (T != -100)).sum()
+            elif red == "sum":
+                loss = per.sum()
+            else:
+                loss = per.reshape(3, 10)
+                if not use_cw:
+                    logp = torch.log_softmax(z, dim=-1).gather(1, T.clamp(min=0)[:, None])[:, 0]
+                    want = torch.where(T != -100, U * logp, 0.0).reshape(3, 10)
+                    close(-r.loss, want.detach().numpy(), 1e-11, "per-token log-probs")
+            loss.sum().backward()
+            close(r.loss, loss.detach().numpy().reshape(np.shape(r.loss)), 1e-11, f"loss {red}")
+            close(r.d_hidden, H.grad.numpy(), 1e-12, "d_hidden")
+            close(r.d_weight, W.grad.numpy(), 1e-12, "d_weight")
+
+
+def test_unit_token_weights_change_no_bit():
+    # u = 1 everywhere is the unweighted loss to the bit in every reduction (its products are
+    # exact), except that "mean" then divides by the sum of weights instead of LossSum's mean.
+    h, w, t, b, cw = problem((2, 9), 12, 97, seed=17, ignore=-100)
+    for red in ("sum", "none"):
+        a = lce(h, w, t, bias=b, class_weight=cw, lse_square_scale=1e-3, ignore_index=-100,
+                reduction=red, with_grad=True)
+        g = lce(h, w, t, bias=b, class_weight=cw, lse_square_scale=1e-3, ignore_index=-100,
+                reduction=red, with_grad=True, token_weight=np.ones((2, 9)))
+        for name in ("loss", "lse", "z_loss", "d_hidden", "d_weight", "d_bias"):
+            assert np.array_equal(getattr(a, name), getattr(g, name)), (red, name)
+
+
 # ---- exactness: every chunk size and thread count, options on ---------------------------------
 
 _SWEEP = textwrap.dedent("""
     import sys, hashlib, numpy as np
     sys.path.insert(0, {here!r})
-    from test_lossk_options import problem
+    from test_lossk_options import problem, token_weights
     import algenta
     from algenta.lossk.cross_entropy import HalfBits
     out = []
@@ -341,7 +407,8 @@ _SWEEP = textwrap.dedent("""
             r = algenta.linear_cross_entropy(
                 h, w, t, bias=b, class_weight=cw, softcap=3.0, lse_square_scale=1e-3,
                 label_smoothing=0.1, shift=1, ignore_index=-100, chunk=chunk, with_grad=True,
-                return_accuracy=True, reduction="none", grad_output=np.ones((3, 6)))
+                return_accuracy=True, reduction="none", grad_output=np.ones((3, 6)),
+                token_weight=token_weights((3, 7)))
             m = hashlib.sha256()
             for a in (r.loss, r.lse, r.z_loss, r.pred, r.d_hidden, r.d_weight, r.d_bias):
                 m.update(np.ascontiguousarray(getattr(a, "bits", a)).tobytes())

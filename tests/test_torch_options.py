@@ -90,6 +90,33 @@ def test_matches_materialized_pytorch(name, reduction, bias):
         torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-11, equal_nan=True, msg=what)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_token_weights_match_materialized_pytorch(reduction):
+    # PyTorch has no per-token weight: its per-token losses weighed by hand; "mean" divides by
+    # the counted tokens' sum of u_t w_{y_t}, as its class-weighted mean divides by sum w_{y_t}.
+    x, w, b, t, cw = data(shape=(3, 8))
+    u = torch.rand(t.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 2
+    u.view(-1)[::4] = 0.0
+
+    def ref(x, w, t, linear_bias=None, **_):
+        z = F.linear(x, w, linear_bias).reshape(-1, V)
+        tf, uf = t.reshape(-1), u.reshape(-1)
+        per = F.cross_entropy(z, tf, weight=cw, ignore_index=-100, reduction="none",
+                              label_smoothing=0.1) * uf
+        if reduction == "mean":
+            return per.sum() / (uf * cw[tf.clamp(min=0)] * (tf != -100)).sum()
+        return per.sum() if reduction == "sum" else per.reshape(t.shape)
+
+    kw = dict(weight=cw, label_smoothing=0.1, reduction=reduction)
+    got = grads(at.linear_cross_entropy, x, w, b, t, token_weight=u, **kw)
+    want = grads(ref, x, w, b, t)
+    for g, r, what in zip(got, want, ("loss", "d_input", "d_weight", "d_bias")):
+        torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-11, msg=what)
+    # the module form takes them per call
+    m = at.LinearCrossEntropyLoss(weight=cw, label_smoothing=0.1, reduction=reduction)
+    torch.testing.assert_close(m(x, w, t, b, token_weight=u), want[0], rtol=1e-10, atol=1e-11)
+
+
 def test_drop_in_for_torch_linear_cross_entropy():
     # The same call as PyTorch 2.13's F.linear_cross_entropy, keywords and all.
     x, w, b, t, cw = data(torch.float32)
@@ -233,7 +260,9 @@ def test_refusals():
 
     for kw, status in ((dict(softcap=-2.0), 585), (dict(lse_square_scale=-1.0), 585),
                        (dict(weight=cw[:-1].float()), 582), (dict(linear_bias=b.double()), 582),
-                       (dict(linear_bias=b[:-1]), 582), (dict(shift=9), 582)):
+                       (dict(linear_bias=b[:-1]), 582), (dict(shift=9), 582),
+                       (dict(token_weight=-torch.ones(t.shape)), 585),
+                       (dict(token_weight=torch.ones(t.shape[0])), 582)):
         with pytest.raises(LossError) as e:
             lce(x, w, t, **kw)
         assert e.value.status == status, kw

@@ -89,7 +89,8 @@ py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t>
                const std::string& reduction, bool has_ignore, int64_t ignore_index,
                double label_smoothing, std::optional<double> softcap, double z_loss,
                int64_t shift, int64_t seq_len, const std::optional<py::array>& bias,
-               const std::optional<carray<T>>& class_weight, bool want_dh, bool want_dw,
+               const std::optional<carray<T>>& class_weight,
+               const std::optional<carray<T>>& token_weight, bool want_dh, bool want_dw,
                bool want_db, Dtype grad_elem, const std::optional<carray<T>>& grad_output,
                double grad_scale, const std::optional<carray<T>>& grad_lse,
                const std::optional<carray<T>>& grad_coef, bool want_loss_tok, bool want_z_tok,
@@ -143,11 +144,13 @@ py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t>
   require_len("targets", targets.size(), n_tok);
   if (bias) require_len("linear_bias", bias->size(), vocab);
   if (class_weight) require_len("class weights", class_weight->size(), vocab);
+  if (token_weight) require_len("token_weight", token_weight->size(), n_tok);
   if (grad_output) require_len("grad_output", grad_output->size(), n_tok);
   if (grad_lse) require_len("the gradient of lse", grad_lse->size(), n_tok);
   if (grad_coef) require_len("grad_coef", grad_coef->size(), 3 * n_tok);
   a.targets = targets.data();
   a.class_weight = class_weight ? class_weight->data() : nullptr;
+  a.token_weight = token_weight ? token_weight->data() : nullptr;
   a.grad_output = grad_output ? grad_output->data() : nullptr;
   a.grad_lse = grad_lse ? grad_lse->data() : nullptr;
   a.grad_coef = grad_coef ? grad_coef->data() : nullptr;
@@ -226,7 +229,7 @@ py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t>
   d["total"] = out.reduced(Reduction::Sum);
   d["mean"] = out.reduced(Reduction::Mean);
   d["z_total"] = out.z.total;
-  d["z_mean"] = out.z.mean();
+  d["z_mean"] = out.z_mean();
   d["n_valid"] = out.ce.count;
   d["weight_sum"] = out.weight_sum;
   d["n_correct"] = out.n_correct;
@@ -259,7 +262,8 @@ py::dict fused_any(const py::array& hidden, const py::array& weight, carray<int6
                    int64_t ignore_index, double label_smoothing, std::optional<double> softcap,
                    double z_loss,
                    int64_t shift, int64_t seq_len, const std::optional<py::array>& bias,
-                   const std::optional<py::array>& class_weight, bool want_dh, bool want_dw,
+                   const std::optional<py::array>& class_weight,
+                   const std::optional<py::array>& token_weight, bool want_dh, bool want_dw,
                    bool want_db, const std::string& grad_elem,
                    const std::optional<py::array>& grad_output, double grad_scale,
                    const std::optional<py::array>& grad_lse,
@@ -272,7 +276,8 @@ py::dict fused_any(const py::array& hidden, const py::array& weight, carray<int6
     if (ge != Dtype::F64) refuse(LOSS_ERR_LENGTH_MISMATCH, "float64 inputs give float64 gradients");
     return fused<double>(hidden, weight, targets, n_tok, d_model, vocab, chunk, e, reduction,
                          has_ignore, ignore_index, label_smoothing, softcap, z_loss, shift,
-                         seq_len, bias, as_opt<double>(class_weight), want_dh, want_dw, want_db,
+                         seq_len, bias, as_opt<double>(class_weight),
+                         as_opt<double>(token_weight), want_dh, want_dw, want_db,
                          ge, as_opt<double>(grad_output), grad_scale, as_opt<double>(grad_lse),
                          as_opt<double>(grad_coef), want_loss_tok, want_z_tok, want_pred,
                          want_shard_stats, cuda);
@@ -280,7 +285,8 @@ py::dict fused_any(const py::array& hidden, const py::array& weight, carray<int6
   if (ge == Dtype::F64) refuse(LOSS_ERR_LENGTH_MISMATCH, "float64 gradients need float64 inputs");
   return fused<float>(hidden, weight, targets, n_tok, d_model, vocab, chunk, e, reduction,
                       has_ignore, ignore_index, label_smoothing, softcap, z_loss, shift, seq_len,
-                      bias, as_opt<float>(class_weight), want_dh, want_dw, want_db, ge,
+                      bias, as_opt<float>(class_weight), as_opt<float>(token_weight), want_dh,
+                      want_dw, want_db, ge,
                       as_opt<float>(grad_output), grad_scale, as_opt<float>(grad_lse),
                       as_opt<float>(grad_coef), want_loss_tok, want_z_tok, want_pred,
                       want_shard_stats, cuda);
@@ -322,6 +328,7 @@ DevCall dev_args(const py::dict& k) {
     a.elem = e;
     a.targets = ptr<const int64_t>(p("targets"));
     a.class_weight = ptr<const T>(p("class_weight"));
+    a.token_weight = ptr<const T>(p("token_weight"));
     a.n_tok = i64("n_tok"), a.d_model = i64("d_model"), a.vocab = i64("vocab");
     a.chunk = i64("chunk");
     a.reduction = parse_reduction(k["reduction"].cast<std::string>());
@@ -468,7 +475,7 @@ void bind_lossk(py::module_& m) {
         py::arg("ignore_index") = -100, py::arg("label_smoothing") = 0.0,
         py::arg("softcap") = py::none(), py::arg("z_loss") = 0.0, py::arg("shift") = 0,
         py::arg("seq_len") = 0, py::arg("bias") = py::none(), py::arg("class_weight") = py::none(),
-        py::arg("want_dh") = false, py::arg("want_dw") = false, py::arg("want_db") = false,
+        py::arg("token_weight") = py::none(), py::arg("want_dh") = false, py::arg("want_dw") = false, py::arg("want_db") = false,
         py::arg("grad_elem") = "", py::arg("grad_output") = py::none(),
         py::arg("grad_scale") = 1.0, py::arg("grad_lse") = py::none(),
         py::arg("grad_coef") = py::none(), py::arg("want_loss_tok") = false,

@@ -104,7 +104,13 @@ void narrow_in_place(float* buf, int64_t n, int kind, const kern::IsaOps<float>&
 
 template <class T>
 double FusedOut<T>::reduced(Reduction r) const {
-  return math::reduced_loss(r, weighted, ce.total, ce.mean(), weight_sum, z.total, z.mean());
+  return math::reduced_loss(r, weighted, ce.total, ce.mean(), weight_sum, z.total, z_mean());
+}
+
+template <class T>
+double FusedOut<T>::z_mean() const {
+  return math::z_mean(token_weighted, z.total, token_weight_sum, z.first, z.shifted,
+                      double(z.count));
 }
 
 template <class T>
@@ -170,6 +176,12 @@ int fused_linear_ce_check(const FusedArgs<T>& a, std::string* why) {
     return refuse(LOSS_ERR_NON_FINITE, "linear_bias contains NaN or infinity");
   if (a.class_weight && !all_finite(a.class_weight, a.vocab))
     return refuse(LOSS_ERR_NON_FINITE, "the class weights contain NaN or infinity");
+  if (a.token_weight)
+    for (int64_t t = 0; t < a.n_tok; ++t)
+      if (!math::token_weight_ok(double(a.token_weight[t])))
+        return refuse(LOSS_ERR_NON_FINITE, "token_weight must be finite and >= 0, got " +
+                                               std::to_string(double(a.token_weight[t])) +
+                                               " at token " + std::to_string(t));
   for (int64_t t = 0; t < a.n_tok; ++t) {
     if (a.shift > 0 && t % a.seq_len >= a.seq_len - a.shift) continue;  // not scored
     const int64_t y = a.targets[t + a.shift];
@@ -262,14 +274,17 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
     }
   }
   auto target_of = [&](int64_t t) { return a.targets[t + a.shift]; };
-  int64_t n_valid = 0;
-  double w_sum = 0.0;  // sum of the counted targets' weights, in token order
+  const T* tw = a.token_weight;
+  auto u_of = [&](int64_t t) { return tw ? double(tw[t + a.shift]) : 1.0; };
+  // In token order: the sums of u w_y and of u over the counted tokens.
+  double w_sum = 0.0, u_sum = 0.0;
   for (int64_t t = 0; t < N; ++t) {
     const bool v = math::counted(a.targets, t, a.shift, a.seq_len, a.has_ignore, a.ignore_index);
     valid[t] = v;
     if (v) {
-      ++n_valid;
-      w_sum += cw ? double(cw[target_of(t)]) : 1.0;
+      const double u = u_of(t);
+      u_sum += u;
+      w_sum += u * (cw ? double(cw[target_of(t)]) : 1.0);
     }
   }
   double w_all = double(V);  // sum_v w_v, in vocab order
@@ -372,13 +387,14 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
       const double logse = std::log(mg.sumexp);
       const double l = m + logse;
       lse[t] = l;
-      double ct = 0.0, zt = 0.0, wy = 1.0;
+      double ct = 0.0, zt = 0.0, wy = 1.0, u = 1.0;
       int64_t y = 0;
       if (valid[t]) {
         y = target_of(t);
         wy = cw ? double(cw[y]) : 1.0;
-        ct = math::token_ce(m, logse, ztarget[r], sz, wy, w_all, eps, V, cw != nullptr);
-        zt = zs * l * l;
+        u = u_of(t);
+        ct = u * math::token_ce(m, logse, ztarget[r], sz, wy, w_all, eps, V, cw != nullptr);
+        zt = u * (zs * l * l);
       }
       ce[t] = ct;
       zl[t] = zt;
@@ -396,8 +412,8 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
         continue;
       }
       const math::Scales sc = math::reduction_scales(
-          a.reduction, valid[t] != 0, a.grad_scale, double(n_valid), w_sum,
-          a.grad_output ? double(a.grad_output[t]) : 1.0);
+          a.reduction, valid[t] != 0, a.grad_scale, u_sum, w_sum,
+          a.grad_output ? double(a.grad_output[t]) : 1.0, u);
       const math::Coef k = math::grad_coef(sc, eps, V, wy, w_all, zs, l,
                                            a.grad_lse ? double(a.grad_lse[t]) : 0.0);
       if (k.a == 0.0 && k.b == 0.0 && k.c == 0.0) {
@@ -522,7 +538,9 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
     if (out.logit_sum) out.logit_sum[t] = T(zsum[t]);
   }
   out.weight_sum = w_sum;
-  out.weighted = cw != nullptr;
+  out.token_weight_sum = u_sum;
+  out.weighted = cw != nullptr || tw != nullptr;
+  out.token_weighted = tw != nullptr;
   out.n_correct = correct;
   if (is_half(out.grad_elem)) {
     if constexpr (std::is_same<T, float>::value) {
@@ -541,6 +559,8 @@ template void fused_linear_ce<float>(const FusedArgs<float>&, FusedOut<float>&);
 template void fused_linear_ce<double>(const FusedArgs<double>&, FusedOut<double>&);
 template double FusedOut<float>::reduced(Reduction) const;
 template double FusedOut<double>::reduced(Reduction) const;
+template double FusedOut<float>::z_mean() const;
+template double FusedOut<double>::z_mean() const;
 
 // ---- the materialized reference ----------------------------------------------------------
 

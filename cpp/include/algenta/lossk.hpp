@@ -100,9 +100,11 @@ enum class Reduction { Mean, Sum, None };
 //   ce_t = (1 - eps) w_y (lse - z'_y) + (eps / V) sum_v w_v (lse - z'_v)
 //   z_t  = s lse^2
 // Counted tokens only (not ignore_index, and with shift, not one of the last `shift` positions of
-// a sequence). Mean = sum_t ce_t / sum_t w_{y_t} + sum_t z_t / n_counted (PyTorch's weighted mean;
-// the z-loss averaged over counted tokens, as Liger-Kernel); Sum = sum_t (ce_t + z_t); None = the
-// per-token ce_t + z_t.
+// a sequence). With per-token weights u (token_weight; 1 without) each counted token's loss is
+// u_t (ce_t + z_t), and Mean = sum_t u_t ce_t / sum_t u_t w_{y_t} + sum_t u_t z_t / sum_t u_t
+// (PyTorch's weighted mean, the token's weight times its class's; without either weight
+// sum_t ce_t / n_counted, the z-loss averaged over counted tokens, as Liger-Kernel);
+// Sum = sum_t u_t (ce_t + z_t); None = the per-token u_t (ce_t + z_t).
 template <class T>
 struct FusedArgs {
   const void* hidden = nullptr;        // (N, D) row-major, `elem`
@@ -111,6 +113,9 @@ struct FusedArgs {
   Dtype elem = sizeof(T) == 8 ? Dtype::F64 : Dtype::F32;  // F64 with T = double; F32/BF16/F16 else
   const int64_t* targets = nullptr;    // (N): row r's target is targets[r + shift]
   const T* class_weight = nullptr;     // (V) PyTorch's `weight`, or null
+  // (N) per-token loss weights u, finite and >= 0, aligned with targets (row r's is
+  // token_weight[r + shift]), or null (every u = 1)
+  const T* token_weight = nullptr;
   int64_t n_tok = 0, d_model = 0, vocab = 0;
   int64_t chunk = 0;                   // tokens per chunk; must pass loss_chunk_check
   Reduction reduction = Reduction::Mean;
@@ -149,10 +154,13 @@ struct FusedOut {
   Dtype grad_elem = sizeof(T) == 8 ? Dtype::F64 : Dtype::F32;
   // Results, summed in token order over the counted tokens.
   LossSum ce, z;           // ce_t and z_t; ce.count is the number of counted tokens
-  double weight_sum = 0.0; // sum of the counted targets' class weights (count without weights)
+  double weight_sum = 0.0; // sum over counted tokens of u_t w_{y_t} (the count without weights)
+  double token_weight_sum = 0.0;  // sum over counted tokens of u_t (the count without them)
   int64_t n_correct = 0;   // counted tokens whose argmax is their target (when pred is set)
-  bool weighted = false;
+  bool weighted = false;        // class or token weights: Mean divides by weight_sum
+  bool token_weighted = false;  // token weights: the z-loss mean divides by token_weight_sum
   double reduced(Reduction r) const;  // the loss the reduction asks for (NaN: mean of nothing)
+  double z_mean() const;              // the z-loss term of the Mean reduction
 };
 
 // Every refusal of FusedArgs, in a fixed order (581/583/584 dims, 587 chunk, 585 non-finite
@@ -195,7 +203,8 @@ struct FusedCudaOut {          // device memory, each pointer null when not want
   float* accuracy = nullptr;   // () correct argmaxes / counted tokens (NaN for none); needs pred
   T* target_logit = nullptr;   // (N) as FusedOut
   T* logit_sum = nullptr;      // (N) as FusedOut
-  // (10) FusedOut's sums: ce (total, first, shifted, count), z (the same), weight_sum, n_correct
+  // (11) FusedOut's sums: ce (total, first, shifted, count), z (the same), weight_sum, n_correct,
+  // token_weight_sum
   double* sums = nullptr;
   void* d_hidden = nullptr;    // (N, D) in grad_elem
   void* d_weight = nullptr;    // (V, D) in grad_elem

@@ -28,6 +28,9 @@ ALGENTA_HD bool counted(const int64_t* targets, int64_t t, int64_t shift, int64_
   return !(has_ignore && targets[t + shift] == ignore_index);
 }
 
+// A per-token loss weight the core accepts: finite and >= 0 (NaN fails both tests).
+ALGENTA_HD bool token_weight_ok(double u) { return u >= 0.0 && u <= 1.7976931348623157e308; }
+
 // A token's vocab blocks merged in block order: the overall max (the first block holding it),
 // sum_v exp(z_v - max) and sum_v (w_v) z_v. S has fields max, sumexp, sumz.
 struct Merged {
@@ -68,19 +71,22 @@ ALGENTA_HD double token_ce(double m, double logse, double zt, double sz, double 
   return ct;
 }
 
-// The reduction's per-token scales of d ce_t and d z_t: for Mean 1/(sum of counted weights) and
-// 1/(counted tokens), for Sum 1, for None the token's upstream gradient; zero for a token that
-// is not counted.
+// The reduction's per-token scales of d ce_t and d z_t, u the token's weight (1 without): for
+// Mean u/(sum of counted u w_y) and u/(sum of counted u), for Sum u, for None u times the token's
+// upstream gradient; zero for a token that is not counted, and a zero denominator gives zero
+// (the loss is then NaN, PyTorch's mean over nothing). Without token weights u = 1 and u_sum is
+// the count, so the products below are exact and change no bit.
 struct Scales {
   double ce, z;
 };
 
-ALGENTA_HD Scales reduction_scales(Reduction red, bool valid, double grad_scale, double n_valid,
-                                   double w_sum, double grad_out_t) {
+ALGENTA_HD Scales reduction_scales(Reduction red, bool valid, double grad_scale, double u_sum,
+                                   double w_sum, double grad_out_t, double u) {
   if (!valid) return {0.0, 0.0};
-  if (red == Reduction::Mean) return {w_sum != 0.0 ? grad_scale / w_sum : 0.0, grad_scale / n_valid};
-  if (red == Reduction::Sum) return {grad_scale, grad_scale};
-  return {grad_out_t, grad_out_t};
+  if (red == Reduction::Mean)
+    return {w_sum != 0.0 ? grad_scale * u / w_sum : 0.0, u_sum != 0.0 ? grad_scale * u / u_sum : 0.0};
+  if (red == Reduction::Sum) return {grad_scale * u, grad_scale * u};
+  return {grad_out_t * u, grad_out_t * u};
 }
 
 // d loss / d z'_v = p_v a - b w_v - c [v == y], p = softmax(z'):
@@ -112,9 +118,16 @@ ALGENTA_HD double sum_mean(double first, double shifted, double count) {
   return count > 0.0 ? first + shifted / count : NAN;
 }
 
-// The loss a reduction returns from the token-order sums: Sum adds both terms; Mean is PyTorch's
-// weighted mean (divided by the counted targets' weights) with class weights, the LossSum mean
-// without (exact log(V) for uniform logits); the z-loss averages over counted tokens.
+// The z-loss term's mean: over the counted tokens (LossSum's parts), or with token weights
+// sum_t u_t z_t / sum_t u_t.
+ALGENTA_HD double z_mean(bool token_weighted, double z_total, double u_sum, double z_first,
+                         double z_shifted, double count) {
+  return token_weighted ? z_total / u_sum : sum_mean(z_first, z_shifted, count);
+}
+
+// The loss a reduction returns from the token-order sums (of u_t ce_t and u_t z_t): Sum adds both
+// terms; Mean is PyTorch's weighted mean (divided by the sum of u_t w_{y_t}) with class or token
+// weights, the LossSum mean without (exact log(V) for uniform logits), plus z_mean.
 ALGENTA_HD double reduced_loss(Reduction red, bool weighted, double ce_total, double ce_mean,
                                double weight_sum, double z_total, double z_mean) {
   if (red == Reduction::Sum) return ce_total + z_total;

@@ -43,12 +43,13 @@ def options(reduction, ignore_index, label_smoothing, softcap, lse_square_scale,
 
 
 def shapes(hidden_shape, weight_shape, target_shape, *, shift: int, bias_shape=None,
-           class_weight_shape=None, token_axes: int = 1,
+           class_weight_shape=None, token_weight_shape=None, token_axes: int = 1,
            names=("hidden", "weight", "targets", "bias", "class_weight")) -> tuple:
     """(lead, n, d, v): hidden's leading axes, the token count, d_model and the vocabulary, after
     checking hidden [..., d_model] with at least `token_axes` leading axes (the NumPy API wants
     one; PyTorch's loss also takes a single token [d_model]), weight [vocab, d_model], targets of
-    hidden's leading shape, a bias and class weights of (vocab,), and that a shift has a
+    hidden's leading shape, a bias and class weights of (vocab,), token weights of the targets'
+    shape, and that a shift has a
     sequence axis to shift along. Every mismatch is 582, named as the caller's API names it."""
     h, w, t, b, cw = names
     hidden_shape, weight_shape = tuple(hidden_shape), tuple(weight_shape)
@@ -69,4 +70,7 @@ def shapes(hidden_shape, weight_shape, target_shape, *, shift: int, bias_shape=N
         raise LossError(f"{b} must have shape ({v},), got {tuple(bias_shape)}", 582)
     if class_weight_shape is not None and tuple(class_weight_shape) != (v,):
         raise LossError(f"{cw} must have shape ({v},), got {tuple(class_weight_shape)}", 582)
+    if token_weight_shape is not None and tuple(token_weight_shape) != lead:
+        raise LossError(f"token_weight must have {t}'s shape {lead}, got "
+                        f"{tuple(token_weight_shape)}", 582)
     return lead, math.prod(lead), d, v

@@ -282,7 +282,7 @@ def _grad_sets(with_grad, has_bias):
 def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=None, chunk=None,
                          reduction="mean", ignore_index=None, label_smoothing=0.0, softcap=None,
                          lse_square_scale=0.0, shift=0, return_accuracy=False, with_grad=False,
-                         grad_output=None, grad_lse=None, grad_dtype=None,
+                         grad_output=None, grad_lse=None, grad_dtype=None, token_weight=None,
                          device="cpu") -> LinearCrossEntropy:
     """Cross-entropy of ``hidden @ weight.T + bias`` against ``targets`` without materializing the
     logits.
@@ -305,12 +305,21 @@ def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=Non
     second-to-last axis; the whole array for 2-D hidden): the per-token outputs then have
     ``seq - k`` positions, nothing is copied.
 
+    ``token_weight`` (the targets' shape, finite and >= 0, aligned with the targets: with a shift
+    the loss scored against ``targets[..., t + k]`` takes ``token_weight[..., t + k]``) multiplies
+    each counted token's loss, ``u_t (ce_t + z_t)``; "mean" becomes
+    ``sum_t u_t ce_t / sum_t u_t w[y_t] + sum_t u_t z_t / sum_t u_t`` (the token's weight times
+    its class's, as PyTorch weighs a class), "sum" ``sum_t u_t (ce_t + z_t)``. A negative or
+    non-finite weight is refused (585) before any work. With ``reduction="none"``, no label
+    smoothing, class weights or z-loss, ``-loss`` is each token's log-probability of its target.
+
     ``with_grad=True`` also returns ``d_hidden``, ``d_weight`` and (with a bias) ``d_bias`` of the
     reduced loss, computed in the same pass; ``with_grad="hidden"`` (or "weight", "bias", or a
     tuple of them) computes only those. Gradients come in the input dtype, or float32 for half
     inputs with ``grad_dtype="float32"``. ``grad_output`` is the loss's upstream gradient: a
     scalar for "mean"/"sum" (default 1), one per token (the loss's shape) for "none".
-    ``grad_lse`` (the per-token lse's shape) adds the gradient of ``sum_t grad_lse[t] * lse_t``. ``return_accuracy=True`` adds the per-token argmax of the (capped) logits (ties
+    ``grad_lse`` (the per-token lse's shape) adds the gradient of ``sum_t grad_lse[t] * lse_t``.
+    ``return_accuracy=True`` adds the per-token argmax of the (capped) logits (ties
     to the lowest index) and the accuracy over counted tokens, from the forward's running maximum.
     Peak extra memory is the gradients plus one chunk of logits.
 
@@ -361,11 +370,19 @@ def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=Non
         cw = _asarray(class_weight, "class_weight")
         if cw.dtype.kind not in "fiu":
             raise TypeError(f"class_weight must hold real numbers, got dtype {cw.dtype}")
+    tw = None
+    if token_weight is not None:
+        tw = _asarray(token_weight, "token_weight")
+        if tw.dtype.kind not in "fiu":
+            raise TypeError(f"token_weight must hold real numbers, got dtype {tw.dtype}")
     lead, n, d, v = _args.shapes(
         hidden.shape, weight.shape, np.shape(targets), shift=k,
         bias_shape=None if bias is None else bias.shape,
         class_weight_shape=None if cw is None else cw.shape,
+        token_weight_shape=None if tw is None else tw.shape,
         names=("hidden", "weight", "targets", "linear_bias", "class_weight"))
+    if tw is not None:
+        tw = np.ascontiguousarray(tw, dtype=np.float64 if elem == "f64" else np.float32).reshape(n)
     seq = lead[-1]
     c = _chunk(o.chunk, n, v)
     b = None if bias is None else np.ascontiguousarray(_elem(bias)[1])
@@ -402,8 +419,8 @@ def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=Non
         np.ascontiguousarray(h).reshape(n, d), np.ascontiguousarray(w), t, n, d, v, c, elem=elem,
         reduction=reduction, has_ignore=ii is not None, ignore_index=0 if ii is None else ii,
         label_smoothing=ls, softcap=cap, z_loss=zs, shift=k, seq_len=seq if k else 0, bias=b,
-        class_weight=cw, want_dh=want_dh, want_dw=want_dw, want_db=want_db, grad_elem=gelem,
-        grad_output=go, grad_scale=gscale, grad_lse=gl, want_loss_tok=reduction == "none",
+        class_weight=cw, token_weight=tw, want_dh=want_dh, want_dw=want_dw, want_db=want_db,
+        grad_elem=gelem, grad_output=go, grad_scale=gscale, grad_lse=gl, want_loss_tok=reduction == "none",
         want_z_tok=reduction == "none" and zs != 0.0, want_pred=bool(return_accuracy), device=dev)
 
     def per_token(a):

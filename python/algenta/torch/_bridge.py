@@ -34,7 +34,7 @@ def _tensor(a, dtype) -> Tensor:
 
 
 def _run(input, weight, target, bias, class_weight, reduction, ii, ls, cap, zs, shift, chunk,
-         need, grad_output=None, grad_lse=None, want_pred=False):
+         need, grad_output=None, grad_lse=None, want_pred=False, token_weight=None):
     """One pass of the core through the NumPy API on tensors' data; only the gradients in
     `need` (a subset of hidden, weight, bias) are computed."""
     t = target.detach()
@@ -51,9 +51,9 @@ def _run(input, weight, target, bias, class_weight, reduction, ii, ls, cap, zs, 
         with_grad=tuple(need) if need else False,
         grad_output=grad_output.detach().contiguous().numpy()
         if isinstance(grad_output, Tensor) else grad_output,
-        grad_lse=None if grad_lse is None else grad_lse.detach().contiguous().numpy())
-
-
+        grad_lse=None if grad_lse is None else grad_lse.detach().contiguous().numpy(),
+        token_weight=None if token_weight is None else token_weight.detach().to(
+            torch.float64 if input.dtype == torch.float64 else torch.float32).contiguous().numpy())
 
 
 def _per_token_full(x: Tensor, input: Tensor, shift: int, dtype) -> Tensor:
@@ -69,7 +69,7 @@ def _per_token_full(x: Tensor, input: Tensor, shift: int, dtype) -> Tensor:
 
 
 def _cuda_pass(input, weight, target, bias, class_weight, reduction, ii, ls, cap, zs, shift,
-               chunk, need, grad_output=None, grad_lse=None, want_pred=False):
+               chunk, need, grad_output=None, grad_lse=None, want_pred=False, token_weight=None):
     """One pass of the CUDA backend on the tensors' device and PyTorch's current stream; the
     scratch comes from PyTorch's allocator. Returns (loss, lse, z, pred, accuracy, d_hidden,
     d_weight, d_bias), per-token outputs flat (n_tok,) and unwanted ones None."""
@@ -84,7 +84,8 @@ def _cuda_pass(input, weight, target, bias, class_weight, reduction, ii, ls, cap
             "d_bias": "bias" in need}
     k = {"n_tok": n, "d_model": d, "vocab": v,
          "chunk": chunk if chunk is not None else max(_lossk.loss_max_chunk(n, v), 1),
-         "elem": torch_short_name(input.dtype), "grad_elem": torch_short_name(input.dtype), "reduction": reduction,
+         "elem": torch_short_name(input.dtype), "grad_elem": torch_short_name(input.dtype),
+         "reduction": reduction,
          "has_ignore": True, "ignore_index": ii, "label_smoothing": ls, "softcap": cap,
          "z_loss": zs, "shift": shift, "seq_len": lead[-1] if shift else 0,
          "grad_scale": 1.0 if isinstance(grad_output, Tensor) or grad_output is None
@@ -106,6 +107,8 @@ def _cuda_pass(input, weight, target, bias, class_weight, reduction, ii, ls, cap
         k["bias"] = p(bias.detach().contiguous())
     if class_weight is not None:
         k["class_weight"] = p(class_weight.detach().to(ct).contiguous())
+    if token_weight is not None:
+        k["token_weight"] = p(token_weight.detach().reshape(n).to(ct).contiguous())
     if isinstance(grad_output, Tensor):
         k["grad_output"] = p(_per_token_full(grad_output, input, shift, ct))
     if grad_lse is not None:

@@ -29,7 +29,7 @@ def _float_tensor(x, name: str, device: torch.device) -> None:
 
 
 def _check(input, weight, target, bias, class_weight, reduction, ignore_index, label_smoothing,
-           softcap, lse_square_scale, shift, chunk, cuda_ok=True):
+           softcap, lse_square_scale, shift, chunk, cuda_ok=True, token_weight=None):
     """Validates what torch-side code must know before the core sees anything (types, devices,
     shapes); returns the options. Value checks the core makes itself (NaN/inf, target range,
     label_smoothing, soft cap and z-loss ranges, chunk budget, shift) are left to it so their
@@ -61,9 +61,12 @@ def _check(input, weight, target, bias, class_weight, reduction, ignore_index, l
                             f"{bias.dtype}", 582)
     if class_weight is not None:
         _float_tensor(class_weight, "weight", dev)
+    if token_weight is not None:
+        _float_tensor(token_weight, "token_weight", dev)
     _args.shapes(input.shape, weight.shape, target.shape, shift=o.shift, token_axes=0,
                  bias_shape=None if bias is None else bias.shape,
                  class_weight_shape=None if class_weight is None else class_weight.shape,
+                 token_weight_shape=None if token_weight is None else token_weight.shape,
                  names=("input", "linear_weight", "target", "linear_bias",
                         "weight (class weights)"))
     return o.reduction, o.ignore_index, o.label_smoothing, o.softcap, o.lse_square_scale, \

@@ -30,7 +30,8 @@ class LinearCrossEntropyOutput(NamedTuple):
 
 @torch.library.custom_op("algenta::lce_fwd", mutates_args=())
 def _lce_fwd(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor],
-             class_weight: Optional[Tensor], reduction: str, ignore_index: int,
+             class_weight: Optional[Tensor], token_weight: Optional[Tensor], reduction: str,
+             ignore_index: int,
              label_smoothing: float, softcap: Optional[float], lse_square_scale: float,
              shift: int, chunk: Optional[int], need_dh: bool, need_dw: bool, need_db: bool,
              want_pred: bool, lse_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
@@ -43,7 +44,8 @@ def _lce_fwd(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tenso
     if input.is_cuda:
         loss, lse, z, pred, acc, dh, dw, db = _cuda_pass(
             input, weight, target, bias, class_weight, reduction, ignore_index, label_smoothing,
-            softcap, lse_square_scale, shift, chunk, need, want_pred=want_pred)
+            softcap, lse_square_scale, shift, chunk, need, want_pred=want_pred,
+            token_weight=token_weight)
         empty = input.new_empty(0)
         if reduction == "none":
             loss, z = _per_token_view(loss, input, shift), _per_token_view(z, input, shift)
@@ -54,7 +56,8 @@ def _lce_fwd(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tenso
                 dh if dh is not None else empty, dw if dw is not None else empty.clone(),
                 db if db is not None else empty.clone())
     r = _run(input, weight, target, bias, class_weight, reduction, ignore_index,
-             label_smoothing, softcap, lse_square_scale, shift, chunk, need, want_pred=want_pred)
+             label_smoothing, softcap, lse_square_scale, shift, chunk, need, want_pred=want_pred,
+             token_weight=token_weight)
     ldt = _loss_dtype(input.dtype)
     empty = torch.empty(0, dtype=input.dtype)
     return (torch.as_tensor(r.loss, dtype=ldt).clone(), _tensor(r.lse, ldt),
@@ -67,7 +70,8 @@ def _lce_fwd(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tenso
 
 
 @_lce_fwd.register_fake
-def _(input, weight, target, bias, class_weight, reduction, ignore_index, label_smoothing,
+def _(input, weight, target, bias, class_weight, token_weight, reduction, ignore_index,
+      label_smoothing,
       softcap, lse_square_scale, shift, chunk, need_dh, need_dw, need_db, want_pred, lse_grad):
     ldt = _loss_dtype(input.dtype)
     per = _out_shape(input, shift)
@@ -84,7 +88,8 @@ def _(input, weight, target, bias, class_weight, reduction, ignore_index, label_
 
 @torch.library.custom_op("algenta::lce_grad", mutates_args=())
 def _lce_grad(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor],
-              class_weight: Optional[Tensor], grad_loss: Tensor, grad_lse: Optional[Tensor],
+              class_weight: Optional[Tensor], token_weight: Optional[Tensor], grad_loss: Tensor,
+              grad_lse: Optional[Tensor],
               reduction: str, ignore_index: int, label_smoothing: float,
               softcap: Optional[float], lse_square_scale: float, shift: int,
               chunk: Optional[int], need_dh: bool, need_dw: bool,
@@ -102,19 +107,20 @@ def _lce_grad(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tens
             input, weight, target, bias, class_weight, reduction, ignore_index, label_smoothing,
             softcap, lse_square_scale, shift, chunk, need,
             grad_output=grad_loss.to(ldt) if reduction == "none" else float(grad_loss),
-            grad_lse=None if grad_lse is None else grad_lse.to(ldt))
+            grad_lse=None if grad_lse is None else grad_lse.to(ldt), token_weight=token_weight)
         e = input.new_empty(0)
         return (dh if need_dh else e, dw if need_dw else e.clone(), db if need_db else e.clone())
     r = _run(input, weight, target, bias, class_weight, reduction, ignore_index,
              label_smoothing, softcap, lse_square_scale, shift, chunk, need, grad_output=go,
-             grad_lse=None if grad_lse is None else grad_lse.to(ldt))
+             grad_lse=None if grad_lse is None else grad_lse.to(ldt), token_weight=token_weight)
     return (_tensor(r.d_hidden, input.dtype) if need_dh else empty,
             _tensor(r.d_weight, input.dtype) if need_dw else empty.clone(),
             _tensor(r.d_bias, input.dtype) if need_db else empty.clone())
 
 
 @_lce_grad.register_fake
-def _(input, weight, target, bias, class_weight, grad_loss, grad_lse, reduction, ignore_index,
+def _(input, weight, target, bias, class_weight, token_weight, grad_loss, grad_lse, reduction,
+      ignore_index,
       label_smoothing, softcap, lse_square_scale, shift, chunk, need_dh, need_dw, need_db):
     return (input.new_empty(input.shape if need_dh else (0,)),
             input.new_empty(weight.shape if need_dw else (0,)),
@@ -122,8 +128,8 @@ def _(input, weight, target, bias, class_weight, grad_loss, grad_lse, reduction,
 
 
 def _setup_fwd(ctx, inputs, output):
-    (input, weight, target, bias, class_weight, reduction, ii, ls, cap, zs, shift, chunk,
-     need_dh, need_dw, need_db, want_pred, lse_grad) = inputs
+    (input, weight, target, bias, class_weight, token_weight, reduction, ii, ls, cap, zs, shift,
+     chunk, need_dh, need_dw, need_db, want_pred, lse_grad) = inputs
     loss, lse, z, pred, acc, dh, dw, db = output
     ctx.mark_non_differentiable(z, pred, acc, dh, dw, db)
     if not lse_grad:
@@ -143,9 +149,9 @@ def _setup_fwd(ctx, inputs, output):
     ctx.eager = not torch.compiler.is_compiling()
     ctx.grads = [dh, dw, db] if ctx.precomputed and ctx.eager else None
     if ctx.eager:
-        ctx.save_for_backward(input, weight, target, bias, class_weight)
+        ctx.save_for_backward(input, weight, target, bias, class_weight, token_weight)
     else:
-        ctx.save_for_backward(input, weight, target, bias, class_weight, dh, dw, db)
+        ctx.save_for_backward(input, weight, target, bias, class_weight, token_weight, dh, dw, db)
 
 
 def _scaled(g: Tensor, by: Tensor) -> Tensor:
@@ -163,28 +169,28 @@ def _scaled(g: Tensor, by: Tensor) -> Tensor:
 
 
 def _backward_fwd(ctx, g_loss, g_lse, *_unused):
-    input, weight, target, bias, class_weight = ctx.saved_tensors[:5]
+    input, weight, target, bias, class_weight, token_weight = ctx.saved_tensors[:6]
     if g_loss is None:  # only the lse was used: the loss's upstream gradient is zero
         g_loss = torch.zeros(ctx.loss_shape, dtype=_loss_dtype(input.dtype), device=input.device)
     need_dh, need_dw, _, need_db = ctx.needs_input_grad[:4]
     if ctx.precomputed and not ctx.eager:
-        dh, dw, db = ctx.saved_tensors[5:]
+        dh, dw, db = ctx.saved_tensors[6:]
         return (dh * g_loss if need_dh else None, dw * g_loss if need_dw else None, None,
-                db * g_loss if need_db else None) + (None,) * 13
+                db * g_loss if need_db else None) + (None,) * 14
     if ctx.precomputed:
         if ctx.grads is not None:  # the first backward: the forward's gradients, taken
             (dh, dw, db), ctx.grads = ctx.grads, None
         else:  # a retained graph's next backward: the forward's pass again, the same bits
             one = torch.ones((), dtype=_loss_dtype(input.dtype), device=input.device)
-            dh, dw, db = _lce_grad(input, weight, target, bias, class_weight, one, None,
-                                   *ctx.opts, need_dh, need_dw, need_db)
+            dh, dw, db = _lce_grad(input, weight, target, bias, class_weight, token_weight, one,
+                                   None, *ctx.opts, need_dh, need_dw, need_db)
         return (_scaled(dh, g_loss) if need_dh else None, _scaled(dw, g_loss) if need_dw else None,
-                None, _scaled(db, g_loss) if need_db else None) + (None,) * 13
-    gdh, gdw, gdb = _lce_grad(input, weight, target, bias, class_weight, g_loss,
+                None, _scaled(db, g_loss) if need_db else None) + (None,) * 14
+    gdh, gdw, gdb = _lce_grad(input, weight, target, bias, class_weight, token_weight, g_loss,
                               g_lse if ctx.lse_grad else None, *ctx.opts, need_dh, need_dw,
                               need_db)
     return (gdh if need_dh else None, gdw if need_dw else None, None,
-            gdb if need_db else None) + (None,) * 13
+            gdb if need_db else None) + (None,) * 14
 
 
 _lce_fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)
@@ -193,7 +199,7 @@ _lce_fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)
 def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weight=None,
                          reduction="mean", ignore_index=None, label_smoothing=0.0, softcap=None,
                          lse_square_scale=0.0, shift=0, return_lse=False, return_z_loss=False,
-                         return_accuracy=False, chunk=None):
+                         return_accuracy=False, chunk=None, token_weight=None):
     """``F.cross_entropy(F.linear(input, linear_weight, linear_bias), target, weight=weight,
     ...)`` without the logits; the signature of PyTorch's ``F.linear_cross_entropy``.
 
@@ -210,6 +216,11 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     copied. ``return_lse`` / ``return_z_loss`` / ``return_accuracy`` make the result a
     :class:`LinearCrossEntropyOutput` (the per-token lse is differentiable). ``chunk`` (tokens per
     pass, default the largest the logit budget admits) changes no result by a single bit.
+    ``token_weight`` (target's shape, finite and >= 0; no gradient) multiplies each counted
+    token's loss: u_t (ce_t + z_t); "mean" then divides by sum_t u_t w_{y_t} (w the class weights,
+    ones without) and averages the z-loss with weights u. With ``reduction="none"`` and neither
+    label smoothing, class weights nor z-loss, ``-loss`` is each token's log-probability of its
+    target (times u_t), differentiable: what policy-gradient losses need.
 
     For "mean"/"sum" the gradients are computed in the forward pass, in the same sweep as the
     loss, and scaled by the upstream gradient in backward; only the inputs that require grad
@@ -219,7 +230,7 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     """
     reduction, ii, ls, cap, zs, k, chunk = _check(
         input, linear_weight, target, linear_bias, weight, reduction, ignore_index,
-        label_smoothing, softcap, lse_square_scale, shift, chunk)
+        label_smoothing, softcap, lse_square_scale, shift, chunk, token_weight=token_weight)
     if torch.is_autocast_enabled(input.device.type):
         # As F.linear under autocast: the projection's operands in the autocast dtype (the
         # casts are part of the graph, so float32 parameters get float32 gradients).
@@ -230,14 +241,16 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     unbatched = input.dim() == 1
     if unbatched:
         input, target = input.unsqueeze(0), target.unsqueeze(0)
+        if token_weight is not None:
+            token_weight = token_weight.unsqueeze(0)
     grad_on = torch.is_grad_enabled()
     need_dh = grad_on and input.requires_grad
     need_dw = grad_on and linear_weight.requires_grad
     need_db = grad_on and linear_bias is not None and linear_bias.requires_grad
     lse_grad = bool(return_lse) and (need_dh or need_dw or need_db)
     loss, lse, z, pred, acc, _, _, _ = _lce_fwd(
-        input, linear_weight, target, linear_bias, weight, reduction, ii, ls, cap, zs, k, chunk,
-        need_dh, need_dw, need_db, bool(return_accuracy), lse_grad)
+        input, linear_weight, target, linear_bias, weight, token_weight, reduction, ii, ls, cap,
+        zs, k, chunk, need_dh, need_dw, need_db, bool(return_accuracy), lse_grad)
     if unbatched:
         lse, pred = lse.squeeze(0), pred.squeeze(0) if return_accuracy else pred
         if reduction == "none":
@@ -252,7 +265,7 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
 
 class LinearCrossEntropyLoss(torch.nn.Module):
     """Module form of :func:`linear_cross_entropy`: ``loss_fn(hidden, linear_weight, target,
-    linear_bias=None)``.
+    linear_bias=None, token_weight=None)``.
 
     It holds no parameters: the head's weight is passed in, so it can be tied to an embedding or
     live in another module; class weights (``weight=``) are a buffer."""
@@ -271,8 +284,9 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         self.shift = as_int(shift, "shift")
         self.register_buffer("weight", weight)
 
-    def forward(self, hidden, linear_weight, target, linear_bias=None):
+    def forward(self, hidden, linear_weight, target, linear_bias=None, token_weight=None):
         return linear_cross_entropy(hidden, linear_weight, target, linear_bias=linear_bias,
+                                    token_weight=token_weight,
                                     weight=self.weight, reduction=self.reduction,
                                     ignore_index=self.ignore_index,
                                     label_smoothing=self.label_smoothing, softcap=self.softcap,
