@@ -84,7 +84,8 @@ ALGENTA_HD Scales reduction_scales(Reduction red, bool valid, double grad_scale,
                                    double w_sum, double grad_out_t, double u) {
   if (!valid) return {0.0, 0.0};
   if (red == Reduction::Mean)
-    return {w_sum != 0.0 ? grad_scale * u / w_sum : 0.0, u_sum != 0.0 ? grad_scale * u / u_sum : 0.0};
+    return {w_sum != 0.0 ? grad_scale * u / w_sum : 0.0,
+            u_sum != 0.0 ? grad_scale * u / u_sum : 0.0};
   if (red == Reduction::Sum) return {grad_scale * u, grad_scale * u};
   return {grad_out_t * u, grad_out_t * u};
 }

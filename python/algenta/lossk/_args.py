@@ -12,6 +12,7 @@ from typing import NamedTuple, Optional
 
 from .._convert import I64_MAX, I64_MIN, as_float, as_i64_clamped, as_int
 from ..errors import LossError
+from . import contract as _contract
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -74,3 +75,21 @@ def shapes(hidden_shape, weight_shape, target_shape, *, shift: int, bias_shape=N
         raise LossError(f"token_weight must have {t}'s shape {lead}, got "
                         f"{tuple(token_weight_shape)}", 582)
     return lead, math.prod(lead), d, v
+
+
+def chunk_for(chunk, n_tok: int, vocab: int) -> int:
+    """The chunk the core runs: the caller's (clamped to int64: the core refuses what it stands
+    for), or for None the largest the logit budget admits (1 where the dimensions are refused
+    anyway: the core refuses them first)."""
+    if chunk is None:
+        return max(_contract.loss_max_chunk(n_tok, vocab), 1)
+    return as_i64_clamped(chunk, "chunk")
+
+
+def core_options(o: Options, seq_len: int) -> dict:
+    """The options as the core's keyword arguments, for both of its entry points (host arrays,
+    the NumPy API; device pointers, algenta.torch's CUDA tensors): one spelling of each."""
+    return {"reduction": o.reduction, "has_ignore": o.ignore_index is not None,
+            "ignore_index": 0 if o.ignore_index is None else o.ignore_index,
+            "label_smoothing": o.label_smoothing, "softcap": o.softcap,
+            "z_loss": o.lse_square_scale, "shift": o.shift, "seq_len": seq_len if o.shift else 0}

@@ -77,12 +77,7 @@ def _dims(*pairs) -> tuple:
     return tuple(as_i64_clamped(v, name) for v, name in pairs)
 
 
-def _chunk(chunk, n_tok: int, vocab: int) -> int:
-    """The chunk to run: chunk=None means the largest the logit budget admits (1 where the
-    dimensions are refused anyway: the core refuses them first)."""
-    if chunk is None:
-        return max(_contract.loss_max_chunk(n_tok, vocab), 1)
-    return as_i64_clamped(chunk, "chunk")
+_chunk = _args.chunk_for
 
 
 def _targets(t) -> np.ndarray:
@@ -417,9 +412,7 @@ def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=Non
     gl = None if grad_lse is None else per_token_in(grad_lse, "grad_lse")
     r = _core_pass(
         np.ascontiguousarray(h).reshape(n, d), np.ascontiguousarray(w), t, n, d, v, c, elem=elem,
-        reduction=reduction, has_ignore=ii is not None, ignore_index=0 if ii is None else ii,
-        label_smoothing=ls, softcap=cap, z_loss=zs, shift=k, seq_len=seq if k else 0, bias=b,
-        class_weight=cw, token_weight=tw, want_dh=want_dh, want_dw=want_dw, want_db=want_db,
+        **_args.core_options(o, seq), bias=b, class_weight=cw, token_weight=tw, want_dh=want_dh, want_dw=want_dw, want_db=want_db,
         grad_elem=gelem, grad_output=go, grad_scale=gscale, grad_lse=gl, want_loss_tok=reduction == "none",
         want_z_tok=reduction == "none" and zs != 0.0, want_pred=bool(return_accuracy), device=dev)
 

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from .._dtypes import HalfBits, torch_short_name
+from ..lossk import _args
 from ..lossk.cross_entropy import linear_cross_entropy as _np_linear_cross_entropy
 from ._checks import _HALF, _lossk
 
@@ -82,12 +83,9 @@ def _cuda_pass(input, weight, target, bias, class_weight, reduction, ii, ls, cap
             "lse": True, "pred": want_pred, "accuracy": want_pred,
             "d_hidden": "hidden" in need, "d_weight": "weight" in need,
             "d_bias": "bias" in need}
-    k = {"n_tok": n, "d_model": d, "vocab": v,
-         "chunk": chunk if chunk is not None else max(_lossk.loss_max_chunk(n, v), 1),
+    k = {"n_tok": n, "d_model": d, "vocab": v, "chunk": _args.chunk_for(chunk, n, v),
          "elem": torch_short_name(input.dtype), "grad_elem": torch_short_name(input.dtype),
-         "reduction": reduction,
-         "has_ignore": True, "ignore_index": ii, "label_smoothing": ls, "softcap": cap,
-         "z_loss": zs, "shift": shift, "seq_len": lead[-1] if shift else 0,
+         **_args.core_options(_args.Options(reduction, ii, ls, cap, zs, shift, chunk), lead[-1]),
          "grad_scale": 1.0 if isinstance(grad_output, Tensor) or grad_output is None
          else float(grad_output)}
     # The core's shape refusals come first, before anything is allocated on the device.
