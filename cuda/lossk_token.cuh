@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(RT) k_prepare(const int64_t* targets, int64_t 
     const bool v = math::counted(targets, t, shift, seq, has_ignore, ignore);
     valid[t] = v;
     if (v) {
-      const double u = tw ? double(tw[t + shift]) : 1.0;
+      const double u = math::token_weight_of(tw, t, shift);
       cnt += 1.0;
       us += u;
       ws += u * (cw ? double(cw[targets[t + shift]]) : 1.0);
@@ -122,7 +122,7 @@ __global__ void k_merge(MergeArgs<T> a) {
   if (valid) {
     y = a.targets[t + a.shift];
     wy = a.cw ? double(a.cw[y]) : 1.0;
-    u = a.tw ? double(a.tw[t + a.shift]) : 1.0;
+    u = math::token_weight_of(a.tw, t, a.shift);
     ct = u * math::token_ce(m, logse, zt, sz, wy, w_all, eps, V, a.cw != nullptr);
     zl = u * (a.zs * l * l);
   }

@@ -275,14 +275,13 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
   }
   auto target_of = [&](int64_t t) { return a.targets[t + a.shift]; };
   const T* tw = a.token_weight;
-  auto u_of = [&](int64_t t) { return tw ? double(tw[t + a.shift]) : 1.0; };
   // In token order: the sums of u w_y and of u over the counted tokens.
   double w_sum = 0.0, u_sum = 0.0;
   for (int64_t t = 0; t < N; ++t) {
     const bool v = math::counted(a.targets, t, a.shift, a.seq_len, a.has_ignore, a.ignore_index);
     valid[t] = v;
     if (v) {
-      const double u = u_of(t);
+      const double u = math::token_weight_of(tw, t, a.shift);
       u_sum += u;
       w_sum += u * (cw ? double(cw[target_of(t)]) : 1.0);
     }
@@ -392,7 +391,7 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
       if (valid[t]) {
         y = target_of(t);
         wy = cw ? double(cw[y]) : 1.0;
-        u = u_of(t);
+        u = math::token_weight_of(tw, t, a.shift);
         ct = u * math::token_ce(m, logse, ztarget[r], sz, wy, w_all, eps, V, cw != nullptr);
         zt = u * (zs * l * l);
       }

@@ -31,6 +31,13 @@ ALGENTA_HD bool counted(const int64_t* targets, int64_t t, int64_t shift, int64_
 // A per-token loss weight the core accepts: finite and >= 0 (NaN fails both tests).
 ALGENTA_HD bool token_weight_ok(double u) { return u >= 0.0 && u <= 1.7976931348623157e308; }
 
+// Row t's loss weight: token weights are aligned with the targets, so row t (scored against
+// targets[t + shift]) takes tw[t + shift]; 1 without token weights.
+template <class T>
+ALGENTA_HD double token_weight_of(const T* tw, int64_t t, int64_t shift) {
+  return tw ? double(tw[t + shift]) : 1.0;
+}
+
 // A token's vocab blocks merged in block order: the overall max (the first block holding it),
 // sum_v exp(z_v - max) and sum_v (w_v) z_v. S has fields max, sumexp, sumz.
 struct Merged {
