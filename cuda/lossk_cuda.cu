@@ -8,7 +8,7 @@
 //
 // Per call: k_check_* (the data's refusals, into a flag the host waits for: the one
 // synchronization), k_prepare (which tokens count, their weight sum), then per chunk
-//   1 k_tile<.., EPI_STATS>  logits of a (BM x VB) tile, bias and soft cap applied, reduced in
+//   1 k_tile<.., EPI_STATS>  logits of a (BM x VB) tile, bias, cap, temperature applied, reduced in
 //                            shared memory to per-(row, vocab block) statistics (max, sum of
 //                            exp, weighted logit sum, first argmax) and the target's logit; with
 //                            gradients the tile is also stored into the chunk's (C, V) logits
@@ -279,6 +279,7 @@ void fused_linear_ce_cuda(const FusedArgs<T>& a, FusedCudaOut<T>& out, void* wor
   check_data(a, sc, s);
 
   const double cap = a.has_softcap ? a.softcap : 0.0;
+  const double tcap = math::tempered_cap(cap, a.temperature);  // the gradient sweep's amplitude
   const T* cw = a.class_weight;
   k_prepare<T><<<1, RT, 0, s>>>(a.targets, N, V, a.shift, a.seq_len, a.has_ignore, a.ignore_index,
                                 cw, a.token_weight, sc.valid, sc.prep);
@@ -297,7 +298,7 @@ void fused_linear_ce_cuda(const FusedArgs<T>& a, FusedCudaOut<T>& out, void* wor
     f.B = a.weight, f.ldb = D;
     f.stats = sc.stats, f.nvb = nvb;
     f.logits = grad ? sc.logits : nullptr;
-    f.bias = a.bias, f.cap = cap;
+    f.bias = a.bias, f.cap = cap, f.temperature = a.temperature;
     f.stats_w = a.label_smoothing > 0.0 || out.logit_sum ? cw : nullptr;
     f.targets = a.targets, f.valid = sc.valid, f.t0 = t0, f.shift = a.shift;
     f.ztarget = sc.ztarget;
@@ -308,9 +309,9 @@ void fused_linear_ce_cuda(const FusedArgs<T>& a, FusedCudaOut<T>& out, void* wor
     m.stats = sc.stats, m.nvb = nvb, m.c = c, m.t0 = t0, m.V = V, m.shift = a.shift;
     m.valid = sc.valid, m.targets = a.targets, m.cw = cw, m.tw = a.token_weight;
     m.ztarget = sc.ztarget, m.prep = sc.prep;
-    m.eps = a.label_smoothing, m.zs = a.z_loss, m.cap = cap, m.reduction = a.reduction;
+    m.eps = a.label_smoothing, m.zs = a.z_loss, m.cap = tcap, m.reduction = a.reduction;
     m.grad_scale = a.grad_scale, m.grad_output = a.grad_output, m.grad_lse = a.grad_lse;
-    m.grad_coef = a.grad_coef, m.with_grad = grad;
+    m.grad_coef = a.grad_coef, m.with_grad = grad, m.temperature = a.temperature;
     m.ce = sc.ce, m.zl = sc.zl, m.lse = out.lse, m.loss_tok = out.loss_tok, m.z_tok = out.z_tok;
     m.target_logit = out.target_logit, m.logit_sum = out.logit_sum, m.pred = out.pred;
     m.lse_c = sc.lse_c, m.coef = sc.coef;
@@ -318,7 +319,8 @@ void fused_linear_ce_cuda(const FusedArgs<T>& a, FusedCudaOut<T>& out, void* wor
     CK(cudaGetLastError());
     if (!grad) continue;
 
-    k_softmax_grad<T><<<grid_for(c * V, 256), 256, 0, s>>>(sc.logits, c, V, sc.lse_c, sc.coef, cw, cap);
+    k_softmax_grad<T><<<grid_for(c * V, 256), 256, 0, s>>>(sc.logits, c, V, sc.lse_c, sc.coef, cw,
+                                                            tcap);
     CK(cudaGetLastError());
     if (want_dh) {
       TileArgs<T> g;

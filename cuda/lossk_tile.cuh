@@ -216,6 +216,7 @@ struct TileArgs {
   T* logits = nullptr;          // (M, V) chunk of (capped) logits, or null
   const void* bias = nullptr;   // (V) in the inputs' element type, or null
   double cap = 0.0;             // > 0: soft cap
+  double temperature = 1.0;     // divides the capped logits (lossk_math.hpp, tempered_cap)
   const T* stats_w = nullptr;   // (V) class weights of the weighted logit sum, or null
   const int64_t* targets = nullptr;
   const uint8_t* valid = nullptr;  // (N tokens) counted or not
@@ -230,7 +231,9 @@ template <class T, class XE, class Acc>
 __device__ void row_stats(const TileArgs<T>& p, Acc* row, int64_t gm, int64_t n0, int cols) {
   const int lane = threadIdx.x & 31;
   const XE* bias = static_cast<const XE*>(p.bias);
-  const T ic = p.cap > 0.0 ? T(1.0 / p.cap) : T(0), cap = T(p.cap);
+  const T ic = p.cap > 0.0 ? T(1.0 / p.cap) : T(0), cap = T(p.cap / p.temperature);
+  const T temp = T(p.temperature);
+  const bool tempered = p.temperature != 1.0;
   T z[8];
   T m = T(-INFINITY);
 #pragma unroll
@@ -241,6 +244,7 @@ __device__ void row_stats(const TileArgs<T>& p, Acc* row, int64_t gm, int64_t n0
     T x = T(row[c]);
     if (bias) x += T(widen(bias[n0 + c]));
     if (p.cap > 0.0) x = dtanh(x * ic) * cap;  // z * (1/cap), as the CPU backend spells it
+    else if (tempered) x = x / temp;            // a true division, as the CPU backend's
     z[j] = x;
     row[c] = Acc(x);
     m = x > m ? x : m;

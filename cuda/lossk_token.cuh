@@ -82,7 +82,7 @@ struct MergeArgs {
   const T* tw = nullptr;            // (N) token weights, aligned with targets, or null
   const double* ztarget = nullptr;  // (c)
   const double* prep = nullptr;
-  double eps = 0.0, zs = 0.0, cap = 0.0;
+  double eps = 0.0, zs = 0.0, cap = 0.0, temperature = 1.0;  // cap: the tempered amplitude
   Reduction reduction = Reduction::Mean;
   double grad_scale = 1.0;
   const T* grad_output = nullptr;
@@ -144,6 +144,7 @@ __global__ void k_merge(MergeArgs<T> a) {
                                                    u);
     g = math::grad_coef(sc, eps, V, wy, w_all, a.zs, l, a.grad_lse ? double(a.grad_lse[t]) : 0.0);
   }
+  g = math::tempered(g, a.temperature);
   const double f = g.c != 0.0 ? math::cap_slope<T>(zt, a.cap) : 1.0;
   double* k = a.coef + 4 * r;
   k[0] = g.a;

@@ -39,12 +39,12 @@ def reference(hidden, weight, targets, reduction="mean", ignore_index=None, labe
 
 def reference_full(hidden, weight, targets, *, bias=None, class_weight=None, reduction="mean",
                    ignore_index=None, label_smoothing=0.0, softcap=None, z_scale=0.0, shift=0,
-                   grad_output=None, grad_lse=None, token_weight=None):
+                   grad_output=None, grad_lse=None, token_weight=None, temperature=1.0):
     """Every option of the fused loss, written out on materialized float64 logits.
 
     hidden [..., S, D], targets [..., S]; with shift k, position t scores target t + k within each
     sequence (the last k positions are not scored). Per counted token, z' the (biased, capped)
-    logits, w the class weights (ones without), eps the smoothing:
+    logits divided by the temperature T, w the class weights (ones without), eps the smoothing:
         ce = (1 - eps) w_y (lse - z'_y) + (eps / V) sum_v w_v (lse - z'_v),  zl = s lse^2
     mean = sum ce / sum w_y + sum zl / n_counted (PyTorch's weighted mean; Liger's z-loss mean).
     Token weights u (targets' shape, shifted with them) multiply ce and zl; the mean then divides
@@ -64,7 +64,7 @@ def reference_full(hidden, weight, targets, *, bias=None, class_weight=None, red
     y = ts.reshape(-1)
     n = x.shape[0]
     z = x @ w.T + (0.0 if bias is None else np.asarray(bias, np.float64))
-    zc = softcap * np.tanh(z / softcap) if softcap else z
+    zc = (softcap * np.tanh(z / softcap) if softcap else z) / temperature
     m = zc.max(axis=1, keepdims=True)
     lse = m[:, 0] + np.log(np.exp(zc - m).sum(axis=1))
     valid = np.ones(n, bool) if ignore_index is None else y != ignore_index
@@ -106,7 +106,7 @@ def reference_full(hidden, weight, targets, *, bias=None, class_weight=None, red
     a = s_ce * ((1 - eps) * wy + (eps / V) * w_all) + s_z * 2.0 * z_scale * lse + gl
     dzc = p * a[:, None] - (s_ce * eps / V)[:, None] * cw[None, :]
     dzc[np.arange(n), ys] -= s_ce * (1 - eps) * wy
-    dz = dzc * (1.0 - np.tanh(z / softcap) ** 2) if softcap else dzc
+    dz = (dzc * (1.0 - np.tanh(z / softcap) ** 2) if softcap else dzc) / temperature
     dhs = (dz @ w).reshape(hs.shape)
     dh = np.zeros_like(h)
     if shift:

@@ -283,6 +283,10 @@ def test_data_refusals_come_from_the_device(cuda):
         with pytest.raises(LossError) as e:
             lce(h, w, t, token_weight=tw, device="cuda")
         assert e.value.status == 585 and "token_weight must be finite and >= 0" in str(e.value)
+    for temp in (0.0, -1.0, np.nan, 1e-39):  # a host check, before any device allocation
+        with pytest.raises(LossError) as e:
+            lce(h, w, t, temperature=temp, device="cuda")
+        assert e.value.status == 585 and "temperature must be" in str(e.value)
     tb = t.copy()
     tb[4] = 300
     with pytest.raises(LossError) as e:

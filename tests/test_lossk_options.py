@@ -53,6 +53,10 @@ OPTION_SETS = {
     "token_weight": dict(token_weight=True),
     "token_weight_all": dict(token_weight=True, bias=True, softcap=2.5, lse_square_scale=3e-3,
                              class_weight=True, label_smoothing=0.1, shift=1, ignore_index=-100),
+    "temperature": dict(temperature=0.6),
+    "temperature_all": dict(temperature=1.7, token_weight=True, bias=True, softcap=2.5,
+                            lse_square_scale=3e-3, class_weight=True, label_smoothing=0.1,
+                            shift=1, ignore_index=-100),
 }
 
 
@@ -74,7 +78,7 @@ def call(h, w, t, b, cw, opts, **kw):
                          label_smoothing=o.get("label_smoothing", 0.0), softcap=o.get("softcap"),
                          z_scale=o.get("lse_square_scale", 0.0), shift=o.get("shift", 0),
                          grad_output=kw.get("grad_output"), grad_lse=kw.get("grad_lse"),
-                         token_weight=tw)
+                         token_weight=tw, temperature=o.get("temperature", 1.0))
     return r, ref
 
 
@@ -133,10 +137,11 @@ def test_gradient_of_the_lse_and_upstream_scalar():
         close(r.d_bias, ref["d_bias"], 1e-12, f"d_bias {red}")
 
 
-def test_central_differences_through_softcap_bias_weights_and_zloss():
+@pytest.mark.parametrize("temperature", [1.0, 0.45])
+def test_central_differences_through_softcap_bias_weights_and_zloss(temperature):
     h, w, t, b, cw = problem((1, 6), 5, 40, seed=4)
     kw = dict(bias=b, class_weight=cw, softcap=1.5, lse_square_scale=0.05, label_smoothing=0.2,
-              shift=1)
+              shift=1, temperature=temperature)
     r = lce(h, w, t, with_grad=True, **kw)
     eps = 1e-6
     for arr, grad in ((h, r.d_hidden), (w, r.d_weight), (b, r.d_bias)):
@@ -291,9 +296,13 @@ def test_only_requested_gradients_are_computed(monkeypatch):
                                                       .reshape(2, 6)), 585),
     (dict(token_weight=np.r_[np.ones(11), np.inf].reshape(2, 6)), 585),
     (dict(token_weight=np.ones(12)), 582), (dict(token_weight=np.ones((2, 5))), 582),
+    (dict(temperature=0.0), 585), (dict(temperature=-0.5), 585),
+    (dict(temperature=float("nan")), 585), (dict(temperature=float("inf")), 585),
+    (dict(temperature=1e-39, dtype=np.float32), 585),  # below float32's normal range
 ])
 def test_bad_option_values_are_refused_before_work(kw, status):
-    h, w, t, _, _ = problem((2, 6), 4, 50, seed=13)
+    kw = dict(kw)
+    h, w, t, _, _ = problem((2, 6), 4, 50, seed=13, dtype=kw.pop("dtype", np.float64))
     if "grad_lse" in kw:
         kw = dict(kw, with_grad=False)
     with pytest.raises(LossError) as e:
@@ -305,7 +314,8 @@ def test_option_types_are_type_errors():
     h, w, t, _, _ = problem((4,), 4, 10, seed=14)
     for kw in (dict(softcap="1"), dict(lse_square_scale=None), dict(shift=1.0),
                dict(class_weight=np.array(["a"] * 10)), dict(grad_dtype=np.int32),
-               dict(bias=[0.0] * 10), dict(token_weight=np.array(["a"] * 4))):
+               dict(bias=[0.0] * 10), dict(token_weight=np.array(["a"] * 4)),
+               dict(temperature="1"), dict(temperature=None)):
         with pytest.raises(TypeError):
             lce(h, w, t, **kw)
 
@@ -372,6 +382,55 @@ def test_token_weights_against_pytorch_materialized():
             close(r.d_weight, W.grad.numpy(), 1e-12, "d_weight")
 
 
+def test_tempered_log_probs_against_pytorch_materialized():
+    # What an RL loss takes: log p(y_t) at the sampling temperature, -loss with reduction "none",
+    # and its gradient; with a soft cap, the cap of the raw logit comes first.
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    h, w, t, b, _ = problem((3, 10), 20, 401, seed=18, ignore=-100)
+    go = np.random.default_rng(2).standard_normal((3, 10))
+    for temp, cap in ((0.7, None), (1.3, None), (0.5, 4.0)):
+        for red in ("mean", "none"):
+            r = lce(h, w, t, bias=b, ignore_index=-100, reduction=red, softcap=cap,
+                    temperature=temp, with_grad=True, grad_output=go if red == "none" else None,
+                    return_accuracy=True)
+            H = torch.tensor(h, requires_grad=True)
+            W = torch.tensor(w, requires_grad=True)
+            B = torch.tensor(b, requires_grad=True)
+            T = torch.tensor(t).reshape(-1)
+            z = F.linear(H, W, B)
+            if cap:
+                z = cap * torch.tanh(z / cap)
+            z = (z / temp).reshape(-1, 401)
+            logp = torch.log_softmax(z, dim=-1).gather(1, T.clamp(min=0)[:, None])[:, 0]
+            per = torch.where(T != -100, -logp, 0.0)
+            loss = per.sum() / (T != -100).sum() if red == "mean" else per.reshape(3, 10)
+            (loss * (torch.tensor(go) if red == "none" else 1.0)).sum().backward()
+            close(r.loss, loss.detach().numpy(), 1e-11, f"loss {temp} {red}")
+            close(r.lse, torch.logsumexp(z, -1).detach().numpy().reshape(3, 10), 1e-11, "lse")
+            assert np.array_equal(r.pred, z.argmax(-1).numpy().reshape(3, 10))
+            close(r.d_hidden, H.grad.numpy(), 1e-12, "d_hidden")
+            close(r.d_weight, W.grad.numpy(), 1e-12, "d_weight")
+            close(r.d_bias, B.grad.numpy(), 1e-12, "d_bias")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_temperature_two_is_exactly_half_the_inputs(dtype):
+    # Without a cap z / 2 = (h / 2) W^T + b / 2 exactly (halving commutes with every rounding),
+    # so T = 2 is the untempered loss of halved inputs to the bit, and its gradients are exactly
+    # scaled: d_weight the same bits, d_hidden and d_bias halved.
+    h, w, t, b, cw = problem((2, 9), 16, 300, dtype=dtype, seed=19, ignore=-100)
+    kw = dict(class_weight=cw, label_smoothing=0.1, ignore_index=-100, with_grad=True,
+              token_weight=token_weights((2, 9)), chunk=5)
+    for red in ("sum", "none"):
+        a = lce(h, w, t, bias=b, temperature=2.0, reduction=red, **kw)
+        g = lce(h * dtype(0.5), w, t, bias=b * dtype(0.5), reduction=red, **kw)
+        for name in ("loss", "lse", "pred", "d_weight"):
+            assert np.array_equal(getattr(a, name), getattr(g, name)), (red, name)
+        assert np.array_equal(a.d_hidden, g.d_hidden * dtype(0.5)), red
+        assert np.array_equal(a.d_bias, g.d_bias * dtype(0.5)), red
+
+
 def test_unit_token_weights_change_no_bit():
     # u = 1 everywhere is the unweighted loss to the bit in every reduction (its products are
     # exact), except that "mean" then divides by the sum of weights instead of LossSum's mean.
@@ -408,7 +467,7 @@ _SWEEP = textwrap.dedent("""
                 h, w, t, bias=b, class_weight=cw, softcap=3.0, lse_square_scale=1e-3,
                 label_smoothing=0.1, shift=1, ignore_index=-100, chunk=chunk, with_grad=True,
                 return_accuracy=True, reduction="none", grad_output=np.ones((3, 6)),
-                token_weight=token_weights((3, 7)))
+                token_weight=token_weights((3, 7)), temperature=0.7)
             m = hashlib.sha256()
             for a in (r.loss, r.lse, r.z_loss, r.pred, r.d_hidden, r.d_weight, r.d_bias):
                 m.update(np.ascontiguousarray(getattr(a, "bits", a)).tobytes())

@@ -248,8 +248,8 @@ def test_backward_scales_the_forwards_gradient_and_a_retained_graph_gives_its_bi
     # the same bits as the forward's gradient times the upstream scalar out of place.
     x, w, t = _data(dtype, shape=(4, 7))
     with torch.no_grad():
-        pre = at._ops._lce_fwd(x, w, t, None, None, None, "mean", -100, 0.0, None, 0.0, 0, None, True, True,
-                          False, False, False)
+        pre = at._ops._lce_fwd(x, w, t, None, None, None, "mean", -100, 0.0, None, 1.0, 0.0, 0,
+                               None, True, True, False, False, False)
     x.requires_grad_(), w.requires_grad_()
     for scale in (1.0, 1 / 3, 0.0):
         loss = at.linear_cross_entropy(x, w, t)

@@ -51,6 +51,11 @@ CASES = [
          weights=True, softcap=3.0, lse_square_scale=1e-3, label_smoothing=0.2),
     dict(name="f32-everything", dtype="float32", vocab="small", reduction="mean", bias=True,
          weights=True, softcap=3.0, lse_square_scale=1e-3, label_smoothing=0.2),
+    dict(name="f64-temperature", dtype="float64", vocab="blocks", reduction="none",
+         temperature=0.6),
+    dict(name="f64-temperature-everything", dtype="float64", vocab="blocks", reduction="mean",
+         bias=True, weights=True, softcap=3.0, lse_square_scale=1e-3, label_smoothing=0.2,
+         temperature=1.5),
 ]
 
 
@@ -75,7 +80,7 @@ def _inputs(case):
 
 def _kw(case):
     return {k: case[k] for k in ("reduction", "ignore_index", "label_smoothing", "softcap",
-                                 "lse_square_scale") if k in case}
+                                 "lse_square_scale", "temperature") if k in case}
 
 
 def _upstream(case, loss):
@@ -179,6 +184,7 @@ def _reference(case, h, w, t, b, cw):
     cap = case.get("softcap")
     if cap:
         z = cap * torch.tanh(z / cap)
+    z = z / case.get("temperature", 1.0)
     tf = t.reshape(-1)
     red = case["reduction"]
     ref = F.cross_entropy(z, tf, weight=cw, ignore_index=ii, reduction=red,

@@ -33,13 +33,14 @@ def data(dtype=torch.float64, shape=(3, 9), seed=0, ignore=True):
 
 
 def reference(x, w, t, *, linear_bias=None, weight=None, reduction="mean", ignore_index=-100,
-              label_smoothing=0.0, softcap=None, lse_square_scale=0.0, shift=0):
+              label_smoothing=0.0, softcap=None, lse_square_scale=0.0, shift=0, temperature=1.0):
     """The materialized loss written with PyTorch ops (z-loss as Liger-Kernel defines it)."""
     if shift:
         x, t = x[..., :-shift, :], t[..., shift:]
     z = F.linear(x, w, linear_bias)
     if softcap:
         z = softcap * torch.tanh(z / softcap)
+    z = z / temperature
     zf, tf = z.reshape(-1, z.shape[-1]), t.reshape(-1)
     loss = F.cross_entropy(zf, tf, weight=weight, ignore_index=ignore_index,
                            reduction=reduction, label_smoothing=label_smoothing)
@@ -68,6 +69,9 @@ CASES = {
     "shift": dict(shift=1),
     "everything": dict(label_smoothing=0.05, weight=True, softcap=3.0, lse_square_scale=2e-3,
                        shift=2),
+    "temperature": dict(temperature=0.65),
+    "temperature_everything": dict(temperature=1.4, label_smoothing=0.05, weight=True,
+                                   softcap=3.0, lse_square_scale=2e-3, shift=1),
 }
 
 
@@ -262,7 +266,8 @@ def test_refusals():
                        (dict(weight=cw[:-1].float()), 582), (dict(linear_bias=b.double()), 582),
                        (dict(linear_bias=b[:-1]), 582), (dict(shift=9), 582),
                        (dict(token_weight=-torch.ones(t.shape)), 585),
-                       (dict(token_weight=torch.ones(t.shape[0])), 582)):
+                       (dict(token_weight=torch.ones(t.shape[0])), 582),
+                       (dict(temperature=0.0), 585), (dict(temperature=float("nan")), 585)):
         with pytest.raises(LossError) as e:
             lce(x, w, t, **kw)
         assert e.value.status == status, kw

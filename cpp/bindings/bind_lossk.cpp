@@ -87,8 +87,9 @@ template <class T>
 py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t> targets,
                int64_t n_tok, int64_t d_model, int64_t vocab, int64_t chunk, Dtype elem,
                const std::string& reduction, bool has_ignore, int64_t ignore_index,
-               double label_smoothing, std::optional<double> softcap, double z_loss,
-               int64_t shift, int64_t seq_len, const std::optional<py::array>& bias,
+               double label_smoothing, std::optional<double> softcap, double temperature,
+               double z_loss, int64_t shift, int64_t seq_len,
+               const std::optional<py::array>& bias,
                const std::optional<carray<T>>& class_weight,
                const std::optional<carray<T>>& token_weight, bool want_dh, bool want_dw,
                bool want_db, Dtype grad_elem, const std::optional<carray<T>>& grad_output,
@@ -107,6 +108,7 @@ py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t>
   a.label_smoothing = label_smoothing;
   a.has_softcap = softcap.has_value();
   a.softcap = softcap ? *softcap : 0.0;
+  a.temperature = temperature;
   a.z_loss = z_loss;
   a.shift = shift;
   a.seq_len = seq_len;
@@ -260,8 +262,8 @@ py::dict fused_any(const py::array& hidden, const py::array& weight, carray<int6
                    int64_t n_tok, int64_t d_model, int64_t vocab, int64_t chunk,
                    const std::string& elem, const std::string& reduction, bool has_ignore,
                    int64_t ignore_index, double label_smoothing, std::optional<double> softcap,
-                   double z_loss,
-                   int64_t shift, int64_t seq_len, const std::optional<py::array>& bias,
+                   double temperature, double z_loss, int64_t shift, int64_t seq_len,
+                   const std::optional<py::array>& bias,
                    const std::optional<py::array>& class_weight,
                    const std::optional<py::array>& token_weight, bool want_dh, bool want_dw,
                    bool want_db, const std::string& grad_elem,
@@ -275,8 +277,8 @@ py::dict fused_any(const py::array& hidden, const py::array& weight, carray<int6
   if (e == Dtype::F64) {
     if (ge != Dtype::F64) refuse(LOSS_ERR_LENGTH_MISMATCH, "float64 inputs give float64 gradients");
     return fused<double>(hidden, weight, targets, n_tok, d_model, vocab, chunk, e, reduction,
-                         has_ignore, ignore_index, label_smoothing, softcap, z_loss, shift,
-                         seq_len, bias, as_opt<double>(class_weight),
+                         has_ignore, ignore_index, label_smoothing, softcap, temperature,
+                         z_loss, shift, seq_len, bias, as_opt<double>(class_weight),
                          as_opt<double>(token_weight), want_dh, want_dw, want_db,
                          ge, as_opt<double>(grad_output), grad_scale, as_opt<double>(grad_lse),
                          as_opt<double>(grad_coef), want_loss_tok, want_z_tok, want_pred,
@@ -284,9 +286,9 @@ py::dict fused_any(const py::array& hidden, const py::array& weight, carray<int6
   }
   if (ge == Dtype::F64) refuse(LOSS_ERR_LENGTH_MISMATCH, "float64 gradients need float64 inputs");
   return fused<float>(hidden, weight, targets, n_tok, d_model, vocab, chunk, e, reduction,
-                      has_ignore, ignore_index, label_smoothing, softcap, z_loss, shift, seq_len,
-                      bias, as_opt<float>(class_weight), as_opt<float>(token_weight), want_dh,
-                      want_dw, want_db, ge,
+                      has_ignore, ignore_index, label_smoothing, softcap, temperature, z_loss,
+                      shift, seq_len, bias, as_opt<float>(class_weight),
+                      as_opt<float>(token_weight), want_dh, want_dw, want_db, ge,
                       as_opt<float>(grad_output), grad_scale, as_opt<float>(grad_lse),
                       as_opt<float>(grad_coef), want_loss_tok, want_z_tok, want_pred,
                       want_shard_stats, cuda);
@@ -337,6 +339,7 @@ DevCall dev_args(const py::dict& k) {
     a.label_smoothing = f64("label_smoothing");
     a.has_softcap = !k["softcap"].is_none();
     a.softcap = a.has_softcap ? f64("softcap") : 0.0;
+    a.temperature = f64("temperature");
     a.z_loss = f64("z_loss");
     a.shift = i64("shift"), a.seq_len = i64("seq_len");
     a.grad_output = ptr<const T>(p("grad_output"));
@@ -473,8 +476,9 @@ void bind_lossk(py::module_& m) {
         py::arg("n_tok"), py::arg("d_model"), py::arg("vocab"), py::arg("chunk"), py::kw_only(),
         py::arg("elem") = "f64", py::arg("reduction") = "mean", py::arg("has_ignore") = false,
         py::arg("ignore_index") = -100, py::arg("label_smoothing") = 0.0,
-        py::arg("softcap") = py::none(), py::arg("z_loss") = 0.0, py::arg("shift") = 0,
-        py::arg("seq_len") = 0, py::arg("bias") = py::none(), py::arg("class_weight") = py::none(),
+        py::arg("softcap") = py::none(), py::arg("temperature") = 1.0, py::arg("z_loss") = 0.0,
+        py::arg("shift") = 0, py::arg("seq_len") = 0, py::arg("bias") = py::none(),
+        py::arg("class_weight") = py::none(),
         py::arg("token_weight") = py::none(), py::arg("want_dh") = false,
         py::arg("want_dw") = false, py::arg("want_db") = false,
         py::arg("grad_elem") = "", py::arg("grad_output") = py::none(),

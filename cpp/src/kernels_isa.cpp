@@ -884,16 +884,24 @@ BlockStats block_stats(const T* z, int64_t n, const T* w) {
 }
 
 template <class T>
-void logit_epilogue(T* z, int64_t n, const T* bias, double cap) {
+void logit_epilogue(T* z, int64_t n, const T* bias, double cap, double temperature) {
   typedef typename V<T>::type VT;
   constexpr int L = lanes<T>();
   if (bias)
     for (int64_t v = 0; v < n; ++v) z[v] += bias[v];
-  if (!(cap > 0.0)) return;
-  // z / cap as z * (1 / cap): one rounding fewer per element than a division, and the same
-  // spelling everywhere, so every chunk and thread count caps a logit to the same bits.
-  const T c = T(cap), ic = T(1.0 / cap);
   int64_t v = 0;
+  if (!(cap > 0.0)) {
+    if (temperature == 1.0) return;
+    // A true division, as PyTorch's `logits / T` rounds (lossk_math.hpp, tempered_cap).
+    const T tt = T(temperature);
+    for (; v + L <= n; v += L) storeu(z + v, loadu<VT>(z + v) / tt);
+    for (; v < n; ++v) z[v] = z[v] / tt;
+    return;
+  }
+  // z / cap as z * (1 / cap): one rounding fewer per element than a division, and the same
+  // spelling everywhere, so every chunk and thread count caps a logit to the same bits. The
+  // amplitude is cap / T (exactly cap at T = 1).
+  const T c = T(cap / temperature), ic = T(1.0 / cap);
   for (; v + L <= n; v += L) storeu(z + v, vtanh(loadu<VT>(z + v) * ic) * c);
   for (; v < n; ++v) z[v] = stanh<T>(z[v] * ic) * c;
 }

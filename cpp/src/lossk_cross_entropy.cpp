@@ -1,18 +1,18 @@
-// Fused linear + cross-entropy on the CPU: logits = hidden @ weight^T (+ bias, soft-capped) a
-// chunk of tokens at a time, reduced to a per-token log-sum-exp while each tile is hot, with the
-// analytic gradients formed in the same pass.
+// Fused linear + cross-entropy on the CPU: logits = hidden @ weight^T (+ bias, soft-capped, over
+// the temperature) a chunk of tokens at a time, reduced to a per-token log-sum-exp while each
+// tile is hot, with the analytic gradients formed in the same pass.
 //
 // Dimension legend: N tokens, D d_model, V vocab, C chunk, VB = LOSS_VOCAB_BLOCK.
-// Fuses: projection + bias + soft cap + log-sum-exp + target pick + argmax (+ the softmax
-// gradient through the cap, the z-loss, class weights and label smoothing, and the gradient GEMMs
-// and the bias gradient). Never materializes: the (N, V) logits. Forward alone holds (C, V/VB)
-// block statistics, the chunk's hidden rows packed, and per thread one (ROWS, VB) logit tile and
-// one packed (D, VB) block of W; with gradients, also one (C, V) chunk of logits, overwritten in
-// place by d_logits (the block is kept for the next call, see ChunkScratch), and the chunk's
+// Fuses: projection + bias + soft cap + temperature + log-sum-exp + target pick + argmax (+ the
+// softmax gradient through the cap, the z-loss, class weights and label smoothing, and the gradient
+// GEMMs and the bias gradient). Never materializes: the (N, V) logits. Forward alone holds (C,
+// V/VB) block statistics, the chunk's hidden rows packed, and per thread one (ROWS, VB) logit tile
+// and one packed (D, VB) block of W; with gradients, also one (C, V) chunk of logits, overwritten
+// in place by d_logits (the block is kept for the next call, see ChunkScratch), and the chunk's
 // hidden rows packed for the d_weight product. Half-precision inputs (bf16, f16) are widened to
-// float32 as they are packed: never a widened copy of hidden or weight. On an instruction set
-// with a bf16 dot product, bf16 inputs are packed as bf16 pairs instead and the chunk's d_logits
-// is rounded to bf16 in place before the two gradient products (see kernels.hpp, Bf16DotOps).
+// float32 as they are packed: never a widened copy of hidden or weight. On an instruction set with
+// a bf16 dot product, bf16 inputs are packed as bf16 pairs instead and the chunk's d_logits is
+// rounded to bf16 in place before the two gradient products (see kernels.hpp, Bf16DotOps).
 // Exactness: every output has one owner and a fixed reduction order (see kernels.hpp and
 // lossk.hpp), so results are bit-identical for every C and every thread count.
 #include <omp.h>
@@ -140,6 +140,11 @@ int fused_linear_ce_check_shape(const FusedArgs<T>& a, std::string* why) {
   if (a.has_softcap && (!loss_scalars_ok(a.softcap) || !(a.softcap > 0.0)))
     return refuse(LOSS_ERR_NON_FINITE, "softcap must be a finite number > 0 (None for no cap), "
                                        "got " + std::to_string(a.softcap));
+  if (!math::temperature_ok<T>(a.temperature))
+    return refuse(LOSS_ERR_NON_FINITE, "temperature must be a finite number > 0 (at least " +
+                                           std::string(sizeof(T) == 8 ? "2.2e-308" : "1.2e-38") +
+                                           " in this precision), got " +
+                                           std::to_string(a.temperature));
   if (!loss_scalars_ok(a.z_loss) || a.z_loss < 0.0)
     return refuse(LOSS_ERR_NON_FINITE, "lse_square_scale must be a finite number >= 0, got " +
                                            std::to_string(a.z_loss));
@@ -218,6 +223,9 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
   const bool half_dh = want_dh && is_half(out.grad_elem);
   const bool want_pred = out.pred != nullptr;
   const double eps = a.label_smoothing, cap = a.has_softcap ? a.softcap : 0.0, zs = a.z_loss;
+  // The gradient sweep sees tempered logits: the cap's slope at the tempered amplitude, 1/T in
+  // the coefficients (math::tempered).
+  const double temp = a.temperature, tcap = math::tempered_cap(cap, temp);
   const T* cw = a.class_weight;
   // Class weights enter the statistics only through the weighted logit sum (label smoothing's,
   // or the one a caller asked for).
@@ -355,7 +363,8 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
         }
         for (int64_t r = 0; r < rows; ++r) {
           T* z = dst + r * ldd;
-          if (bias || cap > 0.0) K.logit_epilogue(z, cols, bias ? bias + v0 : nullptr, cap);
+          if (bias || cap > 0.0 || temp != 1.0)
+            K.logit_epilogue(z, cols, bias ? bias + v0 : nullptr, cap, temp);
           const size_t si = size_t((r0 + r) * nVB + vb);
           stats[si] = K.block_stats(z, cols, stats_w ? stats_w + v0 : nullptr);
           if (want_pred) {
@@ -401,26 +410,29 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
       T* g = logits + r * V;
       if (a.grad_coef) {
         const T* k3 = a.grad_coef + 3 * t;
-        const double A = double(k3[0]), B = double(k3[1]), Ck = double(k3[2]);
-        if (A == 0.0 && B == 0.0 && Ck == 0.0) {
+        const math::Coef k =
+            math::tempered({double(k3[0]), double(k3[1]), double(k3[2])}, temp);
+        if (k.a == 0.0 && k.b == 0.0 && k.c == 0.0) {
           std::memset(g, 0, sizeof(T) * size_t(V));
           continue;
         }
-        K.softmax_grad(g, V, l, A, B, cw, cap);
-        if (Ck != 0.0 && valid[t]) g[target_of(t)] -= T(Ck * math::cap_slope<T>(ztarget[r], cap));
+        K.softmax_grad(g, V, l, k.a, k.b, cw, tcap);
+        if (k.c != 0.0 && valid[t])
+          g[target_of(t)] -= T(k.c * math::cap_slope<T>(ztarget[r], tcap));
         continue;
       }
       const math::Scales sc = math::reduction_scales(
           a.reduction, valid[t] != 0, a.grad_scale, u_sum, w_sum,
           a.grad_output ? double(a.grad_output[t]) : 1.0, u);
-      const math::Coef k = math::grad_coef(sc, eps, V, wy, w_all, zs, l,
-                                           a.grad_lse ? double(a.grad_lse[t]) : 0.0);
+      const math::Coef k = math::tempered(
+          math::grad_coef(sc, eps, V, wy, w_all, zs, l, a.grad_lse ? double(a.grad_lse[t]) : 0.0),
+          temp);
       if (k.a == 0.0 && k.b == 0.0 && k.c == 0.0) {
         std::memset(g, 0, sizeof(T) * size_t(V));
         continue;
       }
-      K.softmax_grad(g, V, l, k.a, k.b, stats_w ? cw : nullptr, cap);
-      if (k.c != 0.0) g[y] -= T(k.c * math::cap_slope<T>(ztarget[r], cap));
+      K.softmax_grad(g, V, l, k.a, k.b, stats_w ? cw : nullptr, tcap);
+      if (k.c != 0.0) g[y] -= T(k.c * math::cap_slope<T>(ztarget[r], tcap));
     }
 
     if (!with_grad) continue;

@@ -81,12 +81,14 @@ struct IsaOps {
   // Statistics of z[0..n); with w (n class weights) sumz is sum_v w[v] z[v].
   BlockStats (*block_stats)(const T* z, int64_t n, const T* w);
   // The logits' epilogue, on a tile while it is hot: z[v] += bias[v] (bias may be null), then
-  // with cap > 0 the soft cap z[v] = cap * tanh(z[v] / cap).
-  void (*logit_epilogue)(T* z, int64_t n, const T* bias, double cap);
+  // with cap > 0 the soft cap over the temperature z[v] = (cap / t) * tanh(z[v] / cap), else
+  // z[v] / t (t = 1: nothing).
+  void (*logit_epilogue)(T* z, int64_t n, const T* bias, double cap, double temperature);
   // d_logits of one token from its (capped) logits, in place, for v in [0, n):
   //   z[v] <- (exp(z[v] - lse) * a - b * (w ? w[v] : 1)) * (cap > 0 ? 1 - (z[v] / cap)^2 : 1)
   // softmax scaled by a, minus the label-smoothed target's (class-weighted) background, through
-  // the soft cap's derivative; the caller subtracts the target's own share.
+  // the soft cap's derivative (cap: the capped logits' amplitude, cap / t when tempered; the
+  // caller folds 1 / t into a and b); the caller subtracts the target's own share.
   void (*softmax_grad)(T* z, int64_t n, double lse, double a, double b, const T* w, double cap);
 
   // Half-precision sources (T = float only; null entries for double), indexed by Half: the same

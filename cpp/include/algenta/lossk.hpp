@@ -94,9 +94,10 @@ enum class Reduction { Mean, Sum, None };
 // compute in float32: FusedArgs<float>.
 // f32, f64, bf16 or f16 (dtype.hpp); names in messages are dtype_long_name's.
 
-// The loss of one token t, with z = hidden_t W^T + bias, z' = softcap * tanh(z / softcap) when a
-// soft cap is set (else z' = z), lse = log sum_v exp(z'_v), w the class weights (1 without), y its
-// target, eps the label smoothing and s the z-loss scale:
+// The loss of one token t, with z = hidden_t W^T + bias, z' = softcap * tanh(z / softcap) / T when
+// a soft cap is set (else z' = z / T), T the temperature (1 by default: z' = z exactly), lse = log
+// sum_v exp(z'_v), w the class weights (1 without), y its target, eps the label smoothing and s the
+// z-loss scale:
 //   ce_t = (1 - eps) w_y (lse - z'_y) + (eps / V) sum_v w_v (lse - z'_v)
 //   z_t  = s lse^2
 // Counted tokens only (not ignore_index, and with shift, not one of the last `shift` positions of
@@ -124,6 +125,9 @@ struct FusedArgs {
   double label_smoothing = 0.0;        // PyTorch's F.cross_entropy semantics, in [0, 1]
   bool has_softcap = false;            // cap the logits (Gemma 2) at softcap, which must be > 0
   double softcap = 0.0;
+  // T > 0 (finite, and a normal number of the compute type) divides the capped logits: every
+  // output (lse, target logit, logit sum, argmax, z-loss) is of the tempered z'
+  double temperature = 1.0;
   double z_loss = 0.0;                 // s >= 0 (lse_square_scale)
   int64_t shift = 0;                   // >= 0: score row r against targets[r + shift] ...
   int64_t seq_len = 0;                 // ... within sequences of seq_len rows (shift < seq_len)
@@ -131,8 +135,9 @@ struct FusedArgs {
   double grad_scale = 1.0;             // the upstream gradient of a Mean/Sum loss (finite)
   const T* grad_lse = nullptr;         // (N) upstream gradient of the per-token lse, or null
   // (N, 3) per-token (a, b, c), or null: the gradient is d/dz'_v = a softmax_v - b w_v - c [v == y]
-  // (times the cap's derivative) instead of the reduction's, for callers that combine passes
-  // over shards of the vocabulary (a then carries exp(lse_shard - lse_global)).
+  // (times d z' / d z: the cap's derivative over T) instead of the reduction's, for callers
+  // that combine passes over shards of the vocabulary (a then carries exp(lse_shard -
+  // lse_global)).
   const T* grad_coef = nullptr;
 };
 
@@ -164,9 +169,9 @@ struct FusedOut {
 };
 
 // Every refusal of FusedArgs, in a fixed order (581/583/584 dims, 587 chunk, 585 non-finite
-// data or scalars, negative softcap or z-loss scale, 582 shift/seq_len, 586 targets), with the
-// reason in *why. Reads the inputs, never allocates. Call before allocating outputs; the compute
-// functions below assume it returned LOSS_OK.
+// data or scalars, a softcap or temperature not > 0, a negative z-loss scale, 582 shift/seq_len,
+// 586 targets), with the reason in *why. Reads the inputs, never allocates. Call before
+// allocating outputs; the compute functions below assume it returned LOSS_OK.
 template <class T>
 int fused_linear_ce_check(const FusedArgs<T>& a, std::string* why = nullptr);
 

@@ -120,6 +120,30 @@ ALGENTA_HD double cap_slope(double zcapped, double cap) {
   return double((T(1) - tz) * (T(1) + tz));
 }
 
+// Temperature T: z' = cap tanh(z / cap) / T, which both backends form as tanh(z * (1/cap)) * a
+// with a = cap / T the tempered cap's amplitude (one constant; exactly cap at T = 1), and
+// z' = z / T without a cap (a division, as `logits / T` rounds in PyTorch; nothing at T = 1).
+// Then dz'/dz = (1 - (z' / a)^2) / T: the cap's slope at amplitude a (cap_slope, and the
+// gradient sweep's own with cap = a), and 1/T folded into the per-token coefficients, exact at
+// T = 1, so an untempered loss changes no bit.
+ALGENTA_HD double tempered_cap(double cap, double temperature) {
+  return cap > 0.0 ? cap / temperature : 0.0;
+}
+
+ALGENTA_HD Coef tempered(Coef k, double temperature) {
+  if (temperature == 1.0) return k;
+  return {k.a / temperature, k.b / temperature, k.c / temperature};
+}
+
+// A temperature the core accepts in compute type T: finite, and at least T's smallest normal
+// number (a smaller one would round to zero or lose precision as a divisor).
+template <class T>
+ALGENTA_HD bool temperature_ok(double t) {
+  const double lo = sizeof(T) == 8 ? 2.2250738585072014e-308 : 1.1754943508222875e-38;
+  const double hi = sizeof(T) == 8 ? 1.7976931348623157e308 : 3.4028234663852886e38;
+  return t >= lo && t <= hi;
+}
+
 // LossSum's mean from its parts: first + sum(l - first) / n, NaN over no tokens (PyTorch's mean
 // of nothing).
 ALGENTA_HD double sum_mean(double first, double shifted, double count) {

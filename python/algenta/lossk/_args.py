@@ -2,8 +2,8 @@
 ``algenta.torch`` on CPU and CUDA tensors): the scalar options converted to what the core takes,
 and the shapes compared with each other. Only what Python must know before the core sees the
 data is checked here; every value refusal the core makes itself (NaN/inf, target range, the
-ranges of label smoothing, soft cap and z-loss, the chunk budget, an impossible shift) is left to
-it, so its status codes are the core's whatever the front end."""
+ranges of label smoothing, soft cap, temperature and z-loss, the chunk budget, an impossible
+shift) is left to it, so its status codes are the core's whatever the front end."""
 
 from __future__ import annotations
 
@@ -22,13 +22,14 @@ class Options(NamedTuple):
     ignore_index: Optional[int]  # None: every target counts
     label_smoothing: float
     softcap: Optional[float]
+    temperature: float  # divides the (biased, capped) logits; 1: untempered, not a bit changed
     lse_square_scale: float
     shift: int
     chunk: Optional[int]  # None: the largest the logit budget admits
 
 
 def options(reduction, ignore_index, label_smoothing, softcap, lse_square_scale, shift,
-            chunk) -> Options:
+            chunk, temperature=1.0) -> Options:
     """The scalar options as the core takes them: types refused with TypeError, a reduction
     that is none of mean/sum/none with 588, an ignore_index beyond int64 with 586, a chunk past
     int64 clamped (the core then refuses it as the value it stands for, 583/587)."""
@@ -39,6 +40,7 @@ def options(reduction, ignore_index, label_smoothing, softcap, lse_square_scale,
         raise LossError(f"ignore_index={ii} is beyond int64", 586)
     return Options(reduction, ii, as_float(label_smoothing, "label_smoothing"),
                    None if softcap is None else as_float(softcap, "softcap"),
+                   as_float(temperature, "temperature"),
                    as_float(lse_square_scale, "lse_square_scale"), as_int(shift, "shift"),
                    None if chunk is None else as_i64_clamped(chunk, "chunk"))
 
@@ -92,4 +94,5 @@ def core_options(o: Options, seq_len: int) -> dict:
     return {"reduction": o.reduction, "has_ignore": o.ignore_index is not None,
             "ignore_index": 0 if o.ignore_index is None else o.ignore_index,
             "label_smoothing": o.label_smoothing, "softcap": o.softcap,
-            "z_loss": o.lse_square_scale, "shift": o.shift, "seq_len": seq_len if o.shift else 0}
+            "temperature": o.temperature, "z_loss": o.lse_square_scale, "shift": o.shift,
+            "seq_len": seq_len if o.shift else 0}

@@ -278,7 +278,7 @@ def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=Non
                          reduction="mean", ignore_index=None, label_smoothing=0.0, softcap=None,
                          lse_square_scale=0.0, shift=0, return_accuracy=False, with_grad=False,
                          grad_output=None, grad_lse=None, grad_dtype=None, token_weight=None,
-                         device="cpu") -> LinearCrossEntropy:
+                         temperature=1.0, device="cpu") -> LinearCrossEntropy:
     """Cross-entropy of ``hidden @ weight.T + bias`` against ``targets`` without materializing the
     logits.
 
@@ -286,7 +286,8 @@ def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=Non
     float64, float16 or bfloat16 (``ml_dtypes``; half inputs compute in float32 and are widened as
     they are packed, never copied). targets ``hidden.shape[:-1]``: integers. ``chunk=None`` picks
     the largest chunk the logit budget (2**27 cells) admits. With ``z = hidden @ weight.T + bias``
-    capped to ``softcap * tanh(z / softcap)`` when ``softcap`` is given, per counted token::
+    capped to ``softcap * tanh(z / softcap)`` when ``softcap`` is given and divided by
+    ``temperature`` (default 1: nothing), per counted token::
 
         ce_t = (1 - eps) w[y] (lse - z_y) + (eps / V) sum_v w[v] (lse - z_v)
         z_t  = lse_square_scale * lse**2
@@ -299,6 +300,12 @@ def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=Non
     scores ``hidden[..., t, :]`` against ``targets[..., t + k]`` within each sequence (the
     second-to-last axis; the whole array for 2-D hidden): the per-token outputs then have
     ``seq - k`` positions, nothing is copied.
+
+    ``temperature=T`` (finite, > 0; else 585) divides the logits before the softmax, gradients
+    through it: the loss, ``lse``, the argmax and every per-token output are of ``z / T``, and
+    with ``reduction="none"`` ``-loss`` is the log-probability of each target at sampling
+    temperature T. With a cap, ``(softcap / T) * tanh(z / softcap)`` (a cap of the raw logit,
+    then the division, as a sampler tempers capped logits).
 
     ``token_weight`` (the targets' shape, finite and >= 0, aligned with the targets: with a shift
     the loss scored against ``targets[..., t + k]`` takes ``token_weight[..., t + k]``) multiplies
@@ -342,7 +349,7 @@ def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=Non
                         f"{type(targets).__name__}")
     t = _targets(targets)
     o = _args.options(reduction, ignore_index, label_smoothing, softcap, lse_square_scale,
-                      shift, chunk)
+                      shift, chunk, temperature)
     reduction, ii, ls, cap, zs, k = (o.reduction, o.ignore_index, o.label_smoothing, o.softcap,
                                      o.lse_square_scale, o.shift)
     compute = np.float64 if elem == "f64" else np.float32
@@ -456,14 +463,16 @@ ShardPass = record_type(
 
 
 def vocab_shard_pass(hidden, weight_shard, local_targets, *, bias=None, class_weight=None,
-                     softcap=None, chunk=None, grad_coef=None, with_grad=False) -> ShardPass:
+                     softcap=None, temperature=1.0, chunk=None, grad_coef=None,
+                     with_grad=False) -> ShardPass:
     """One pass of the core over rows ``[s, s + rows)`` of the head, for losses that combine
     shards of the vocabulary (``algenta.torch.vocab_parallel_linear_cross_entropy``).
 
     hidden ``[n, d_model]`` and weight_shard ``[rows, d_model]`` of one dtype (bias and
     class_weight the shard's parts, ``[rows]``); local_targets ``[n]`` in ``[0, rows)`` (the
     caller knows which tokens the shard owns and puts any in-range index for the others).
-    Returns per token the lse of the shard's logits ``z'`` (biased, soft-capped), ``z'`` at the
+    Returns per token the lse of the shard's logits ``z'`` (biased, soft-capped, over the
+    temperature), ``z'`` at the
     local target, and ``sum_v w_v z'_v`` (w the class weights, or ones). With ``grad_coef``
     ``[n, 3]`` per-token ``(a, b, c)`` and ``with_grad``, also the gradients of the scalar whose
     derivative is ``d/dz'_v = a softmax_v - b w_v - c [v == target]`` (the softmax over this
@@ -494,6 +503,7 @@ def vocab_shard_pass(hidden, weight_shard, local_targets, *, bias=None, class_we
     r = _core_pass(np.ascontiguousarray(h), np.ascontiguousarray(w), t, n, d, v,
                    _chunk(chunk, n, v), elem=elem, reduction="none",
                    softcap=None if softcap is None else as_float(softcap, "softcap"),
+                   temperature=as_float(temperature, "temperature"),
                    bias=None if bias is None else np.ascontiguousarray(_elem(bias)[1]),
                    class_weight=cw, want_dh=want_dh, want_dw=want_dw, want_db=want_db,
                    grad_coef=gc, want_shard_stats=True)

@@ -5,7 +5,8 @@
 ``ignore_index``, ``label_smoothing``) and equals ``F.cross_entropy(F.linear(input,
 linear_weight, linear_bias), target, ...)`` and its gradients, computed by the C++ core a chunk
 of tokens at a time: the ``[n_tok, vocab]`` logits never exist, in the forward or the backward.
-Beyond PyTorch's options, keyword-only: ``softcap`` (Gemma 2's logit soft cap), the z-loss
+Beyond PyTorch's options, keyword-only: ``softcap`` (Gemma 2's logit soft cap), ``temperature``
+(divides the logits: log-probabilities at a sampling temperature), the z-loss
 (``lse_square_scale``, its term returned with ``return_z_loss``), next-token ``shift``, the
 per-token ``lse`` as a differentiable output (``return_lse``) and token accuracy
 (``return_accuracy``). ``vocab_parallel_linear_cross_entropy`` is the same loss when the rows of

@@ -34,10 +34,10 @@ def _tensor(a, dtype) -> Tensor:
     return torch.from_numpy(np.ascontiguousarray(a))
 
 
-def _run(input, weight, target, bias, class_weight, reduction, ii, ls, cap, zs, shift, chunk,
-         need, grad_output=None, grad_lse=None, want_pred=False, token_weight=None):
-    """One pass of the core through the NumPy API on tensors' data; only the gradients in
-    `need` (a subset of hidden, weight, bias) are computed."""
+def _run(input, weight, target, bias, class_weight, o: _args.Options, need, grad_output=None,
+         grad_lse=None, want_pred=False, token_weight=None):
+    """One pass of the core through the NumPy API on tensors' data, with the options `o`; only
+    the gradients in `need` (a subset of hidden, weight, bias) are computed."""
     t = target.detach()
     t = t.contiguous() if t.dtype == torch.int64 else t.to(torch.int64).contiguous()
     cw = None
@@ -46,9 +46,10 @@ def _run(input, weight, target, bias, class_weight, reduction, ii, ls, cap, zs, 
                                       else torch.float32).contiguous().numpy()
     return _np_linear_cross_entropy(
         _core_view(input), _core_view(weight), t.numpy(),
-        bias=None if bias is None else _core_view(bias), class_weight=cw, chunk=chunk,
-        reduction=reduction, ignore_index=ii, label_smoothing=ls, softcap=cap,
-        lse_square_scale=zs, shift=shift, return_accuracy=want_pred,
+        bias=None if bias is None else _core_view(bias), class_weight=cw, chunk=o.chunk,
+        reduction=o.reduction, ignore_index=o.ignore_index, label_smoothing=o.label_smoothing,
+        softcap=o.softcap, temperature=o.temperature, lse_square_scale=o.lse_square_scale,
+        shift=o.shift, return_accuracy=want_pred,
         with_grad=tuple(need) if need else False,
         grad_output=grad_output.detach().contiguous().numpy()
         if isinstance(grad_output, Tensor) else grad_output,
@@ -69,8 +70,8 @@ def _per_token_full(x: Tensor, input: Tensor, shift: int, dtype) -> Tensor:
     return x.reshape(-1).contiguous()
 
 
-def _cuda_pass(input, weight, target, bias, class_weight, reduction, ii, ls, cap, zs, shift,
-               chunk, need, grad_output=None, grad_lse=None, want_pred=False, token_weight=None):
+def _cuda_pass(input, weight, target, bias, class_weight, o: _args.Options, need,
+               grad_output=None, grad_lse=None, want_pred=False, token_weight=None):
     """One pass of the CUDA backend on the tensors' device and PyTorch's current stream; the
     scratch comes from PyTorch's allocator. Returns (loss, lse, z, pred, accuracy, d_hidden,
     d_weight, d_bias), per-token outputs flat (n_tok,) and unwanted ones None."""
@@ -78,14 +79,14 @@ def _cuda_pass(input, weight, target, bias, class_weight, reduction, ii, ls, cap
     lead = tuple(input.shape[:-1])
     n, d, v = math.prod(lead), input.shape[-1], weight.shape[0]
     ct = torch.float64 if input.dtype == torch.float64 else torch.float32
-    per_tok = reduction == "none"
+    per_tok = o.reduction == "none"
     want = {"loss": not per_tok, "z": not per_tok, "loss_tok": per_tok, "z_tok": per_tok,
             "lse": True, "pred": want_pred, "accuracy": want_pred,
             "d_hidden": "hidden" in need, "d_weight": "weight" in need,
             "d_bias": "bias" in need}
-    k = {"n_tok": n, "d_model": d, "vocab": v, "chunk": _args.chunk_for(chunk, n, v),
+    k = {"n_tok": n, "d_model": d, "vocab": v, "chunk": _args.chunk_for(o.chunk, n, v),
          "elem": torch_short_name(input.dtype), "grad_elem": torch_short_name(input.dtype),
-         **_args.core_options(_args.Options(reduction, ii, ls, cap, zs, shift, chunk), lead[-1]),
+         **_args.core_options(o, lead[-1]),
          "grad_scale": 1.0 if isinstance(grad_output, Tensor) or grad_output is None
          else float(grad_output)}
     # The core's shape refusals come first, before anything is allocated on the device.
@@ -108,9 +109,9 @@ def _cuda_pass(input, weight, target, bias, class_weight, reduction, ii, ls, cap
     if token_weight is not None:
         k["token_weight"] = p(token_weight.detach().reshape(n).to(ct).contiguous())
     if isinstance(grad_output, Tensor):
-        k["grad_output"] = p(_per_token_full(grad_output, input, shift, ct))
+        k["grad_output"] = p(_per_token_full(grad_output, input, o.shift, ct))
     if grad_lse is not None:
-        k["grad_lse"] = p(_per_token_full(grad_lse, input, shift, ct))
+        k["grad_lse"] = p(_per_token_full(grad_lse, input, o.shift, ct))
     shapes = {"loss": (), "z": (), "loss_tok": (n,), "z_tok": (n,), "lse": (n,), "pred": (n,),
               "accuracy": (), "d_hidden": tuple(input.shape), "d_weight": tuple(weight.shape),
               "d_bias": (v,)}

@@ -29,11 +29,12 @@ def _float_tensor(x, name: str, device: torch.device) -> None:
 
 
 def _check(input, weight, target, bias, class_weight, reduction, ignore_index, label_smoothing,
-           softcap, lse_square_scale, shift, chunk, cuda_ok=True, token_weight=None):
+           softcap, lse_square_scale, shift, chunk, cuda_ok=True, token_weight=None,
+           temperature=1.0) -> _args.Options:
     """Validates what torch-side code must know before the core sees anything (types, devices,
-    shapes); returns the options. Value checks the core makes itself (NaN/inf, target range,
-    label_smoothing, soft cap and z-loss ranges, chunk budget, shift) are left to it so their
-    status codes are the core's."""
+    shapes); returns the options (ignore_index None mapped to PyTorch's -100). Value checks the
+    core makes itself (NaN/inf, target range, label_smoothing, soft cap, temperature and z-loss
+    ranges, chunk budget, shift) are left to it so their status codes are the core's."""
     if not isinstance(input, torch.Tensor):
         raise TypeError(f"input must be a torch.Tensor, got {type(input).__name__}")
     dev = input.device
@@ -53,7 +54,7 @@ def _check(input, weight, target, bias, class_weight, reduction, ignore_index, l
         raise TypeError(f"target must hold integer class indices, got {target.dtype} "
                         "(probability targets are not supported)")
     o = _args.options(reduction, -100 if ignore_index is None else ignore_index,
-                      label_smoothing, softcap, lse_square_scale, shift, chunk)
+                      label_smoothing, softcap, lse_square_scale, shift, chunk, temperature)
     if bias is not None:
         _float_tensor(bias, "linear_bias", dev)
         if bias.dtype != weight.dtype:
@@ -69,5 +70,4 @@ def _check(input, weight, target, bias, class_weight, reduction, ignore_index, l
                  token_weight_shape=None if token_weight is None else token_weight.shape,
                  names=("input", "linear_weight", "target", "linear_bias",
                         "weight (class weights)"))
-    return o.reduction, o.ignore_index, o.label_smoothing, o.softcap, o.lse_square_scale, \
-        o.shift, o.chunk
+    return o

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from ._bridge import _cuda_pass, _loss_dtype, _out_shape, _per_token_view, _run, _tensor
 from .._convert import as_float, as_int
+from ..lossk._args import Options
 from ._checks import _REDUCTIONS, _check
 
 class LinearCrossEntropyOutput(NamedTuple):
@@ -31,20 +32,21 @@ class LinearCrossEntropyOutput(NamedTuple):
 @torch.library.custom_op("algenta::lce_fwd", mutates_args=())
 def _lce_fwd(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor],
              class_weight: Optional[Tensor], token_weight: Optional[Tensor], reduction: str,
-             ignore_index: int,
-             label_smoothing: float, softcap: Optional[float], lse_square_scale: float,
-             shift: int, chunk: Optional[int], need_dh: bool, need_dw: bool, need_db: bool,
+             ignore_index: int, label_smoothing: float, softcap: Optional[float],
+             temperature: float, lse_square_scale: float, shift: int, chunk: Optional[int],
+             need_dh: bool, need_dw: bool, need_db: bool,
              want_pred: bool, lse_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
                                                        Tensor, Tensor, Tensor]:
     """(loss, lse, z_loss, pred, accuracy, d_input, d_weight, d_bias): the gradients of a
     mean/sum loss are computed in this same pass (when the lse needs none of its own)."""
+    o = Options(reduction, ignore_index, label_smoothing, softcap, temperature, lse_square_scale,
+                shift, chunk)
     need = [n for n, f in (("hidden", need_dh), ("weight", need_dw), ("bias", need_db)) if f]
     if reduction == "none" or lse_grad:
         need = []  # the upstream gradients are only known in backward
     if input.is_cuda:
         loss, lse, z, pred, acc, dh, dw, db = _cuda_pass(
-            input, weight, target, bias, class_weight, reduction, ignore_index, label_smoothing,
-            softcap, lse_square_scale, shift, chunk, need, want_pred=want_pred,
+            input, weight, target, bias, class_weight, o, need, want_pred=want_pred,
             token_weight=token_weight)
         empty = input.new_empty(0)
         if reduction == "none":
@@ -55,8 +57,7 @@ def _lce_fwd(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tenso
                 acc if want_pred else torch.full((), math.nan, device=input.device),
                 dh if dh is not None else empty, dw if dw is not None else empty.clone(),
                 db if db is not None else empty.clone())
-    r = _run(input, weight, target, bias, class_weight, reduction, ignore_index,
-             label_smoothing, softcap, lse_square_scale, shift, chunk, need, want_pred=want_pred,
+    r = _run(input, weight, target, bias, class_weight, o, need, want_pred=want_pred,
              token_weight=token_weight)
     ldt = _loss_dtype(input.dtype)
     empty = torch.empty(0, dtype=input.dtype)
@@ -71,8 +72,8 @@ def _lce_fwd(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tenso
 
 @_lce_fwd.register_fake
 def _(input, weight, target, bias, class_weight, token_weight, reduction, ignore_index,
-      label_smoothing,
-      softcap, lse_square_scale, shift, chunk, need_dh, need_dw, need_db, want_pred, lse_grad):
+      label_smoothing, softcap, temperature, lse_square_scale, shift, chunk, need_dh, need_dw,
+      need_db, want_pred, lse_grad):
     ldt = _loss_dtype(input.dtype)
     per = _out_shape(input, shift)
     loss_shape = per if reduction == "none" else ()
@@ -91,11 +92,13 @@ def _lce_grad(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tens
               class_weight: Optional[Tensor], token_weight: Optional[Tensor], grad_loss: Tensor,
               grad_lse: Optional[Tensor],
               reduction: str, ignore_index: int, label_smoothing: float,
-              softcap: Optional[float], lse_square_scale: float, shift: int,
+              softcap: Optional[float], temperature: float, lse_square_scale: float, shift: int,
               chunk: Optional[int], need_dh: bool, need_dw: bool,
               need_db: bool) -> tuple[Tensor, Tensor, Tensor]:
     """The backward's own pass of the core, for what the forward could not precompute: the
     per-token upstream gradient of reduction='none', and the gradient of a used lse."""
+    o = Options(reduction, ignore_index, label_smoothing, softcap, temperature, lse_square_scale,
+                shift, chunk)
     need = [n for n, f in (("hidden", need_dh), ("weight", need_dw), ("bias", need_db)) if f]
     ldt = _loss_dtype(input.dtype)
     go = grad_loss.to(ldt) if reduction == "none" else float(grad_loss)
@@ -104,14 +107,12 @@ def _lce_grad(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tens
         return empty, empty.clone(), empty.clone()
     if input.is_cuda:
         _, _, _, _, _, dh, dw, db = _cuda_pass(
-            input, weight, target, bias, class_weight, reduction, ignore_index, label_smoothing,
-            softcap, lse_square_scale, shift, chunk, need,
+            input, weight, target, bias, class_weight, o, need,
             grad_output=grad_loss.to(ldt) if reduction == "none" else float(grad_loss),
             grad_lse=None if grad_lse is None else grad_lse.to(ldt), token_weight=token_weight)
         e = input.new_empty(0)
         return (dh if need_dh else e, dw if need_dw else e.clone(), db if need_db else e.clone())
-    r = _run(input, weight, target, bias, class_weight, reduction, ignore_index,
-             label_smoothing, softcap, lse_square_scale, shift, chunk, need, grad_output=go,
+    r = _run(input, weight, target, bias, class_weight, o, need, grad_output=go,
              grad_lse=None if grad_lse is None else grad_lse.to(ldt), token_weight=token_weight)
     return (_tensor(r.d_hidden, input.dtype) if need_dh else empty,
             _tensor(r.d_weight, input.dtype) if need_dw else empty.clone(),
@@ -120,16 +121,16 @@ def _lce_grad(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tens
 
 @_lce_grad.register_fake
 def _(input, weight, target, bias, class_weight, token_weight, grad_loss, grad_lse, reduction,
-      ignore_index,
-      label_smoothing, softcap, lse_square_scale, shift, chunk, need_dh, need_dw, need_db):
+      ignore_index, label_smoothing, softcap, temperature, lse_square_scale, shift, chunk, need_dh,
+      need_dw, need_db):
     return (input.new_empty(input.shape if need_dh else (0,)),
             input.new_empty(weight.shape if need_dw else (0,)),
             input.new_empty(bias.shape if need_db and bias is not None else (0,)))
 
 
 def _setup_fwd(ctx, inputs, output):
-    (input, weight, target, bias, class_weight, token_weight, reduction, ii, ls, cap, zs, shift,
-     chunk, need_dh, need_dw, need_db, want_pred, lse_grad) = inputs
+    input, weight, target, bias, class_weight, token_weight = inputs[:6]
+    opts, (need_dh, need_dw, need_db, want_pred, lse_grad) = inputs[6:14], inputs[14:]
     loss, lse, z, pred, acc, dh, dw, db = output
     ctx.mark_non_differentiable(z, pred, acc, dh, dw, db)
     if not lse_grad:
@@ -138,8 +139,9 @@ def _setup_fwd(ctx, inputs, output):
     # without a gradient, d_weight's shape among them (a zero-filled copy of the weight).
     ctx.set_materialize_grads(False)
     ctx.loss_shape = loss.shape
-    ctx.opts = (reduction, ii, ls, cap, zs, shift, chunk)
-    ctx.precomputed = reduction != "none" and not lse_grad
+    ctx.opts = tuple(opts)  # the Options fields, in order
+    ctx.n_inputs = len(inputs)
+    ctx.precomputed = opts[0] != "none" and not lse_grad
     ctx.lse_grad = lse_grad
     # The forward's gradients are as large as the weight. Eager: held as a plain attribute, so
     # the first backward can take them, scale them in place and hand them on as the gradients
@@ -176,7 +178,7 @@ def _backward_fwd(ctx, g_loss, g_lse, *_unused):
     if ctx.precomputed and not ctx.eager:
         dh, dw, db = ctx.saved_tensors[6:]
         return (dh * g_loss if need_dh else None, dw * g_loss if need_dw else None, None,
-                db * g_loss if need_db else None) + (None,) * 14
+                db * g_loss if need_db else None) + (None,) * (ctx.n_inputs - 4)
     if ctx.precomputed:
         if ctx.grads is not None:  # the first backward: the forward's gradients, taken
             (dh, dw, db), ctx.grads = ctx.grads, None
@@ -185,12 +187,12 @@ def _backward_fwd(ctx, g_loss, g_lse, *_unused):
             dh, dw, db = _lce_grad(input, weight, target, bias, class_weight, token_weight, one,
                                    None, *ctx.opts, need_dh, need_dw, need_db)
         return (_scaled(dh, g_loss) if need_dh else None, _scaled(dw, g_loss) if need_dw else None,
-                None, _scaled(db, g_loss) if need_db else None) + (None,) * 14
+                None, _scaled(db, g_loss) if need_db else None) + (None,) * (ctx.n_inputs - 4)
     gdh, gdw, gdb = _lce_grad(input, weight, target, bias, class_weight, token_weight, g_loss,
                               g_lse if ctx.lse_grad else None, *ctx.opts, need_dh, need_dw,
                               need_db)
     return (gdh if need_dh else None, gdw if need_dw else None, None,
-            gdb if need_db else None) + (None,) * 14
+            gdb if need_db else None) + (None,) * (ctx.n_inputs - 4)
 
 
 _lce_fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)
@@ -199,7 +201,7 @@ _lce_fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)
 def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weight=None,
                          reduction="mean", ignore_index=None, label_smoothing=0.0, softcap=None,
                          lse_square_scale=0.0, shift=0, return_lse=False, return_z_loss=False,
-                         return_accuracy=False, chunk=None, token_weight=None):
+                         return_accuracy=False, chunk=None, token_weight=None, temperature=1.0):
     """``F.cross_entropy(F.linear(input, linear_weight, linear_bias), target, weight=weight,
     ...)`` without the logits; the signature of PyTorch's ``F.linear_cross_entropy``.
 
@@ -221,6 +223,9 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     ones without) and averages the z-loss with weights u. With ``reduction="none"`` and neither
     label smoothing, class weights nor z-loss, ``-loss`` is each token's log-probability of its
     target (times u_t), differentiable: what policy-gradient losses need.
+    ``temperature=T`` (finite, > 0) divides the (biased, capped) logits before the softmax,
+    gradients through it: the loss, lse and argmax are of ``z / T``, so ``-loss`` with
+    ``reduction="none"`` is the log-probability a sampler at temperature T gave each target.
 
     For "mean"/"sum" the gradients are computed in the forward pass, in the same sweep as the
     loss, and scaled by the upstream gradient in backward; only the inputs that require grad
@@ -228,9 +233,10 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     own pass with the upstream gradients. Loss, lse and gradients are bit-identical for every
     chunk size and thread count.
     """
-    reduction, ii, ls, cap, zs, k, chunk = _check(
-        input, linear_weight, target, linear_bias, weight, reduction, ignore_index,
-        label_smoothing, softcap, lse_square_scale, shift, chunk, token_weight=token_weight)
+    o = _check(input, linear_weight, target, linear_bias, weight, reduction, ignore_index,
+               label_smoothing, softcap, lse_square_scale, shift, chunk,
+               token_weight=token_weight, temperature=temperature)
+    reduction = o.reduction
     if torch.is_autocast_enabled(input.device.type):
         # As F.linear under autocast: the projection's operands in the autocast dtype (the
         # casts are part of the graph, so float32 parameters get float32 gradients).
@@ -249,8 +255,8 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     need_db = grad_on and linear_bias is not None and linear_bias.requires_grad
     lse_grad = bool(return_lse) and (need_dh or need_dw or need_db)
     loss, lse, z, pred, acc, _, _, _ = _lce_fwd(
-        input, linear_weight, target, linear_bias, weight, token_weight, reduction, ii, ls, cap,
-        zs, k, chunk, need_dh, need_dw, need_db, bool(return_accuracy), lse_grad)
+        input, linear_weight, target, linear_bias, weight, token_weight, *o, need_dh, need_dw,
+        need_db, bool(return_accuracy), lse_grad)
     if unbatched:
         lse, pred = lse.squeeze(0), pred.squeeze(0) if return_accuracy else pred
         if reduction == "none":
@@ -271,7 +277,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
     live in another module; class weights (``weight=``) are a buffer."""
 
     def __init__(self, ignore_index=-100, reduction="mean", label_smoothing=0.0, chunk=None, *,
-                 weight=None, softcap=None, lse_square_scale=0.0, shift=0):
+                 weight=None, softcap=None, lse_square_scale=0.0, shift=0, temperature=1.0):
         super().__init__()
         if reduction not in _REDUCTIONS:
             raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
@@ -281,6 +287,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         self.chunk = None if chunk is None else as_int(chunk, "chunk")
         self.softcap = None if softcap is None else as_float(softcap, "softcap")
         self.lse_square_scale = as_float(lse_square_scale, "lse_square_scale")
+        self.temperature = as_float(temperature, "temperature")
         self.shift = as_int(shift, "shift")
         self.register_buffer("weight", weight)
 
@@ -291,10 +298,10 @@ class LinearCrossEntropyLoss(torch.nn.Module):
                                     ignore_index=self.ignore_index,
                                     label_smoothing=self.label_smoothing, softcap=self.softcap,
                                     lse_square_scale=self.lse_square_scale, shift=self.shift,
-                                    chunk=self.chunk)
+                                    chunk=self.chunk, temperature=self.temperature)
 
     def extra_repr(self) -> str:
         return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
                 f"label_smoothing={self.label_smoothing}, chunk={self.chunk}, "
                 f"softcap={self.softcap}, lse_square_scale={self.lse_square_scale}, "
-                f"shift={self.shift}")
+                f"shift={self.shift}, temperature={self.temperature}")

@@ -18,8 +18,8 @@ from ._seed import _targets_i64
 # ---- vocab-parallel over torch.distributed ------------------------------------------------------
 #
 # Rank k holds rows [s_k, s_k + V_k) of the head (and of the bias and the class weights) and the
-# same hidden and target as every other rank. z' are the biased, soft-capped logits over the full
-# vocabulary V, w the class weights (ones without), W = sum_v w_v:
+# same hidden and target as every other rank. z' are the biased, soft-capped logits over the
+# temperature, over the full vocabulary V, w the class weights (ones without), W = sum_v w_v:
 #
 #   lse_t = log sum_k exp(lse_t^k)                  lse_t^k: the shard's log-sum-exp
 #   ce_t  = (1 - eps) w_y (lse_t - z'_y) + (eps / V) (W lse_t - sum_v w_v z'_v)
@@ -37,11 +37,11 @@ from ._seed import _targets_i64
 # coefficients (A_t times exp(lse^k - lse_t), turning the shard's softmax into the global one)
 # gives the shard's weight and bias gradients and its share of hidden's, which is all-reduced.
 # The softmax needs the global lse, known only after the forward's all-reduces, hence the
-# second pass.
+# second pass. The coefficients are of d/dz'; the core applies dz'/dz (the cap's slope and 1/T).
 
 _INFO = ("vocab_start", "shard_rows", "status", "n_tok", "d_model", "dtype", "need_dh",
          "need_dw", "need_db", "target_checksum", "reduction", "has_bias", "has_weights",
-         "label_smoothing", "softcap", "lse_square_scale")
+         "label_smoothing", "softcap", "temperature", "lse_square_scale")
 
 
 def _checksum(t: torch.Tensor) -> int:
@@ -58,7 +58,7 @@ class _VocabParallelFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, target, bias, class_weight, n, d, opts, vocab_start, group,
                 need_dh, need_dw, need_db):
-        reduction, ii, ls, cap, zs, chunk = opts
+        reduction, ii, ls, cap, temp, zs, chunk = opts
         vs = weight.shape[0]
         t = _targets_i64(target, n)
         valid = t != ii
@@ -76,14 +76,15 @@ class _VocabParallelFn(torch.autograd.Function):
         try:
             r = vocab_shard_pass(h, w, t_loc.numpy(), bias=b,
                                  class_weight=None if cw is None else cw.numpy(), softcap=cap,
-                                 chunk=chunk)
+                                 temperature=temp, chunk=chunk)
         except LossError as e:
             err = e
         info = torch.tensor([vocab_start, vs, 0 if err is None else err.status, n, d,
                              _FLOATS.index(hidden.dtype), int(need_dh), int(need_dw),
                              int(need_db), _checksum(t), _REDUCTIONS.index(reduction),
                              int(bias is not None), int(cw is not None), _f64_bits(ls),
-                             _f64_bits(-1.0 if cap is None else cap), _f64_bits(zs)],
+                             _f64_bits(-1.0 if cap is None else cap), _f64_bits(temp),
+                             _f64_bits(zs)],
                             dtype=torch.int64)
         world = dist.get_world_size(group)
         allinfo = [torch.empty_like(info) for _ in range(world)]
@@ -159,7 +160,7 @@ class _VocabParallelFn(torch.autograd.Function):
     def backward(ctx, grad_out):
         (shape, n, d, opts, vocab, n_valid, w_tot, w_all, group, need_dh, need_dw,
          need_db) = ctx.meta
-        reduction, ii, ls, cap, zs, chunk = opts
+        reduction, ii, ls, cap, temp, zs, chunk = opts
         hidden, weight, bias, class_weight, t_loc, valid, own, lse_k, lse, w_y = ctx.saved_tensors
         if not (need_dh or need_dw or need_db):
             return (None,) * 13
@@ -185,7 +186,8 @@ class _VocabParallelFn(torch.autograd.Function):
             bias=None if bias is None else _core_view(bias),
             class_weight=None if class_weight is None
             else class_weight.detach().to(ldt).contiguous().numpy(),
-            softcap=cap, chunk=chunk, grad_coef=coef.to(ldt).numpy(), with_grad=need)
+            softcap=cap, temperature=temp, chunk=chunk, grad_coef=coef.to(ldt).numpy(),
+            with_grad=need)
         dh = dw = db = None
         if need_dh:
             dh = _tensor(r.d_hidden, hidden.dtype)
@@ -201,7 +203,7 @@ class _VocabParallelFn(torch.autograd.Function):
 def vocab_parallel_linear_cross_entropy(hidden, weight_shard, target, *, vocab_start, group=None,
                                         linear_bias=None, weight=None, reduction="mean",
                                         ignore_index=None, label_smoothing=0.0, softcap=None,
-                                        lse_square_scale=0.0, chunk=None):
+                                        lse_square_scale=0.0, chunk=None, temperature=1.0):
     """The loss of :func:`linear_cross_entropy` with the head's rows sharded over ranks.
 
     Each rank of ``group`` (default: the world) passes the same ``hidden [..., d_model]`` and
@@ -210,7 +212,7 @@ def vocab_parallel_linear_cross_entropy(hidden, weight_shard, target, *, vocab_s
     of the class weights (``weight``) when given; the shards must tile ``[0, vocab)``. Per-token
     log-sum-exp, target logit, class weight and (for label smoothing) weighted logit sum are
     combined with ``torch.distributed`` all-reduces, so every rank gets the unsharded loss (to
-    rounding) without any rank holding full-vocabulary logits. ``softcap`` and
+    rounding) without any rank holding full-vocabulary logits. ``softcap``, ``temperature`` and
     ``lse_square_scale`` act as in :func:`linear_cross_entropy`. The backward gives each rank the
     gradient of its shard (weight, bias) and the full (all-reduced) gradient of ``hidden``; every
     rank must call backward.
@@ -222,9 +224,9 @@ def vocab_parallel_linear_cross_entropy(hidden, weight_shard, target, *, vocab_s
     core pass over the shard. Works with any backend that supports all_gather and MAX/SUM
     all-reduce (gloo on CPU).
     """
-    reduction, ii, ls, cap, zs, k, chunk = _check(
-        hidden, weight_shard, target, linear_bias, weight, reduction, ignore_index,
-        label_smoothing, softcap, lse_square_scale, 0, chunk, cuda_ok=False)
+    o = _check(hidden, weight_shard, target, linear_bias, weight, reduction, ignore_index,
+               label_smoothing, softcap, lse_square_scale, 0, chunk, cuda_ok=False,
+               temperature=temperature)
     vocab_start = as_int(vocab_start, "vocab_start")
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("vocab_parallel_linear_cross_entropy needs an initialized "
@@ -235,5 +237,6 @@ def vocab_parallel_linear_cross_entropy(hidden, weight_shard, target, *, vocab_s
     need_dw = grad_on and weight_shard.requires_grad
     need_db = grad_on and linear_bias is not None and linear_bias.requires_grad
     return _VocabParallelFn.apply(hidden, weight_shard, target, linear_bias, weight, n, d,
-                                  (reduction, ii, ls, cap, zs, chunk), vocab_start, group,
+                                  (o.reduction, o.ignore_index, o.label_smoothing, o.softcap,
+                                   o.temperature, o.lse_square_scale, o.chunk), vocab_start, group,
                                   need_dh, need_dw, need_db)
