@@ -79,17 +79,17 @@ int64_t device_chunk(const FusedArgs<T>& a) {
 
 template <class T>
 struct Scratch {
-  int* flags;                  // 8 flags, then first_bad
+  int* flags;                  // 9 flags, then first_bad
   unsigned long long* first_bad;
   double* prep;                // 4
   uint8_t* valid;              // N
-  double *ce, *zl;             // N
-  double *ztarget, *lse_c, *coef;  // C, C, 4C
+  double *ce, *zl, *ent;       // N (ent with entropy)
+  double *ztarget, *lse_c, *coef;  // C, C, 6C
   BlockStatD* stats;           // C * nvb
   T* logits;                   // C * V, with gradients
   T* dw_acc;                   // V * D, for half d_weight
   T* db_acc;                   // V, for half d_bias
-  double* sums;                // 11, when the caller passes none
+  double* sums;                // 14, when the caller passes none
   int64_t bytes;
 };
 
@@ -101,17 +101,18 @@ Scratch<T> carve(const FusedArgs<T>& a, const FusedCudaOut<T>& out, void* base) 
   const bool half_g = is_half(out.grad_elem);
   Carver cv(base);
   Scratch<T> s;
-  s.flags = cv.take<int>(8);
+  s.flags = cv.take<int>(9);
   s.first_bad = cv.take<unsigned long long>(1);
   s.prep = cv.take<double>(4);
   s.valid = cv.take<uint8_t>(N);
   s.ce = cv.take<double>(N);
   s.zl = cv.take<double>(N);
+  s.ent = a.entropy ? cv.take<double>(N) : nullptr;
   s.ztarget = cv.take<double>(C);
   s.lse_c = cv.take<double>(C);
-  s.coef = cv.take<double>(4 * C);
+  s.coef = cv.take<double>(6 * C);
   s.stats = cv.take<BlockStatD>(C * nvb);
-  s.sums = cv.take<double>(11);
+  s.sums = cv.take<double>(14);
   s.logits = grad ? cv.take<T>(C * V) : nullptr;
   s.dw_acc = out.d_weight && half_g ? cv.take<T>(V * D) : nullptr;
   s.db_acc = out.d_bias && half_g ? cv.take<T>(V) : nullptr;
@@ -123,7 +124,7 @@ Scratch<T> carve(const FusedArgs<T>& a, const FusedCudaOut<T>& out, void* base) 
 template <class T>
 void check_data(const FusedArgs<T>& a, const Scratch<T>& s, cudaStream_t st) {
   const int64_t N = a.n_tok, D = a.d_model, V = a.vocab;
-  CK(cudaMemsetAsync(s.flags, 0, 8 * sizeof(int), st));
+  CK(cudaMemsetAsync(s.flags, 0, 9 * sizeof(int), st));
   CK(cudaMemsetAsync(s.first_bad, 0xff, sizeof(unsigned long long), st));
   auto finite = [&](const void* p, int64_t n, Dtype e, int flag) {
     if (!p) return;
@@ -144,6 +145,7 @@ void check_data(const FusedArgs<T>& a, const Scratch<T>& s, cudaStream_t st) {
   finite(a.weight, V * D, a.elem, 4);
   finite(a.bias, V, a.elem, 5);
   finite(a.class_weight, V, te, 6);
+  finite(a.grad_entropy, N, te, 8);
   if (a.token_weight) {
     k_check_token_weights<T><<<grid_for(N, 256), 256, 0, st>>>(a.token_weight, N, s.flags + 7);
     CK(cudaGetLastError());
@@ -151,18 +153,20 @@ void check_data(const FusedArgs<T>& a, const Scratch<T>& s, cudaStream_t st) {
   k_check_targets<<<grid_for(N, 256), 256, 0, st>>>(a.targets, N, a.shift, a.seq_len,
                                                     a.has_ignore, a.ignore_index, V, s.first_bad);
   CK(cudaGetLastError());
-  int flags[8];
+  int flags[9];
   unsigned long long first = 0;
   CK(cudaMemcpyAsync(flags, s.flags, sizeof flags, cudaMemcpyDeviceToHost, st));
   CK(cudaMemcpyAsync(&first, s.first_bad, sizeof first, cudaMemcpyDeviceToHost, st));
   CK(cudaStreamSynchronize(st));
-  static const char* const what[8] = {
+  static const char* const what[9] = {
       "grad_output contains NaN or infinity", "the gradient of lse contains NaN or infinity",
       "grad_coef contains NaN or infinity", "hidden contains NaN or infinity",
       "weight contains NaN or infinity", "linear_bias contains NaN or infinity",
       "the class weights contain NaN or infinity",
-      "token_weight must be finite and >= 0"};
-  for (int i = 0; i < 8; ++i)
+      "token_weight must be finite and >= 0",
+      "the gradient of the entropy contains NaN or infinity"};
+  static const int order[9] = {0, 1, 8, 2, 3, 4, 5, 6, 7};  // fused_linear_ce_check's order
+  for (int i : order)
     if (flags[i]) refuse(LOSS_ERR_NON_FINITE, what[i]);
   if (first != ~0ull) {
     int64_t y = 0;
@@ -274,7 +278,9 @@ void fused_linear_ce_cuda(const FusedArgs<T>& a, FusedCudaOut<T>& out, void* wor
     refuse(LOSS_ERR_LENGTH_MISMATCH, "half-precision gradients need half-precision inputs");
   if (out.accuracy && !out.pred)
     refuse(LOSS_ERR_LENGTH_MISMATCH, "the accuracy needs the per-token argmax (pred)");
-  if ((out.loss || out.z) && a.reduction == Reduction::None)
+  if ((out.entropy || out.entropy_tok) && !a.entropy)
+    refuse(LOSS_ERR_LENGTH_MISMATCH, "an entropy output needs FusedArgs::entropy");
+  if ((out.loss || out.z || out.entropy) && a.reduction == Reduction::None)
     refuse(LOSS_ERR_LENGTH_MISMATCH, "reduction none has per-token losses only (loss_tok)");
   check_data(a, sc, s);
 
@@ -298,7 +304,7 @@ void fused_linear_ce_cuda(const FusedArgs<T>& a, FusedCudaOut<T>& out, void* wor
     f.B = a.weight, f.ldb = D;
     f.stats = sc.stats, f.nvb = nvb;
     f.logits = grad ? sc.logits : nullptr;
-    f.bias = a.bias, f.cap = cap, f.temperature = a.temperature;
+    f.bias = a.bias, f.cap = cap, f.temperature = a.temperature, f.entropy = a.entropy;
     f.stats_w = a.label_smoothing > 0.0 || out.logit_sum ? cw : nullptr;
     f.targets = a.targets, f.valid = sc.valid, f.t0 = t0, f.shift = a.shift;
     f.ztarget = sc.ztarget;
@@ -312,6 +318,8 @@ void fused_linear_ce_cuda(const FusedArgs<T>& a, FusedCudaOut<T>& out, void* wor
     m.eps = a.label_smoothing, m.zs = a.z_loss, m.cap = tcap, m.reduction = a.reduction;
     m.grad_scale = a.grad_scale, m.grad_output = a.grad_output, m.grad_lse = a.grad_lse;
     m.grad_coef = a.grad_coef, m.with_grad = grad, m.temperature = a.temperature;
+    m.entropy = a.entropy, m.grad_entropy = a.grad_entropy;
+    m.entropy_grad_scale = a.entropy_grad_scale, m.ent = sc.ent, m.entropy_tok = out.entropy_tok;
     m.ce = sc.ce, m.zl = sc.zl, m.lse = out.lse, m.loss_tok = out.loss_tok, m.z_tok = out.z_tok;
     m.target_logit = out.target_logit, m.logit_sum = out.logit_sum, m.pred = out.pred;
     m.lse_c = sc.lse_c, m.coef = sc.coef;
@@ -345,10 +353,11 @@ void fused_linear_ce_cuda(const FusedArgs<T>& a, FusedCudaOut<T>& out, void* wor
     }
   }
 
-  k_finish<T><<<1, RT, 0, s>>>(sc.ce, sc.zl, sc.valid, out.pred, a.targets, a.shift, N, sc.prep,
-                               cw != nullptr || a.token_weight != nullptr, a.token_weight != nullptr,
-                               a.reduction, out.sums ? out.sums : sc.sums, out.loss,
-                               out.z, out.accuracy);
+  k_finish<T><<<1, RT, 0, s>>>(sc.ce, sc.zl, sc.ent, sc.valid, out.pred, a.targets, a.shift, N,
+                               sc.prep, cw != nullptr || a.token_weight != nullptr,
+                               a.token_weight != nullptr, a.reduction,
+                               out.sums ? out.sums : sc.sums, out.loss, out.z, out.entropy,
+                               out.accuracy);
   CK(cudaGetLastError());
   if (half_g) {
     if (want_dw) narrow(sc.dw_acc, out.d_weight, V * D, out.grad_elem, s);
@@ -363,7 +372,7 @@ void fused_linear_ce_cuda_host(const FusedArgs<T>& a, FusedOut<T>& out) {
   const size_t esz = elem_bytes(a.elem), tsz = sizeof(T);
   FusedArgs<T> d = a;
   DevBuf hidden(a.hidden, size_t(N * D) * esz), weight(a.weight, size_t(V * D) * esz);
-  DevBuf bias, targets, cw, tw, go, gl, gc;
+  DevBuf bias, targets, cw, tw, go, gl, gc, ge;
   d.hidden = hidden.p;
   d.weight = weight.p;
   if (a.bias) bias = DevBuf(a.bias, size_t(V) * esz), d.bias = bias.p;
@@ -375,11 +384,13 @@ void fused_linear_ce_cuda_host(const FusedArgs<T>& a, FusedOut<T>& out) {
   if (a.grad_output) go = DevBuf(a.grad_output, size_t(N) * tsz), d.grad_output = go.as<T>();
   if (a.grad_lse) gl = DevBuf(a.grad_lse, size_t(N) * tsz), d.grad_lse = gl.as<T>();
   if (a.grad_coef) gc = DevBuf(a.grad_coef, size_t(3 * N) * tsz), d.grad_coef = gc.as<T>();
+  if (a.grad_entropy) ge = DevBuf(a.grad_entropy, size_t(N) * tsz), d.grad_entropy = ge.as<T>();
 
   FusedCudaOut<T> o;
   o.grad_elem = out.grad_elem;
   const size_t gsz = elem_bytes(out.grad_elem);
-  DevBuf lse(size_t(N) * tsz), sums(11 * sizeof(double)), loss_tok, z_tok, pred, tl, ls, dh, dw, db;
+  DevBuf lse(size_t(N) * tsz), sums(14 * sizeof(double)), loss_tok, z_tok, pred, tl, ls, et, dh,
+      dw, db;
   o.lse = lse.as<T>();
   o.sums = sums.as<double>();
   if (out.loss_tok) loss_tok = DevBuf(size_t(N) * tsz), o.loss_tok = loss_tok.as<T>();
@@ -387,6 +398,7 @@ void fused_linear_ce_cuda_host(const FusedArgs<T>& a, FusedOut<T>& out) {
   if (out.pred) pred = DevBuf(size_t(N) * sizeof(int64_t)), o.pred = pred.as<int64_t>();
   if (out.target_logit) tl = DevBuf(size_t(N) * tsz), o.target_logit = tl.as<T>();
   if (out.logit_sum) ls = DevBuf(size_t(N) * tsz), o.logit_sum = ls.as<T>();
+  if (out.entropy_tok) et = DevBuf(size_t(N) * tsz), o.entropy_tok = et.as<T>();
   if (out.d_hidden) dh = DevBuf(size_t(N * D) * gsz), o.d_hidden = dh.p;
   if (out.d_weight) dw = DevBuf(size_t(V * D) * gsz), o.d_weight = dw.p;
   if (out.d_bias) db = DevBuf(size_t(V) * gsz), o.d_bias = db.p;
@@ -399,18 +411,21 @@ void fused_linear_ce_cuda_host(const FusedArgs<T>& a, FusedOut<T>& out) {
   to_host(out.pred, o.pred, size_t(N) * sizeof(int64_t));
   to_host(out.target_logit, o.target_logit, size_t(N) * tsz);
   to_host(out.logit_sum, o.logit_sum, size_t(N) * tsz);
+  to_host(out.entropy_tok, o.entropy_tok, size_t(N) * tsz);
   to_host(out.d_hidden, o.d_hidden, size_t(N * D) * gsz);
   // A half d_weight/d_bias lands in the first V*D (V) uint16 of the host accumulators, as the
   // CPU backend leaves it.
   to_host(out.d_weight, o.d_weight, size_t(V * D) * gsz);
   to_host(out.d_bias, o.d_bias, size_t(V) * gsz);
-  double s[11];
+  double s[14];
   to_host(s, o.sums, sizeof s);
   out.ce.total = s[0], out.ce.first = s[1], out.ce.shifted = s[2], out.ce.count = int64_t(s[3]);
   out.z.total = s[4], out.z.first = s[5], out.z.shifted = s[6], out.z.count = int64_t(s[7]);
   out.weight_sum = s[8];
   out.n_correct = int64_t(s[9]);
   out.token_weight_sum = s[10];
+  if (a.entropy) out.ent.total = s[11], out.ent.first = s[12], out.ent.shifted = s[13],
+                 out.ent.count = out.ce.count;
   out.weighted = a.class_weight != nullptr || a.token_weight != nullptr;
   out.token_weighted = a.token_weight != nullptr;
 }

@@ -196,6 +196,7 @@ struct CoreWmma {
 // Per (row, vocab block) statistics of the forward, merged by k_merge in block order.
 struct BlockStatD {
   double max, sumexp, sumz;
+  double sument;  // sum exp(z - max) (max - z), with entropy (kernels.hpp's BlockStats)
   int32_t arg, pad;
 };
 
@@ -217,6 +218,7 @@ struct TileArgs {
   const void* bias = nullptr;   // (V) in the inputs' element type, or null
   double cap = 0.0;             // > 0: soft cap
   double temperature = 1.0;     // divides the capped logits (lossk_math.hpp, tempered_cap)
+  bool entropy = false;         // also BlockStatD::sument
   const T* stats_w = nullptr;   // (V) class weights of the weighted logit sum, or null
   const int64_t* targets = nullptr;
   const uint8_t* valid = nullptr;  // (N tokens) counted or not
@@ -255,14 +257,16 @@ __device__ void row_stats(const TileArgs<T>& p, Acc* row, int64_t gm, int64_t n0
     m = y > m ? y : m;
   }
   int arg = BN;  // the first column holding the maximum (logits that overflowed to NaN: none)
-  double se = 0.0, sz = 0.0;
+  double se = 0.0, sz = 0.0, sd = 0.0;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const int c = lane + 32 * j;
     if (c >= cols) continue;
     if (z[j] == m && c < arg) arg = c;
-    se += double(dexp(z[j] - m));
+    const double e = double(dexp(z[j] - m));
+    se += e;
     sz += p.stats_w ? double(z[j]) * double(p.stats_w[n0 + c]) : double(z[j]);
+    if (p.entropy) sd += e * (double(m) - double(z[j]));  // terms >= 0, as the CPU backend's
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -270,12 +274,14 @@ __device__ void row_stats(const TileArgs<T>& p, Acc* row, int64_t gm, int64_t n0
     arg = a2 < arg ? a2 : arg;
     se += __shfl_xor_sync(0xffffffffu, se, o);
     sz += __shfl_xor_sync(0xffffffffu, sz, o);
+    if (p.entropy) sd += __shfl_xor_sync(0xffffffffu, sd, o);
   }
   if (lane == 0) {
     BlockStatD s;
     s.max = double(m);
     s.sumexp = se;
     s.sumz = sz;
+    s.sument = sd;
     s.arg = arg < cols ? arg : 0;
     s.pad = 0;
     p.stats[gm * p.nvb + n0 / BN] = s;

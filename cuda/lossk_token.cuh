@@ -88,9 +88,14 @@ struct MergeArgs {
   const T* grad_output = nullptr;
   const T* grad_lse = nullptr;
   const T* grad_coef = nullptr;
+  bool entropy = false;
+  const T* grad_entropy = nullptr;  // (N) the entropy's upstream gradient (None), or null
+  double entropy_grad_scale = 0.0;  // ... (Mean/Sum)
   bool with_grad = false;
   double* ce = nullptr;   // (N)
   double* zl = nullptr;   // (N)
+  double* ent = nullptr;  // (N) u_t H_t, with entropy
+  T* entropy_tok = nullptr;  // (N) or null
   T* lse = nullptr;       // (N) or null
   T* loss_tok = nullptr;  // (N) or null
   T* z_tok = nullptr;     // (N) or null
@@ -98,7 +103,8 @@ struct MergeArgs {
   T* logit_sum = nullptr;
   int64_t* pred = nullptr;
   double* lse_c = nullptr;  // (c) the chunk rows' lse, for k_softmax_grad
-  double* coef = nullptr;   // (c, 4): a, b, the target's term (cap's derivative applied), target
+  // (c, 6): a, b, the target's term (cap's derivative applied), target, the entropy's e, max
+  double* coef = nullptr;
 };
 
 // One thread per token of the chunk: the same arithmetic as the CPU backend's step 2.
@@ -131,6 +137,12 @@ __global__ void k_merge(MergeArgs<T> a) {
   if (a.lse) a.lse[t] = T(l);
   if (a.loss_tok) a.loss_tok[t] = T(ct + zl);
   if (a.z_tok) a.z_tok[t] = T(zl);
+  const double dmax = a.entropy ? mg.sument / mg.sumexp : 0.0;  // max - E[z']
+  if (a.entropy) {
+    const double h = valid ? u * math::token_entropy(mg, logse) : 0.0;
+    a.ent[t] = h;
+    if (a.entropy_tok) a.entropy_tok[t] = T(h);
+  }
   if (!a.with_grad) return;
   a.lse_c[r] = l;
   math::Coef g;
@@ -143,14 +155,22 @@ __global__ void k_merge(MergeArgs<T> a) {
                                                    a.grad_output ? double(a.grad_output[t]) : 1.0,
                                                    u);
     g = math::grad_coef(sc, eps, V, wy, w_all, a.zs, l, a.grad_lse ? double(a.grad_lse[t]) : 0.0);
+    if (a.grad_entropy || a.entropy_grad_scale != 0.0) {
+      const double s_h =
+          math::reduction_scales(a.reduction, valid, a.entropy_grad_scale, a.prep[3], a.prep[1],
+                                 a.grad_entropy ? double(a.grad_entropy[t]) : 0.0, u).z;
+      g = math::with_entropy(g, s_h, dmax);
+    }
   }
   g = math::tempered(g, a.temperature);
   const double f = g.c != 0.0 ? math::cap_slope<T>(zt, a.cap) : 1.0;
-  double* k = a.coef + 4 * r;
+  double* k = a.coef + 6 * r;
   k[0] = g.a;
   k[1] = g.b;
   k[2] = g.c * f;
   k[3] = double(y);
+  k[4] = g.e;
+  k[5] = m;
 }
 
 // The chunk's logits (c, V) overwritten by their gradient, as the CPU backend's softmax_grad.
@@ -161,13 +181,15 @@ __global__ void k_softmax_grad(T* g, int64_t c, int64_t V, const double* lse_c, 
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < c * V;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / V, v = i % V;
-    const double* k = coef + 4 * r;
-    if (k[0] == 0.0 && k[1] == 0.0 && k[2] == 0.0) {
+    const double* k = coef + 6 * r;
+    if (k[0] == 0.0 && k[1] == 0.0 && k[2] == 0.0 && k[4] == 0.0) {
       g[i] = T(0);
       continue;
     }
     const T x = g[i];
-    T d = dexp(x - T(lse_c[r])) * T(k[0]) - T(k[1]) * (w ? w[v] : T(1));
+    // with the entropy's share p (a + e (z - max)), as the CPU backend's softmax_grad
+    const T pa = k[4] != 0.0 ? T(k[0]) + T(k[4]) * (x - T(k[5])) : T(k[0]);
+    T d = dexp(x - T(lse_c[r])) * pa - T(k[1]) * (w ? w[v] : T(1));
     if (cap > 0.0) {
       const T tz = x * ic;
       d *= (T(1) - tz) * (T(1) + tz);
@@ -198,11 +220,13 @@ __global__ void k_narrow(const T* src, XO* dst, int64_t n) {
 // shifted, count) of u ce and u z, the weight sums, correct argmaxes; and the reduced loss.
 template <class T>
 __global__ void __launch_bounds__(RT) k_finish(const double* ce, const double* zl,
-                                               const uint8_t* valid, const int64_t* pred,
+                                               const double* ent, const uint8_t* valid,
+                                               const int64_t* pred,
                                                const int64_t* targets, int64_t shift, int64_t N,
                                                const double* prep, bool weighted,
                                                bool token_weighted, Reduction red_kind,
-                                               double* sums, T* loss, T* zout, float* accuracy) {
+                                               double* sums, T* loss, T* zout, T* eout,
+                                               float* accuracy) {
   __shared__ double red[RT];
   int64_t lo, hi;
   share(N, &lo, &hi);
@@ -215,13 +239,15 @@ __global__ void __launch_bounds__(RT) k_finish(const double* ce, const double* z
   first_t = block_min(first_t, red);
   const bool any = first_t < double(N);
   const double fce = any ? ce[int64_t(first_t)] : 0.0, fz = any ? zl[int64_t(first_t)] : 0.0;
-  double tce = 0.0, sce = 0.0, tz = 0.0, sz = 0.0, cnt = 0.0, correct = 0.0;
+  const double fe = any && ent ? ent[int64_t(first_t)] : 0.0;
+  double tce = 0.0, sce = 0.0, tz = 0.0, sz = 0.0, te = 0.0, se = 0.0, cnt = 0.0, correct = 0.0;
   for (int64_t t = lo; t < hi; ++t) {
     if (!valid[t]) continue;
     tce += ce[t];
     sce += ce[t] - fce;
     tz += zl[t];
     sz += zl[t] - fz;
+    if (ent) te += ent[t], se += ent[t] - fe;
     cnt += 1.0;
     if (pred && pred[t] == targets[t + shift]) correct += 1.0;
   }
@@ -229,6 +255,7 @@ __global__ void __launch_bounds__(RT) k_finish(const double* ce, const double* z
   sce = block_sum(sce, red);
   tz = block_sum(tz, red);
   sz = block_sum(sz, red);
+  if (ent) te = block_sum(te, red), se = block_sum(se, red);
   cnt = block_sum(cnt, red);
   correct = block_sum(correct, red);
   if (threadIdx.x != 0) return;
@@ -237,11 +264,15 @@ __global__ void __launch_bounds__(RT) k_finish(const double* ce, const double* z
   o[0] = tce, o[1] = fce, o[2] = sce, o[3] = cnt;
   o[4] = tz, o[5] = fz, o[6] = sz, o[7] = cnt;
   o[8] = wsum, o[9] = correct, o[10] = usum;
+  o[11] = te, o[12] = fe, o[13] = se;
   // FusedOut::reduced, on the device
   const double ce_mean = math::sum_mean(fce, sce, cnt);
   const double z_mean = math::z_mean(token_weighted, tz, usum, fz, sz, cnt);
   if (loss) loss[0] = T(math::reduced_loss(red_kind, weighted, tce, ce_mean, wsum, tz, z_mean));
   if (zout) zout[0] = T(red_kind == Reduction::Sum ? tz : z_mean);
+  if (eout)  // the entropy reduces as the z-loss term does (FusedOut::entropy_mean)
+    eout[0] = T(red_kind == Reduction::Sum ? te
+                                           : math::z_mean(token_weighted, te, usum, fe, se, cnt));
   if (accuracy) accuracy[0] = cnt > 0.0 ? float(correct / cnt) : NAN;
 }
 

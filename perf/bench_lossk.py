@@ -13,8 +13,9 @@ to the GEMM measured in the same rounds.
 
 --options adds, in the same interleaved rounds, forward+backward with each option of the loss
 (bias, soft cap, z-loss, class weights with label smoothing, next-token shift, token accuracy,
-all of them) and with bfloat16 / float16 inputs, each as a ratio to the plain float32
-forward+backward (target: an option costs at most 5%; half inputs no slower than float32).
+all of them, temperature, token weights, the entropy with its gradient) and with bfloat16 /
+float16 inputs, each as a ratio to the plain float32 forward+backward (target: an option costs
+at most 5%, the entropy at most 10%; half inputs no slower than float32).
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ OPTION_ROWS = (
     ("opt_shift", "f+b with shift=1"),
     ("opt_accuracy", "f+b with return_accuracy"),
     ("opt_all", "f+b with all of the above"),
+    ("opt_temperature", "f+b with temperature=0.7"),
+    ("opt_token_weight", "f+b with token weights"),
+    ("opt_entropy", "f+b with the entropy and its gradient"),
+    ("opt_entropy_fwd", "forward with the entropy (x plain fwd)"),
     ("bf16_fwd", "forward, bfloat16 inputs"),
     ("bf16_fwd_bwd", "f+b, bfloat16 inputs (bf16 gradients)"),
     ("f16_fwd_bwd", "f+b, float16 inputs (f16 gradients)"),
@@ -67,6 +72,7 @@ def option_fns(h, w, t):
     rng = np.random.default_rng(1)
     b = rng.standard_normal(v).astype(h.dtype)
     cw = rng.uniform(0.5, 2.0, v)
+    u = rng.uniform(0.0, 2.0, n)
     seq = 256 if n % 256 == 0 else n
     h3, t3 = h.reshape(-1, seq, h.shape[1]), t.reshape(-1, seq)
 
@@ -91,6 +97,11 @@ def option_fns(h, w, t):
         "opt_shift": lambda: lce(h3, w, t3, shift=1, with_grad=True),
         "opt_accuracy": lambda: lce(h, w, t, return_accuracy=True, with_grad=True),
         "opt_all": lambda: lce(h3, w, t3, shift=1, with_grad=True, **full),
+        "opt_temperature": lambda: lce(h, w, t, temperature=0.7, with_grad=True),
+        "opt_token_weight": lambda: lce(h, w, t, token_weight=u, with_grad=True),
+        "opt_entropy": lambda: lce(h, w, t, return_entropy=True, grad_entropy=-0.01,
+                                   with_grad=True),
+        "opt_entropy_fwd": lambda: lce(h, w, t, return_entropy=True),
         "bf16_fwd": lambda: lce(hb, wb, t),
         "bf16_fwd_bwd": lambda: lce(hb, wb, t, with_grad=True),
         "f16_fwd_bwd": lambda: lce(hf, wf, t, with_grad=True),
@@ -238,7 +249,8 @@ def main():
         print(f"options (float32 inputs unless named; n_tok={n}, seq 256 for the shift):")
         print(f"{'what':40} {'seconds':>9} {'x plain f+b':>12}")
         for key, label in OPTION_ROWS:
-            print(f"{label:40} {row[key]:9.4f} {row[key] / row['fwd_bwd']:12.3f}")
+            base = row["fwd"] if key == "opt_entropy_fwd" else row["fwd_bwd"]
+            print(f"{label:40} {row[key]:9.4f} {row[key] / base:12.3f}")
         print()
     for row in rows:
         verdict = [f"fwd {row['fwd'] / row['gemm']:.2f}x GEMM (target <= 1.15)",

@@ -39,7 +39,8 @@ def reference(hidden, weight, targets, reduction="mean", ignore_index=None, labe
 
 def reference_full(hidden, weight, targets, *, bias=None, class_weight=None, reduction="mean",
                    ignore_index=None, label_smoothing=0.0, softcap=None, z_scale=0.0, shift=0,
-                   grad_output=None, grad_lse=None, token_weight=None, temperature=1.0):
+                   grad_output=None, grad_lse=None, token_weight=None, temperature=1.0,
+                   grad_entropy=None):
     """Every option of the fused loss, written out on materialized float64 logits.
 
     hidden [..., S, D], targets [..., S]; with shift k, position t scores target t + k within each
@@ -48,9 +49,11 @@ def reference_full(hidden, weight, targets, *, bias=None, class_weight=None, red
         ce = (1 - eps) w_y (lse - z'_y) + (eps / V) sum_v w_v (lse - z'_v),  zl = s lse^2
     mean = sum ce / sum w_y + sum zl / n_counted (PyTorch's weighted mean; Liger's z-loss mean).
     Token weights u (targets' shape, shifted with them) multiply ce and zl; the mean then divides
-    by sum u w_y and sum u.
-    Returns loss, lse, z (reduced like the loss), per-token values over scored positions, the
-    argmax, and the gradients (d_hidden in hidden's full shape)."""
+    by sum u w_y and sum u. The entropy H = lse - sum_v p_v z'_v is weighted by u and reduced as
+    the z-loss (mean over sum u); grad_entropy (scalar, or per token for "none") is its upstream
+    gradient, added to the loss's.
+    Returns loss, lse, z, entropy (each reduced like the loss), per-token values over scored
+    positions, the argmax, and the gradients (d_hidden in hidden's full shape)."""
     h = np.asarray(hidden, np.float64)
     w = np.asarray(weight, np.float64)
     t = np.asarray(targets, np.int64)
@@ -104,7 +107,24 @@ def reference_full(hidden, weight, targets, *, bias=None, class_weight=None, red
     gl = np.zeros(n) if grad_lse is None else np.asarray(grad_lse, np.float64).reshape(-1)
     p = np.exp(logp)
     a = s_ce * ((1 - eps) * wy + (eps / V) * w_all) + s_z * 2.0 * z_scale * lse + gl
+    ez = (p * zc).sum(axis=1)
+    ent = np.where(valid, u * (lse - ez), 0.0)
+    if reduction == "mean":
+        ered = ent.sum() / usum if usum else np.nan
+    elif reduction == "sum":
+        ered = ent.sum()
+    else:
+        ered = ent.reshape(out_shape)
+    s_h = np.zeros(n)
+    if grad_entropy is not None:
+        if reduction == "none":
+            s_h = np.where(valid, u * np.asarray(grad_entropy, np.float64).reshape(-1), 0.0)
+        elif reduction == "sum":
+            s_h = np.where(valid, u * float(grad_entropy), 0.0)
+        else:
+            s_h = np.where(valid, u * float(grad_entropy) / usum if usum else 0.0, 0.0)
     dzc = p * a[:, None] - (s_ce * eps / V)[:, None] * cw[None, :]
+    dzc += s_h[:, None] * p * (ez[:, None] - zc)
     dzc[np.arange(n), ys] -= s_ce * (1 - eps) * wy
     dz = (dzc * (1.0 - np.tanh(z / softcap) ** 2) if softcap else dzc) / temperature
     dhs = (dz @ w).reshape(hs.shape)
@@ -115,6 +135,7 @@ def reference_full(hidden, weight, targets, *, bias=None, class_weight=None, red
         dh = dhs
     pred = zc.argmax(axis=1)
     return {"loss": loss, "lse": lse.reshape(out_shape), "z": zred, "n_valid": nv,
+            "entropy": ered,
             "per": (ce + zl).reshape(out_shape), "pred": pred.reshape(out_shape),
             "accuracy": float((pred == y)[valid].mean()) if nv else np.nan,
             "d_hidden": dh, "d_weight": dz.T @ x, "d_bias": dz.sum(axis=0), "d_logits": dz,

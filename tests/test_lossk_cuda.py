@@ -48,7 +48,7 @@ def cuda():
 
 def digest(r) -> str:
     m = hashlib.sha256()
-    for name in ("loss", "lse", "z_loss", "pred", "d_hidden", "d_weight", "d_bias"):
+    for name in ("loss", "lse", "z_loss", "pred", "entropy", "d_hidden", "d_weight", "d_bias"):
         x = getattr(r, name)
         if x is not None:
             m.update(np.ascontiguousarray(x.bits if isinstance(x, HalfBits) else x).tobytes())
@@ -86,6 +86,47 @@ def test_options_match_the_reference(cuda, name, reduction, dtype):
     assert np.array_equal(r.pred, ref["pred"]) or dtype == np.float32
     assert r.accuracy == pytest.approx(ref["accuracy"], abs=0.1 if dtype == np.float32 else 0,
                                        nan_ok=True)
+
+
+@pytest.mark.parametrize("name", ["shift2_ignore", "temperature_all"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_entropy_and_its_gradient_match_the_reference(cuda, name, reduction, dtype):
+    opts = OPTION_SETS[name]
+    h, w, t, b, cw = problem((3, 11), 24, 1031, dtype=dtype, seed=hash(name) % 1000,
+                             ignore=opts.get("ignore_index"))
+    k = opts.get("shift", 0)
+    rng = np.random.default_rng(6)
+    go = rng.standard_normal((3, 11 - k)) if reduction == "none" else None
+    ge = rng.standard_normal((3, 11 - k)) if reduction == "none" else -0.4
+    r, ref = call(h, w, t, b, cw.astype(dtype), opts, reduction=reduction, chunk=7,
+                  with_grad=True, grad_output=go, return_entropy=True, grad_entropy=ge,
+                  device="cuda")
+    if dtype == np.float64:
+        tol, gtol = 1e-11, 1e-12
+    else:
+        tol = C.loss_tol_for(float(np.max(np.abs(ref["lse"]))), 24) * 4
+        gtol = C.loss_tol_for(1.0, 1031) * 40
+    close(r.entropy, ref["entropy"], tol * (33 if reduction == "sum" else 1), "entropy")
+    close(r.loss, ref["loss"], tol * (33 if reduction == "sum" else 1), "loss")
+    close(r.d_hidden, ref["d_hidden"], gtol, "d_hidden")
+    close(r.d_weight, ref["d_weight"], gtol * 3, "d_weight")
+
+
+def test_per_token_outputs_are_batch_invariant(cuda):
+    # A token's loss, lse and entropy do not depend on the batch around it (rows reordered, a
+    # sub-batch, another chunk): the same bits.
+    h, w, t, b, cw = problem((12,), 20, 700, dtype=np.float32, seed=12, ignore=-100)
+    kw = dict(bias=b, softcap=3.0, temperature=0.8, ignore_index=-100, reduction="none",
+              return_entropy=True, device="cuda")
+    full = lce(h, w, t, chunk=5, **kw)
+    perm = np.random.default_rng(3).permutation(12)
+    mixed = lce(h[perm], w, t[perm], chunk=12, **kw)
+    part = lce(h[3:8], w, t[3:8], chunk=2, **kw)
+    for f in ("loss", "lse", "entropy"):
+        a = getattr(full, f)
+        assert np.array_equal(getattr(mixed, f), a[perm]), f
+        assert np.array_equal(getattr(part, f), a[3:8]), f
 
 
 def test_upstream_gradients_of_loss_and_lse(cuda):
@@ -175,7 +216,8 @@ def test_bit_identical_across_chunks_and_runs(cuda, dtype):
         npt = np.float32 if dtype == "f32" else np.float64
         h, w, b, cw = (x.astype(npt) for x in (h64, w64, b64, cw))
     kw = dict(bias=b, class_weight=cw, softcap=5.0, lse_square_scale=1e-3, label_smoothing=0.1,
-              shift=1, ignore_index=-100, return_accuracy=True, with_grad=True, device="cuda")
+              shift=1, ignore_index=-100, return_accuracy=True, with_grad=True, device="cuda",
+              temperature=0.7, return_entropy=True, grad_entropy=-0.25)
     digests = {c: digest(lce(h, w, t, chunk=c, **kw)) for c in (5, 16, 33, 80)}
     digests["again"] = digest(lce(h, w, t, chunk=33, **kw))
     assert len(set(digests.values())) == 1, digests
@@ -283,6 +325,10 @@ def test_data_refusals_come_from_the_device(cuda):
         with pytest.raises(LossError) as e:
             lce(h, w, t, token_weight=tw, device="cuda")
         assert e.value.status == 585 and "token_weight must be finite and >= 0" in str(e.value)
+    with pytest.raises(LossError) as e:
+        lce(h, w, t, reduction="none", return_entropy=True, with_grad=True,
+            grad_entropy=np.r_[np.ones(5), np.nan], device="cuda")
+    assert e.value.status == 585 and "gradient of the entropy contains NaN" in str(e.value)
     for temp in (0.0, -1.0, np.nan, 1e-39):  # a host check, before any device allocation
         with pytest.raises(LossError) as e:
             lce(h, w, t, temperature=temp, device="cuda")
@@ -324,10 +370,17 @@ def test_torch_cuda_tensors_match_the_cpu(dtype):
     for dev in ("cpu", "cuda"):
         hh, ww = h.to(dev).requires_grad_(), w.to(dev).requires_grad_()
         r = at.linear_cross_entropy(hh, ww, t.to(dev), softcap=30.0, shift=1, return_lse=True,
-                                    return_accuracy=True)
-        (r.loss + 0.1 * r.lse.sum()).backward()
+                                    return_accuracy=True, temperature=0.9, return_entropy=True)
+        (r.loss + 0.1 * r.lse.sum() - 0.05 * r.entropy).backward()
         assert r.loss.device.type == dev
-        outs[dev] = [x.detach().float().cpu() for x in (r.loss, r.lse, hh.grad, ww.grad)]
+        outs[dev] = [x.detach().float().cpu() for x in (r.loss, r.lse, r.entropy, hh.grad,
+                                                         ww.grad)]
+        # reduction "none": per-token entropies and their upstream gradients
+        hh.grad = ww.grad = None
+        r = at.linear_cross_entropy(hh, ww, t.to(dev), reduction="none", temperature=1.3,
+                                    return_entropy=True)
+        (r.loss.sum() - 0.05 * r.entropy.sum()).backward()
+        outs[dev] += [x.detach().float().cpu() for x in (r.loss, r.entropy, hh.grad, ww.grad)]
     rel = 1e-5 if dtype == "float32" else 2e-2
     for a, b in zip(outs["cpu"], outs["cuda"]):
         assert torch.allclose(a, b, rtol=rel, atol=rel * float(a.abs().max())), dtype

@@ -78,7 +78,8 @@ def call(h, w, t, b, cw, opts, **kw):
                          label_smoothing=o.get("label_smoothing", 0.0), softcap=o.get("softcap"),
                          z_scale=o.get("lse_square_scale", 0.0), shift=o.get("shift", 0),
                          grad_output=kw.get("grad_output"), grad_lse=kw.get("grad_lse"),
-                         token_weight=tw, temperature=o.get("temperature", 1.0))
+                         token_weight=tw, temperature=o.get("temperature", 1.0),
+                         grad_entropy=kw.get("grad_entropy"))
     return r, ref
 
 
@@ -123,6 +124,103 @@ def test_options_match_the_reference(name, reduction, dtype):
     assert np.array_equal(r.pred, ref["pred"]) or dtype == np.float32
     assert r.accuracy == pytest.approx(ref["accuracy"], abs=0.1 if dtype == np.float32 else 0,
                                        nan_ok=True)
+
+
+@pytest.mark.parametrize("name", ["bias", "shift2_ignore", "token_weight_all", "temperature_all"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_entropy_and_its_gradient_match_the_reference(name, reduction, dtype):
+    opts = OPTION_SETS[name]
+    h, w, t, b, cw = problem((3, 11), 24, 1031, dtype=dtype, seed=hash(name) % 1000,
+                             ignore=opts.get("ignore_index"))
+    k = opts.get("shift", 0)
+    rng = np.random.default_rng(6)
+    go = rng.standard_normal((3, 11 - k)) if reduction == "none" else None
+    ge = rng.standard_normal((3, 11 - k)) if reduction == "none" else -0.4
+    r, ref = call(h, w, t, b, cw.astype(dtype), opts, reduction=reduction, chunk=7,
+                  with_grad=True, grad_output=go, return_entropy=True, grad_entropy=ge)
+    if dtype == np.float64:
+        tol, gtol = 1e-11, 1e-12
+    else:
+        tol = C.loss_tol_for(float(np.max(np.abs(ref["lse"]))), 24) * 4
+        gtol = C.loss_tol_for(1.0, 1031) * 4 * (1 if go is None else 3.0)
+        if reduction != "mean":
+            gtol *= 10
+    close(r.entropy, ref["entropy"], tol * (33 if reduction == "sum" else 1), "entropy")
+    close(r.loss, ref["loss"], tol * (33 if reduction == "sum" else 1), "loss")
+    close(r.d_hidden, ref["d_hidden"], gtol, "d_hidden")
+    close(r.d_weight, ref["d_weight"], gtol * 3, "d_weight")
+    if opts.get("bias"):
+        close(r.d_bias, ref["d_bias"], gtol * 3, "d_bias")
+    # The entropy asked for changes nothing else by a bit; without an upstream gradient of its
+    # own it changes no gradient either.
+    plain = call(h, w, t, b, cw.astype(dtype), opts, reduction=reduction, chunk=7,
+                 with_grad=True, grad_output=go)[0]
+    same = call(h, w, t, b, cw.astype(dtype), opts, reduction=reduction, chunk=7,
+                with_grad=True, grad_output=go, return_entropy=True)[0]
+    for f in ("loss", "lse", "z_loss", "d_hidden", "d_weight", "d_bias"):
+        assert np.array_equal(getattr(plain, f), getattr(same, f)), f
+    assert plain.entropy is None
+
+
+def test_entropy_by_central_differences():
+    # d entropy / d input alone: the loss's upstream gradient zero, the entropy's one.
+    h, w, t, b, cw = problem((2, 5), 6, 45, seed=9, ignore=-100)
+    tw = token_weights((2, 5))
+    kw = dict(bias=b, softcap=2.0, temperature=0.6, ignore_index=-100, token_weight=tw,
+              return_entropy=True)
+    r = lce(h, w, t, with_grad=True, grad_output=0.0, grad_entropy=1.0, **kw)
+    eps = 1e-6
+    for arr, grad in ((h, r.d_hidden), (w, r.d_weight), (b, r.d_bias)):
+        flat, gflat = arr.reshape(-1), grad.reshape(-1)
+        for i in range(0, flat.size, max(1, flat.size // 9)):
+            keep = flat[i]
+            flat[i] = keep + eps
+            up = lce(h, w, t, **kw).entropy
+            flat[i] = keep - eps
+            dn = lce(h, w, t, **kw).entropy
+            flat[i] = keep
+            assert (up - dn) / (2 * eps) == pytest.approx(gflat[i], abs=1e-8), (arr.shape, i)
+
+
+def test_entropy_of_peaked_and_uniform_distributions():
+    # Uniform logits: exactly log V (max - E[z] is 0, log sum exp is log V). A near-one-hot
+    # distribution keeps its tiny entropy (9e-14) to a few parts in 1e3, where lse - E[z] would
+    # cancel: both are ~40 with an ulp of 7e-15. (What is left is sum exp = 1 + 2e-15 rounded.)
+    v = 513
+    h = np.zeros((2, 4))
+    w = np.zeros((v, 4))
+    r = lce(h, w, np.array([0, 1]), reduction="none", return_entropy=True)
+    assert np.array_equal(r.entropy, np.full(2, math.log(v)))
+    h = np.array([[40.0, 0.0, 0.0, 0.0]])
+    w = np.zeros((v, 4))
+    w[3, 0] = 1.0
+    r = lce(h, w, np.array([3]), reduction="none", return_entropy=True)
+    z = h @ w.T
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    # H = -sum p log p with log p_v = -40 - log(1 + 512 e^-40) off the target
+    lp = z - z.max() - np.log1p((v - 1) * math.exp(-40.0))
+    want = -(p * lp).sum()
+    assert r.entropy[0] == pytest.approx(want, rel=1e-2) and want < 1e-13
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_batch_invariance_of_per_token_outputs(dtype):
+    # A token's log-prob, lse and entropy are the same bits whichever other tokens share its
+    # batch: rows reordered, a sub-batch alone, another chunk size.
+    h, w, t, b, cw = problem((12,), 20, 700, dtype=dtype, seed=12, ignore=-100)
+    tw = token_weights((12,))
+    kw = dict(bias=b, class_weight=cw, softcap=3.0, temperature=0.8, label_smoothing=0.05,
+              ignore_index=-100, reduction="none", return_entropy=True)
+    full = lce(h, w, t, token_weight=tw, chunk=5, **kw)
+    perm = np.random.default_rng(3).permutation(12)
+    mixed = lce(h[perm], w, t[perm], token_weight=tw[perm], chunk=12, **kw)
+    part = lce(h[3:8], w, t[3:8], token_weight=tw[3:8], chunk=2, **kw)
+    for f in ("loss", "lse", "entropy"):
+        a = getattr(full, f)
+        assert np.array_equal(getattr(mixed, f), a[perm]), f
+        assert np.array_equal(getattr(part, f), a[3:8]), f
 
 
 def test_gradient_of_the_lse_and_upstream_scalar():
@@ -299,6 +397,11 @@ def test_only_requested_gradients_are_computed(monkeypatch):
     (dict(temperature=0.0), 585), (dict(temperature=-0.5), 585),
     (dict(temperature=float("nan")), 585), (dict(temperature=float("inf")), 585),
     (dict(temperature=1e-39, dtype=np.float32), 585),  # below float32's normal range
+    (dict(grad_entropy=1.0, with_grad=True), 582),  # without return_entropy
+    (dict(return_entropy=True, grad_entropy=np.nan, with_grad=True), 585),
+    (dict(return_entropy=True, grad_entropy=np.r_[np.ones(11), np.inf].reshape(2, 6),
+          with_grad=True, reduction="none"), 585),
+    (dict(return_entropy=True, grad_entropy=np.ones(12), with_grad=True, reduction="none"), 582),
 ])
 def test_bad_option_values_are_refused_before_work(kw, status):
     kw = dict(kw)
@@ -467,9 +570,11 @@ _SWEEP = textwrap.dedent("""
                 h, w, t, bias=b, class_weight=cw, softcap=3.0, lse_square_scale=1e-3,
                 label_smoothing=0.1, shift=1, ignore_index=-100, chunk=chunk, with_grad=True,
                 return_accuracy=True, reduction="none", grad_output=np.ones((3, 6)),
-                token_weight=token_weights((3, 7)), temperature=0.7)
+                token_weight=token_weights((3, 7)), temperature=0.7, return_entropy=True,
+                grad_entropy=np.linspace(-1, 1, 18).reshape(3, 6))
             m = hashlib.sha256()
-            for a in (r.loss, r.lse, r.z_loss, r.pred, r.d_hidden, r.d_weight, r.d_bias):
+            for a in (r.loss, r.lse, r.z_loss, r.pred, r.entropy, r.d_hidden, r.d_weight,
+                      r.d_bias):
                 m.update(np.ascontiguousarray(getattr(a, "bits", a)).tobytes())
             out.append(m.hexdigest())
     print(" ".join(out))

@@ -249,7 +249,7 @@ def test_backward_scales_the_forwards_gradient_and_a_retained_graph_gives_its_bi
     x, w, t = _data(dtype, shape=(4, 7))
     with torch.no_grad():
         pre = at._ops._lce_fwd(x, w, t, None, None, None, "mean", -100, 0.0, None, 1.0, 0.0, 0,
-                               None, True, True, False, False, False)
+                               None, True, True, False, False, False, False, False)
     x.requires_grad_(), w.requires_grad_()
     for scale in (1.0, 1 / 3, 0.0):
         loss = at.linear_cross_entropy(x, w, t)
@@ -259,7 +259,7 @@ def test_backward_scales_the_forwards_gradient_and_a_retained_graph_gives_its_bi
             (loss * scale).backward(retain_graph=True)
             runs.append((x.grad, w.grad))
         g = torch.tensor(scale, dtype=loss.dtype)
-        want = (pre[5] * g, pre[6] * g)
+        want = (pre[6] * g, pre[7] * g)  # (loss, lse, z, pred, acc, entropy, dh, dw, db)
         for gx, gw in runs:
             assert torch.equal(gx, want[0]) and torch.equal(gw, want[1])
 

@@ -157,6 +157,43 @@ def test_return_lse_is_differentiable_and_extras():
     assert torch.equal(out.pred, pred)
     assert out.accuracy == pytest.approx(float((pred == t)[valid].float().mean()), abs=1e-6)
     assert not out.z_loss.requires_grad and not out.pred.requires_grad
+    # without return_lse too (each output that has no gradient is marked so)
+    out = at.linear_cross_entropy(xa, wa, t, return_z_loss=True, return_accuracy=True)
+    assert not out.z_loss.requires_grad and not out.accuracy.requires_grad
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_entropy_and_tempered_log_probs_train_like_materialized_pytorch(reduction):
+    # An RL-style objective on the fused op: tempered log-probs weighted by a mask, minus an
+    # entropy bonus; the same objective on PyTorch's materialized logits.
+    x, w, b, t, _ = data()
+    mask = (torch.arange(t.numel()).reshape(t.shape) % 4 != 1).to(torch.float64)
+    temp, c = 0.8, 0.05
+    xa, wa, ba = (v.clone().requires_grad_() for v in (x, w, b))
+    out = at.linear_cross_entropy(xa, wa, t, linear_bias=ba, reduction=reduction,
+                                  temperature=temp, token_weight=mask, return_entropy=True,
+                                  return_z_loss=True)
+    up = torch.linspace(-1, 1, out.loss.numel(), dtype=torch.float64).reshape(out.loss.shape)
+    ((out.loss - c * out.entropy) * up).sum().backward()
+    xr, wr, br = (v.clone().requires_grad_() for v in (x, w, b))
+    z = F.linear(xr, wr, br) / temp
+    logp = torch.log_softmax(z, -1)
+    valid = t != -100
+    per = -logp.gather(-1, t.clamp(min=0)[..., None])[..., 0]
+    ent = -(logp.exp() * logp).sum(-1)
+    u = torch.where(valid, mask, 0.0)
+    if reduction == "mean":
+        loss, h = (u * per).sum() / u.sum(), (u * ent).sum() / u.sum()
+    elif reduction == "sum":
+        loss, h = (u * per).sum(), (u * ent).sum()
+    else:
+        loss, h = u * per, u * ent
+    ((loss - c * h) * up).sum().backward()
+    torch.testing.assert_close(out.loss, loss.detach(), rtol=1e-11, atol=1e-12)
+    torch.testing.assert_close(out.entropy, h.detach(), rtol=1e-11, atol=1e-12)
+    for got, want in ((xa.grad, xr.grad), (wa.grad, wr.grad), (ba.grad, br.grad)):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-11)
+    assert out.entropy.requires_grad and not out.z_loss.requires_grad
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -255,6 +292,28 @@ def test_torch_compile_fullgraph_with_ignored_targets():
     lse = torch.logsumexp(30.0 * torch.tanh(F.linear(xd, w.double(), b.double())[:, :-1] / 30.0),
                           -1)
     assert abs(float(results[1][0]) - float(want + 1e-3 * lse.mean())) < 1e-4
+
+
+def test_torch_compile_with_entropy_and_temperature():
+    # The entropy output and its gradient through dynamo and AOTAutograd (fake kernels, the
+    # registered autograd): aot_eager, no code generation, so the bits are eager's.
+    x, w, b, t, _ = data(torch.float64, shape=(3, 8))
+
+    def objective(xx, ww):
+        out = at.linear_cross_entropy(xx, ww, t, linear_bias=b, temperature=0.9,
+                                      return_entropy=True, reduction="none")
+        return (out.loss - 0.01 * out.entropy).sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(objective, fullgraph=True, backend="aot_eager")
+    results = []
+    for fn in (objective, compiled):
+        xa, wa = x.clone().requires_grad_(), w.clone().requires_grad_()
+        loss = fn(xa, wa)
+        loss.backward()
+        results.append((loss.detach(), xa.grad, wa.grad))
+    for a, b_ in zip(*results):
+        assert torch.equal(a, b_)
 
 
 def test_refusals():

@@ -95,7 +95,9 @@ py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t>
                bool want_db, Dtype grad_elem, const std::optional<carray<T>>& grad_output,
                double grad_scale, const std::optional<carray<T>>& grad_lse,
                const std::optional<carray<T>>& grad_coef, bool want_loss_tok, bool want_z_tok,
-               bool want_pred, bool want_shard_stats, bool cuda) {
+               bool want_pred, bool want_shard_stats, bool want_entropy,
+               const std::optional<carray<T>>& grad_entropy, double entropy_grad_scale,
+               bool cuda) {
   FusedArgs<T> a;
   a.n_tok = n_tok;
   a.d_model = d_model;
@@ -113,6 +115,8 @@ py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t>
   a.shift = shift;
   a.seq_len = seq_len;
   a.grad_scale = grad_scale;
+  a.entropy = want_entropy;
+  a.entropy_grad_scale = entropy_grad_scale;
   if (is_half(grad_elem) && !is_half(elem))
     refuse(LOSS_ERR_LENGTH_MISMATCH, "half-precision gradients need half-precision inputs");
   // Dimensions first: the length products below are only formed for in-ceiling shapes.
@@ -150,12 +154,14 @@ py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t>
   if (grad_output) require_len("grad_output", grad_output->size(), n_tok);
   if (grad_lse) require_len("the gradient of lse", grad_lse->size(), n_tok);
   if (grad_coef) require_len("grad_coef", grad_coef->size(), 3 * n_tok);
+  if (grad_entropy) require_len("the gradient of the entropy", grad_entropy->size(), n_tok);
   a.targets = targets.data();
   a.class_weight = class_weight ? class_weight->data() : nullptr;
   a.token_weight = token_weight ? token_weight->data() : nullptr;
   a.grad_output = grad_output ? grad_output->data() : nullptr;
   a.grad_lse = grad_lse ? grad_lse->data() : nullptr;
   a.grad_coef = grad_coef ? grad_coef->data() : nullptr;
+  a.grad_entropy = grad_entropy ? grad_entropy->data() : nullptr;
   // device="cuda": the data's own checks (585/586) run on the device, after the copy, as they do
   // for CUDA tensors; everything else is refused here first.
   std::string why;
@@ -163,7 +169,7 @@ py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t>
   if (status != LOSS_OK) refuse(status, why);
   if (!cuda) algenta::kern::isa();  // an invalid ALGENTA_ISA is refused here, before any allocation
 
-  py::array_t<T> lse(n_tok), loss_tok, z_tok, target_logit, logit_sum;
+  py::array_t<T> lse(n_tok), loss_tok, z_tok, target_logit, logit_sum, entropy_tok;
   py::array_t<int64_t> pred;
   py::object dh = py::none(), dw = py::none(), db = py::none();
   FusedOut<T> out;
@@ -180,6 +186,10 @@ py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t>
   if (want_pred) {
     pred = py::array_t<int64_t>(n_tok);
     out.pred = pred.mutable_data();
+  }
+  if (want_entropy) {
+    entropy_tok = py::array_t<T>(n_tok);
+    out.entropy_tok = entropy_tok.mutable_data();
   }
   if (want_shard_stats) {
     target_logit = py::array_t<T>(n_tok);
@@ -232,6 +242,11 @@ py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t>
   d["mean"] = out.reduced(Reduction::Mean);
   d["z_total"] = out.z.total;
   d["z_mean"] = out.z_mean();
+  d["entropy_total"] =
+      want_entropy ? py::object(py::float_(out.ent.total)) : py::object(py::none());
+  d["entropy_mean"] = want_entropy ? py::object(py::float_(out.entropy_mean()))
+                                   : py::object(py::none());
+  d["entropy_tok"] = want_entropy ? py::object(entropy_tok) : py::object(py::none());
   d["n_valid"] = out.ce.count;
   d["weight_sum"] = out.weight_sum;
   d["n_correct"] = out.n_correct;
@@ -270,7 +285,9 @@ py::dict fused_any(const py::array& hidden, const py::array& weight, carray<int6
                    const std::optional<py::array>& grad_output, double grad_scale,
                    const std::optional<py::array>& grad_lse,
                    const std::optional<py::array>& grad_coef, bool want_loss_tok, bool want_z_tok,
-                   bool want_pred, bool want_shard_stats, const std::string& device) {
+                   bool want_pred, bool want_shard_stats, bool want_entropy,
+                   const std::optional<py::array>& grad_entropy, double entropy_grad_scale,
+                   const std::string& device) {
   const bool cuda = on_cuda(device);
   const Dtype e = parse_elem(elem, "elem");
   const Dtype ge = grad_elem.empty() ? e : parse_elem(grad_elem, "grad_elem");
@@ -282,7 +299,8 @@ py::dict fused_any(const py::array& hidden, const py::array& weight, carray<int6
                          as_opt<double>(token_weight), want_dh, want_dw, want_db,
                          ge, as_opt<double>(grad_output), grad_scale, as_opt<double>(grad_lse),
                          as_opt<double>(grad_coef), want_loss_tok, want_z_tok, want_pred,
-                         want_shard_stats, cuda);
+                         want_shard_stats, want_entropy, as_opt<double>(grad_entropy),
+                         entropy_grad_scale, cuda);
   }
   if (ge == Dtype::F64) refuse(LOSS_ERR_LENGTH_MISMATCH, "float64 gradients need float64 inputs");
   return fused<float>(hidden, weight, targets, n_tok, d_model, vocab, chunk, e, reduction,
@@ -291,7 +309,8 @@ py::dict fused_any(const py::array& hidden, const py::array& weight, carray<int6
                       as_opt<float>(token_weight), want_dh, want_dw, want_db, ge,
                       as_opt<float>(grad_output), grad_scale, as_opt<float>(grad_lse),
                       as_opt<float>(grad_coef), want_loss_tok, want_z_tok, want_pred,
-                      want_shard_stats, cuda);
+                      want_shard_stats, want_entropy, as_opt<float>(grad_entropy),
+                      entropy_grad_scale, cuda);
 }
 
 // ---- device pointers (algenta.torch's CUDA tensors) ----------------------------------------------
@@ -345,7 +364,12 @@ DevCall dev_args(const py::dict& k) {
     a.grad_output = ptr<const T>(p("grad_output"));
     a.grad_scale = f64("grad_scale");
     a.grad_lse = ptr<const T>(p("grad_lse"));
+    a.entropy = k.contains("entropy_on") && k["entropy_on"].cast<bool>();
+    a.grad_entropy = ptr<const T>(p("grad_entropy"));
+    a.entropy_grad_scale = k.contains("entropy_grad_scale") ? f64("entropy_grad_scale") : 0.0;
     o.loss = ptr<T>(p("loss"));
+    o.entropy = ptr<T>(p("entropy"));
+    o.entropy_tok = ptr<T>(p("entropy_tok"));
     o.z = ptr<T>(p("z"));
     o.loss_tok = ptr<T>(p("loss_tok"));
     o.z_tok = ptr<T>(p("z_tok"));
@@ -485,7 +509,9 @@ void bind_lossk(py::module_& m) {
         py::arg("grad_scale") = 1.0, py::arg("grad_lse") = py::none(),
         py::arg("grad_coef") = py::none(), py::arg("want_loss_tok") = false,
         py::arg("want_z_tok") = false, py::arg("want_pred") = false,
-        py::arg("want_shard_stats") = false, py::arg("device") = "cpu",
+        py::arg("want_shard_stats") = false, py::arg("want_entropy") = false,
+        py::arg("grad_entropy") = py::none(), py::arg("entropy_grad_scale") = 0.0,
+        py::arg("device") = "cpu",
         "The fused linear cross-entropy core (see lossk.hpp): elem names hidden/weight/bias's "
         "storage (f32, f64, or bf16/f16 bit patterns), grad_elem the gradients' (default: elem); "
         "device='cuda' runs it on the CUDA backend (host arrays in and out).");

@@ -845,22 +845,26 @@ inline T stanh(T x) {
 }
 
 template <class T>
-BlockStats block_stats(const T* z, int64_t n, const T* w) {
+BlockStats block_stats(const T* z, int64_t n, const T* w, bool entropy) {
   typedef typename V<T>::type VT;
   constexpr int L = lanes<T>();
-  BlockStats s{-std::numeric_limits<double>::infinity(), 0.0, 0.0};
+  BlockStats s{-std::numeric_limits<double>::infinity(), 0.0, 0.0, 0.0};
   if (n <= 0) return s;
   T m = z[0];
   for (int64_t v = 1; v < n; ++v) m = z[v] > m ? z[v] : m;
   // Lane-wise double accumulators, folded in lane order at the end: a fixed order for a
   // given n, independent of where the block sits in the vocabulary.
-  double se[L], sz[L];
-  for (int l = 0; l < L; ++l) se[l] = sz[l] = 0.0;
+  double se[L], sz[L], sd[L];
+  for (int l = 0; l < L; ++l) se[l] = sz[l] = sd[l] = 0.0;
+  const double md = double(m);
   int64_t v = 0;
   for (; v + L <= n; v += L) {
     VT x = loadu<VT>(z + v);
     VT e = vexp(x - m);
     for (int l = 0; l < L; ++l) se[l] += double(e[l]);
+    // max - z in double: exact for float32 logits; each term >= 0
+    if (entropy)
+      for (int l = 0; l < L; ++l) sd[l] += double(e[l]) * (md - double(x[l]));
     if (w) {
       const VT wv = loadu<VT>(w + v);
       for (int l = 0; l < L; ++l) sz[l] += double(x[l]) * double(wv[l]);
@@ -869,17 +873,21 @@ BlockStats block_stats(const T* z, int64_t n, const T* w) {
     }
   }
   for (int l = 0; v < n; ++v, ++l) {
-    se[l] += double(sexp<T>(z[v] - m));
+    const double e = double(sexp<T>(z[v] - m));
+    se[l] += e;
     sz[l] += w ? double(z[v]) * double(w[v]) : double(z[v]);
+    if (entropy) sd[l] += e * (md - double(z[v]));
   }
-  double a = 0.0, b = 0.0;
+  double a = 0.0, b = 0.0, d = 0.0;
   for (int l = 0; l < L; ++l) {
     a += se[l];
     b += sz[l];
+    d += sd[l];
   }
-  s.max = double(m);
+  s.max = md;
   s.sumexp = a;
   s.sumz = b;
+  s.sument = d;
   return s;
 }
 
@@ -907,12 +915,37 @@ void logit_epilogue(T* z, int64_t n, const T* bias, double cap, double temperatu
 }
 
 template <class T>
-void softmax_grad(T* z, int64_t n, double lse, double a, double b, const T* w, double cap) {
+void softmax_grad(T* z, int64_t n, double lse, double a, double b, const T* w, double cap,
+                  double e, double m) {
   typedef typename V<T>::type VT;
   constexpr int L = lanes<T>();
-  const T l = T(lse), ta = T(a), tb = T(b);
+  const T l = T(lse), ta = T(a), tb = T(b), te = T(e), tm = T(m);
   const bool capped = cap > 0.0;
   const T ic = capped ? T(1.0 / cap) : T(0);
+  if (e != 0.0) {
+    // The entropy's share: p_v (a + e (z_v - m)), z_v - m formed first (exact near the max,
+    // where p_v is large), then the same cap slope and background as below.
+    int64_t v = 0;
+    for (; v + L <= n; v += L) {
+      const VT x = loadu<VT>(z + v);
+      VT g = vexp(x - l) * (ta + te * (x - tm)) - (w ? loadu<VT>(w + v) : VT{} + T(1)) * tb;
+      if (capped) {
+        const VT t = x * ic;
+        g *= (T(1) - t) * (T(1) + t);
+      }
+      storeu(z + v, g);
+    }
+    for (; v < n; ++v) {
+      const T x = z[v];
+      T g = sexp<T>(x - l) * (ta + te * (x - tm)) - tb * (w ? w[v] : T(1));
+      if (capped) {
+        const T t = x * ic;
+        g *= (T(1) - t) * (T(1) + t);
+      }
+      z[v] = g;
+    }
+    return;
+  }
   auto one = [&](T x, T wv) {
     T g = sexp<T>(x - l) * ta - tb * wv;
     if (capped) {

@@ -114,6 +114,12 @@ double FusedOut<T>::z_mean() const {
 }
 
 template <class T>
+double FusedOut<T>::entropy_mean() const {
+  return math::z_mean(token_weighted, ent.total, token_weight_sum, ent.first, ent.shifted,
+                      double(ent.count));
+}
+
+template <class T>
 int fused_linear_ce_check_shape(const FusedArgs<T>& a, std::string* why) {
   auto refuse = [&](int code, const std::string& msg) {
     if (why) *why = msg;
@@ -156,6 +162,13 @@ int fused_linear_ce_check_shape(const FusedArgs<T>& a, std::string* why) {
                   std::to_string(a.seq_len) + ")");
   if (!loss_scalars_ok(a.grad_scale))
     return refuse(LOSS_ERR_NON_FINITE, "grad_output must be finite");
+  if (!loss_scalars_ok(a.entropy_grad_scale))
+    return refuse(LOSS_ERR_NON_FINITE, "the entropy's upstream gradient must be finite");
+  if (!a.entropy && (a.grad_entropy || a.entropy_grad_scale != 0.0))
+    return refuse(LOSS_ERR_LENGTH_MISMATCH, "an upstream gradient of the entropy needs entropy");
+  if (a.grad_coef && a.entropy)
+    return refuse(LOSS_ERR_LENGTH_MISMATCH,
+                  "grad_coef (a vocabulary shard's pass) does not compute the entropy");
   return LOSS_OK;
 }
 
@@ -171,6 +184,8 @@ int fused_linear_ce_check(const FusedArgs<T>& a, std::string* why) {
     return refuse(LOSS_ERR_NON_FINITE, "grad_output contains NaN or infinity");
   if (a.grad_lse && !all_finite(a.grad_lse, a.n_tok))
     return refuse(LOSS_ERR_NON_FINITE, "the gradient of lse contains NaN or infinity");
+  if (a.grad_entropy && !all_finite(a.grad_entropy, a.n_tok))
+    return refuse(LOSS_ERR_NON_FINITE, "the gradient of the entropy contains NaN or infinity");
   if (a.grad_coef && !all_finite(a.grad_coef, 3 * a.n_tok))
     return refuse(LOSS_ERR_NON_FINITE, "grad_coef contains NaN or infinity");
   if (!all_finite(a.hidden, a.n_tok * a.d_model, a.elem))
@@ -226,6 +241,8 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
   // The gradient sweep sees tempered logits: the cap's slope at the tempered amplitude, 1/T in
   // the coefficients (math::tempered).
   const double temp = a.temperature, tcap = math::tempered_cap(cap, temp);
+  const bool want_ent = a.entropy;
+  const bool ent_grad = a.grad_entropy != nullptr || a.entropy_grad_scale != 0.0;
   const T* cw = a.class_weight;
   // Class weights enter the statistics only through the weighted logit sum (label smoothing's,
   // or the one a caller asked for).
@@ -266,7 +283,8 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
   Buffer<double> ztarget(static_cast<size_t>(C)), lse(static_cast<size_t>(N)),
       ce(static_cast<size_t>(N)), zl(static_cast<size_t>(N));
   Buffer<double> zy(out.target_logit ? static_cast<size_t>(N) : 0),
-      zsum(out.logit_sum ? static_cast<size_t>(N) : 0);
+      zsum(out.logit_sum ? static_cast<size_t>(N) : 0),
+      ent(want_ent ? static_cast<size_t>(N) : 0);
   Buffer<int64_t> pred(want_pred ? static_cast<size_t>(N) : 0);
   Buffer<unsigned char> valid(static_cast<size_t>(N));
   Buffer<T> bias_w(half_in && a.bias ? static_cast<size_t>(V) : 0);  // a half bias, widened
@@ -366,7 +384,7 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
           if (bias || cap > 0.0 || temp != 1.0)
             K.logit_epilogue(z, cols, bias ? bias + v0 : nullptr, cap, temp);
           const size_t si = size_t((r0 + r) * nVB + vb);
-          stats[si] = K.block_stats(z, cols, stats_w ? stats_w + v0 : nullptr);
+          stats[si] = K.block_stats(z, cols, stats_w ? stats_w + v0 : nullptr, want_ent);
           if (want_pred) {
             const T m = T(stats[si].max);
             int32_t k = 0;  // the first maximum (logits that overflowed to NaN have none: 0)
@@ -406,6 +424,9 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
       }
       ce[t] = ct;
       zl[t] = zt;
+      // the entropy and, for its gradient, max - E[z'] (math::token_entropy, with_entropy)
+      const double dmax = want_ent ? mg.sument / mg.sumexp : 0.0;
+      if (want_ent) ent[t] = valid[t] ? u * math::token_entropy(mg, logse) : 0.0;
       if (!with_grad) continue;
       T* g = logits + r * V;
       if (a.grad_coef) {
@@ -416,7 +437,7 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
           std::memset(g, 0, sizeof(T) * size_t(V));
           continue;
         }
-        K.softmax_grad(g, V, l, k.a, k.b, cw, tcap);
+        K.softmax_grad(g, V, l, k.a, k.b, cw, tcap, 0.0, m);
         if (k.c != 0.0 && valid[t])
           g[target_of(t)] -= T(k.c * math::cap_slope<T>(ztarget[r], tcap));
         continue;
@@ -424,14 +445,21 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
       const math::Scales sc = math::reduction_scales(
           a.reduction, valid[t] != 0, a.grad_scale, u_sum, w_sum,
           a.grad_output ? double(a.grad_output[t]) : 1.0, u);
-      const math::Coef k = math::tempered(
-          math::grad_coef(sc, eps, V, wy, w_all, zs, l, a.grad_lse ? double(a.grad_lse[t]) : 0.0),
-          temp);
-      if (k.a == 0.0 && k.b == 0.0 && k.c == 0.0) {
+      math::Coef k =
+          math::grad_coef(sc, eps, V, wy, w_all, zs, l, a.grad_lse ? double(a.grad_lse[t]) : 0.0);
+      if (ent_grad) {
+        // The entropy reduces as the z-loss does: its per-token scale is reduction_scales' z.
+        const double s_h =
+            math::reduction_scales(a.reduction, valid[t] != 0, a.entropy_grad_scale, u_sum, w_sum,
+                                   a.grad_entropy ? double(a.grad_entropy[t]) : 0.0, u).z;
+        k = math::with_entropy(k, s_h, dmax);
+      }
+      k = math::tempered(k, temp);
+      if (k.a == 0.0 && k.b == 0.0 && k.c == 0.0 && k.e == 0.0) {
         std::memset(g, 0, sizeof(T) * size_t(V));
         continue;
       }
-      K.softmax_grad(g, V, l, k.a, k.b, stats_w ? cw : nullptr, tcap);
+      K.softmax_grad(g, V, l, k.a, k.b, stats_w ? cw : nullptr, tcap, k.e, m);
       if (k.c != 0.0) g[y] -= T(k.c * math::cap_slope<T>(ztarget[r], tcap));
     }
 
@@ -539,11 +567,13 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
     if (valid[t]) {
       out.ce.add(ce[t]);
       out.z.add(zl[t]);
+      if (want_ent) out.ent.add(ent[t]);
       if (want_pred) correct += pred[t] == target_of(t);
     }
     if (out.lse) out.lse[t] = T(lse[t]);
     if (out.loss_tok) out.loss_tok[t] = T(ce[t] + zl[t]);
     if (out.z_tok) out.z_tok[t] = T(zl[t]);
+    if (out.entropy_tok) out.entropy_tok[t] = want_ent ? T(ent[t]) : T(0);
     if (want_pred) out.pred[t] = pred[t];
     if (out.target_logit) out.target_logit[t] = T(zy[t]);
     if (out.logit_sum) out.logit_sum[t] = T(zsum[t]);
@@ -572,6 +602,8 @@ template double FusedOut<float>::reduced(Reduction) const;
 template double FusedOut<double>::reduced(Reduction) const;
 template double FusedOut<float>::z_mean() const;
 template double FusedOut<double>::z_mean() const;
+template double FusedOut<float>::entropy_mean() const;
+template double FusedOut<double>::entropy_mean() const;
 
 // ---- the materialized reference ----------------------------------------------------------
 

@@ -21,6 +21,9 @@ struct BlockStats {
   double max;     // max_v z_v (exact: a max never rounds)
   double sumexp;  // sum_v exp(z_v - max), summed in a fixed lane order
   double sumz;    // sum_v z_v, or sum_v w_v z_v with class weights (label smoothing needs it)
+  // sum_v exp(z_v - max) (max - z_v) when asked for (the entropy's: terms >= 0, no cancellation),
+  // else 0
+  double sument;
 };
 
 // Half-precision element storage (bit patterns in uint16_t): bfloat16 or IEEE binary16.
@@ -78,18 +81,23 @@ struct IsaOps {
   void (*gemm_papb)(int64_t M, int64_t row0, int64_t m, int64_t N, int64_t K, const T* Ap,
                     const T* Bp, T* C, int64_t ldc, bool accumulate, T* ws);
   int64_t (*row_quantum)();
-  // Statistics of z[0..n); with w (n class weights) sumz is sum_v w[v] z[v].
-  BlockStats (*block_stats)(const T* z, int64_t n, const T* w);
+  // Statistics of z[0..n); with w (n class weights) sumz is sum_v w[v] z[v]; sument only with
+  // entropy set.
+  BlockStats (*block_stats)(const T* z, int64_t n, const T* w, bool entropy);
   // The logits' epilogue, on a tile while it is hot: z[v] += bias[v] (bias may be null), then
   // with cap > 0 the soft cap over the temperature z[v] = (cap / t) * tanh(z[v] / cap), else
   // z[v] / t (t = 1: nothing).
   void (*logit_epilogue)(T* z, int64_t n, const T* bias, double cap, double temperature);
   // d_logits of one token from its (capped) logits, in place, for v in [0, n):
-  //   z[v] <- (exp(z[v] - lse) * a - b * (w ? w[v] : 1)) * (cap > 0 ? 1 - (z[v] / cap)^2 : 1)
-  // softmax scaled by a, minus the label-smoothed target's (class-weighted) background, through
+  //   z[v] <- (exp(z[v] - lse) * (a + e (z[v] - m)) - b * (w ? w[v] : 1))
+  //           * (cap > 0 ? 1 - (z[v] / cap)^2 : 1)
+  // softmax scaled by a (and, for the entropy's gradient, by e times the logit's distance from
+  // the token's max m; e = 0: the term is not formed), minus the label-smoothed target's
+  // (class-weighted) background, through
   // the soft cap's derivative (cap: the capped logits' amplitude, cap / t when tempered; the
   // caller folds 1 / t into a and b); the caller subtracts the target's own share.
-  void (*softmax_grad)(T* z, int64_t n, double lse, double a, double b, const T* w, double cap);
+  void (*softmax_grad)(T* z, int64_t n, double lse, double a, double b, const T* w, double cap,
+                       double e, double m);
 
   // Half-precision sources (T = float only; null entries for double), indexed by Half: the same
   // packing and GEMM with each source element widened exactly as it is packed, so a half input

@@ -106,6 +106,9 @@ enum class Reduction { Mean, Sum, None };
 // (PyTorch's weighted mean, the token's weight times its class's; without either weight
 // sum_t ce_t / n_counted, the z-loss averaged over counted tokens, as Liger-Kernel);
 // Sum = sum_t u_t (ce_t + z_t); None = the per-token u_t (ce_t + z_t).
+// With entropy, also H_t = lse - sum_v p_v z'_v (p = softmax(z')), reduced as the z-loss term is:
+// Mean = sum_t u_t H_t / sum_t u_t (the count without token weights), Sum = sum_t u_t H_t, None
+// the per-token u_t H_t; tokens not counted contribute 0.
 template <class T>
 struct FusedArgs {
   const void* hidden = nullptr;        // (N, D) row-major, `elem`
@@ -134,6 +137,10 @@ struct FusedArgs {
   const T* grad_output = nullptr;      // (N) per-token upstream gradient, Reduction::None only
   double grad_scale = 1.0;             // the upstream gradient of a Mean/Sum loss (finite)
   const T* grad_lse = nullptr;         // (N) upstream gradient of the per-token lse, or null
+  bool entropy = false;                // compute the entropy (FusedOut::ent, entropy_tok)
+  // its upstream gradient (entropy only): per token for None, a scalar for Mean/Sum
+  const T* grad_entropy = nullptr;
+  double entropy_grad_scale = 0.0;
   // (N, 3) per-token (a, b, c), or null: the gradient is d/dz'_v = a softmax_v - b w_v - c [v == y]
   // (times d z' / d z: the cap's derivative over T) instead of the reduction's, for callers
   // that combine passes over shards of the vocabulary (a then carries exp(lse_shard -
@@ -149,6 +156,7 @@ struct FusedOut {
   int64_t* pred = nullptr; // (N) per-token argmax of the (capped) logits (first maximum), or null
   T* target_logit = nullptr;  // (N) z'_y of counted tokens (NaN for the others), or null
   T* logit_sum = nullptr;     // (N) sum_v w_v z'_v (w the class weights, or ones), or null
+  T* entropy_tok = nullptr;   // (N) per-token u_t H_t (0 for tokens not counted), or null
   // Gradients of the reduced loss (times grad_output for None, plus grad_lse's share), each null
   // when not wanted. d_hidden: (N, D) in grad_elem. d_weight: (V, D) T accumulator; d_bias: (V)
   // T accumulator; with a half grad_elem both are narrowed in place at the end, their first
@@ -159,6 +167,7 @@ struct FusedOut {
   Dtype grad_elem = sizeof(T) == 8 ? Dtype::F64 : Dtype::F32;
   // Results, summed in token order over the counted tokens.
   LossSum ce, z;           // ce_t and z_t; ce.count is the number of counted tokens
+  LossSum ent;             // u_t H_t (with entropy)
   double weight_sum = 0.0; // sum over counted tokens of u_t w_{y_t} (the count without weights)
   double token_weight_sum = 0.0;  // sum over counted tokens of u_t (the count without them)
   int64_t n_correct = 0;   // counted tokens whose argmax is their target (when pred is set)
@@ -166,6 +175,7 @@ struct FusedOut {
   bool token_weighted = false;  // token weights: the z-loss mean divides by token_weight_sum
   double reduced(Reduction r) const;  // the loss the reduction asks for (NaN: mean of nothing)
   double z_mean() const;              // the z-loss term of the Mean reduction
+  double entropy_mean() const;        // the entropy's Mean reduction
 };
 
 // Every refusal of FusedArgs, in a fixed order (581/583/584 dims, 587 chunk, 585 non-finite
@@ -178,9 +188,9 @@ int fused_linear_ce_check(const FusedArgs<T>& a, std::string* why = nullptr);
 // Forward (and, when out.d_hidden / d_weight / d_bias are set, the gradients in the same pass).
 // Gradients are of the reduced loss: per token scaled by 1 / sum w_y (z-loss 1 / n_counted) for
 // Mean, 1 for Sum (both times grad_scale), grad_output[t] for None; plus grad_lse[t] times the
-// softmax. Peak extra memory:
-// one chunk of logits (C * V) when gradients are wanted, a few numbers per (token, vocab block)
-// otherwise. May throw std::bad_alloc (before any work).
+// softmax, plus the entropy's (its reduction's scales times entropy_grad_scale or
+// grad_entropy[t]). Peak extra memory: one chunk of logits (C * V) when gradients are wanted, a
+// few numbers per (token, vocab block) otherwise. May throw std::bad_alloc (before any work).
 template <class T>
 void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out);
 
@@ -208,8 +218,10 @@ struct FusedCudaOut {          // device memory, each pointer null when not want
   float* accuracy = nullptr;   // () correct argmaxes / counted tokens (NaN for none); needs pred
   T* target_logit = nullptr;   // (N) as FusedOut
   T* logit_sum = nullptr;      // (N) as FusedOut
-  // (11) FusedOut's sums: ce (total, first, shifted, count), z (the same), weight_sum, n_correct,
-  // token_weight_sum
+  T* entropy = nullptr;        // () the reduced entropy, as loss (needs FusedArgs::entropy)
+  T* entropy_tok = nullptr;    // (N) per-token u_t H_t (needs FusedArgs::entropy)
+  // (14) FusedOut's sums: ce (total, first, shifted, count), z (the same), weight_sum, n_correct,
+  // token_weight_sum, ent (total, first, shifted)
   double* sums = nullptr;
   void* d_hidden = nullptr;    // (N, D) in grad_elem
   void* d_weight = nullptr;    // (V, D) in grad_elem

@@ -39,26 +39,37 @@ ALGENTA_HD double token_weight_of(const T* tw, int64_t t, int64_t shift) {
 }
 
 // A token's vocab blocks merged in block order: the overall max (the first block holding it),
-// sum_v exp(z_v - max) and sum_v (w_v) z_v. S has fields max, sumexp, sumz.
+// sum_v exp(z_v - max), sum_v (w_v) z_v and sum_v exp(z_v - max) (max - z_v). S has fields max,
+// sumexp, sumz, sument (a block's own sums, relative to its own max).
 struct Merged {
-  double max, sumexp, sumz;
+  double max, sumexp, sumz, sument;
   int64_t block;  // the first block whose max is the overall max
 };
 
 template <class S>
 ALGENTA_HD Merged merge_blocks(const S* s, int64_t nvb) {
-  Merged r{s[0].max, 0.0, 0.0, 0};
+  Merged r{s[0].max, 0.0, 0.0, 0.0, 0};
   for (int64_t b = 1; b < nvb; ++b)
     if (s[b].max > r.max) r.max = s[b].max, r.block = b;
   for (int64_t b = 0; b < nvb; ++b) {
 #if defined(__CUDA_ARCH__)
-    r.sumexp += s[b].sumexp * exp(s[b].max - r.max);
+    const double f = exp(s[b].max - r.max);
 #else
-    r.sumexp += s[b].sumexp * std::exp(s[b].max - r.max);
+    const double f = std::exp(s[b].max - r.max);
 #endif
+    r.sumexp += s[b].sumexp * f;
     r.sumz += s[b].sumz;
+    // max - z_v = (max - max_b) + (max_b - z_v): both parts >= 0
+    r.sument += f * ((r.max - s[b].max) * s[b].sumexp + s[b].sument);
   }
   return r;
+}
+
+// The entropy of a token's softmax, H = lse - sum_v p_v z_v, as (max - E[z]) + log(sumexp): two
+// sums of terms >= 0, so a peaked distribution's small entropy is not the difference of two
+// large numbers. logse = log(mg.sumexp).
+ALGENTA_HD double token_entropy(const Merged& mg, double logse) {
+  return mg.sument / mg.sumexp + logse;
 }
 
 // The cross-entropy term of a counted token (lossk.hpp's ce_t), from the merged max m, logse =
@@ -103,6 +114,7 @@ ALGENTA_HD Scales reduction_scales(Reduction red, bool valid, double grad_scale,
 // then times the soft cap's slope (cap_slope) where a cap is set.
 struct Coef {
   double a, b, c;
+  double e = 0.0;  // the entropy's: d/dz'_v also has p_v e (z'_v - max) (with_entropy)
 };
 
 ALGENTA_HD Coef grad_coef(Scales s, double eps, int64_t V, double wy, double w_all, double zs,
@@ -132,7 +144,15 @@ ALGENTA_HD double tempered_cap(double cap, double temperature) {
 
 ALGENTA_HD Coef tempered(Coef k, double temperature) {
   if (temperature == 1.0) return k;
-  return {k.a / temperature, k.b / temperature, k.c / temperature};
+  return {k.a / temperature, k.b / temperature, k.c / temperature, k.e / temperature};
+}
+
+// The entropy's gradient added to a token's coefficients: dH/dz'_v = p_v (E[z'] - z'_v)
+// = -p_v (d + (z'_v - max)), d = max - E[z'] = mg.sument / mg.sumexp; s_h its scale (the
+// reduction's, times the entropy's upstream gradient).
+ALGENTA_HD Coef with_entropy(Coef k, double s_h, double d) {
+  if (s_h == 0.0) return k;
+  return {k.a - s_h * d, k.b, k.c, k.e - s_h};
 }
 
 // A temperature the core accepts in compute type T: finite, and at least T's smallest normal

@@ -57,11 +57,12 @@ ChunkInvariance = record_type(
 )
 LinearCrossEntropy = record_type(
     "LinearCrossEntropy",
-    ("loss", "lse", "n_valid", "d_hidden", "d_weight", "d_bias", "z_loss", "pred", "accuracy"),
+    ("loss", "lse", "n_valid", "d_hidden", "d_weight", "d_bias", "z_loss", "pred", "accuracy",
+     "entropy"),
     "Result of linear_cross_entropy: loss (scalar, or per token for reduction='none'), per-token "
     "log-sum-exp, the count of counted tokens, the gradients asked for (else None), the z-loss "
-    "term reduced like the loss, and with return_accuracy the per-token argmax and the accuracy "
-    "over counted tokens (else None).",
+    "term reduced like the loss, with return_accuracy the per-token argmax and the accuracy "
+    "over counted tokens, with return_entropy the entropy reduced as the z-loss term (else None).",
 )
 
 _OK = _contract.LOSS_OK
@@ -278,7 +279,8 @@ def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=Non
                          reduction="mean", ignore_index=None, label_smoothing=0.0, softcap=None,
                          lse_square_scale=0.0, shift=0, return_accuracy=False, with_grad=False,
                          grad_output=None, grad_lse=None, grad_dtype=None, token_weight=None,
-                         temperature=1.0, device="cpu") -> LinearCrossEntropy:
+                         temperature=1.0, return_entropy=False, grad_entropy=None,
+                         device="cpu") -> LinearCrossEntropy:
     """Cross-entropy of ``hidden @ weight.T + bias`` against ``targets`` without materializing the
     logits.
 
@@ -306,6 +308,15 @@ def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=Non
     with ``reduction="none"`` ``-loss`` is the log-probability of each target at sampling
     temperature T. With a cap, ``(softcap / T) * tanh(z / softcap)`` (a cap of the raw logit,
     then the division, as a sampler tempers capped logits).
+
+    ``return_entropy=True`` adds ``entropy``: per counted token ``H_t = lse_t - sum_v p_v z_v``
+    of the (tempered) softmax, formed as ``(max_v z_v - E[z]) + log sum_v exp(z_v - max)`` (sums
+    of non-negative terms, no cancellation for a peaked distribution), reduced as the z-loss term
+    is: "mean" ``sum_t u_t H_t / sum_t u_t`` (u the token weights, ones without; class weights do
+    not enter), "sum" ``sum_t u_t H_t``, "none" per token (0 where not counted). Its gradient
+    ``dH_t/dz_v = p_v (E[z] - z_v)`` is formed in the same sweep as the loss's: ``grad_entropy``
+    (a scalar for "mean"/"sum", one per token for "none") is its upstream gradient, so
+    ``loss - c * entropy`` is ``with_grad=True, return_entropy=True, grad_entropy=-c``.
 
     ``token_weight`` (the targets' shape, finite and >= 0, aligned with the targets: with a shift
     the loss scored against ``targets[..., t + k]`` takes ``token_weight[..., t + k]``) multiplies
@@ -417,11 +428,22 @@ def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=Non
         else:
             gscale = as_float(grad_output, "grad_output (a scalar for mean and sum)")
     gl = None if grad_lse is None else per_token_in(grad_lse, "grad_lse")
+    ge, escale = None, 0.0
+    if grad_entropy is not None:
+        if not return_entropy:
+            raise _err("grad_entropy needs return_entropy=True", 582)
+        if reduction == "none":
+            ge = per_token_in(grad_entropy, "grad_entropy")
+        elif not want_grad:
+            raise _err("grad_entropy is only used with with_grad", 582)
+        else:
+            escale = as_float(grad_entropy, "grad_entropy (a scalar for mean and sum)")
     r = _core_pass(
         np.ascontiguousarray(h).reshape(n, d), np.ascontiguousarray(w), t, n, d, v, c, elem=elem,
         **_args.core_options(o, seq), bias=b, class_weight=cw, token_weight=tw, want_dh=want_dh, want_dw=want_dw, want_db=want_db,
         grad_elem=gelem, grad_output=go, grad_scale=gscale, grad_lse=gl, want_loss_tok=reduction == "none",
-        want_z_tok=reduction == "none" and zs != 0.0, want_pred=bool(return_accuracy), device=dev)
+        want_z_tok=reduction == "none" and zs != 0.0, want_pred=bool(return_accuracy),
+        want_entropy=bool(return_entropy), grad_entropy=ge, entropy_grad_scale=escale, device=dev)
 
     def per_token(a):
         a = a.reshape(lead)
@@ -444,6 +466,10 @@ def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=Non
     else:
         loss = scalar(r["mean"] if reduction == "mean" else r["total"])
         zl = scalar(r["z_mean"] if reduction == "mean" else r["z_total"])
+    ent = None
+    if return_entropy:
+        ent = per_token(r["entropy_tok"]) if reduction == "none" else \
+            scalar(r["entropy_mean"] if reduction == "mean" else r["entropy_total"])
     pred = acc = None
     if return_accuracy:
         pred = per_token(r["pred"])
@@ -451,7 +477,7 @@ def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=Non
     return LinearCrossEntropy(
         loss=loss, lse=per_token(r["lse"]), n_valid=r["n_valid"],
         d_hidden=grad(r["d_hidden"], hidden.shape), d_weight=grad(r["d_weight"], weight.shape),
-        d_bias=grad(r["d_bias"], (v,)), z_loss=zl, pred=pred, accuracy=acc)
+        d_bias=grad(r["d_bias"], (v,)), z_loss=zl, pred=pred, accuracy=acc, entropy=ent)
 
 
 ShardPass = record_type(

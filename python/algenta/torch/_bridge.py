@@ -35,7 +35,8 @@ def _tensor(a, dtype) -> Tensor:
 
 
 def _run(input, weight, target, bias, class_weight, o: _args.Options, need, grad_output=None,
-         grad_lse=None, want_pred=False, token_weight=None):
+         grad_lse=None, want_pred=False, token_weight=None, want_entropy=False,
+         grad_entropy=None):
     """One pass of the core through the NumPy API on tensors' data, with the options `o`; only
     the gradients in `need` (a subset of hidden, weight, bias) are computed."""
     t = target.detach()
@@ -54,6 +55,9 @@ def _run(input, weight, target, bias, class_weight, o: _args.Options, need, grad
         grad_output=grad_output.detach().contiguous().numpy()
         if isinstance(grad_output, Tensor) else grad_output,
         grad_lse=None if grad_lse is None else grad_lse.detach().contiguous().numpy(),
+        return_entropy=want_entropy,
+        grad_entropy=grad_entropy.detach().contiguous().numpy()
+        if isinstance(grad_entropy, Tensor) else grad_entropy,
         token_weight=None if token_weight is None else token_weight.detach().to(
             torch.float64 if input.dtype == torch.float64 else torch.float32).contiguous().numpy())
 
@@ -71,10 +75,12 @@ def _per_token_full(x: Tensor, input: Tensor, shift: int, dtype) -> Tensor:
 
 
 def _cuda_pass(input, weight, target, bias, class_weight, o: _args.Options, need,
-               grad_output=None, grad_lse=None, want_pred=False, token_weight=None):
+               grad_output=None, grad_lse=None, want_pred=False, token_weight=None,
+               want_entropy=False, grad_entropy=None):
     """One pass of the CUDA backend on the tensors' device and PyTorch's current stream; the
-    scratch comes from PyTorch's allocator. Returns (loss, lse, z, pred, accuracy, d_hidden,
-    d_weight, d_bias), per-token outputs flat (n_tok,) and unwanted ones None."""
+    scratch comes from PyTorch's allocator. Returns (loss, lse, z, pred, accuracy, entropy,
+    d_hidden, d_weight, d_bias), per-token outputs flat (n_tok,) and unwanted ones None.
+    grad_output and grad_entropy: per-token tensors for reduction "none", else scalars."""
     dev = input.device
     lead = tuple(input.shape[:-1])
     n, d, v = math.prod(lead), input.shape[-1], weight.shape[0]
@@ -82,13 +88,16 @@ def _cuda_pass(input, weight, target, bias, class_weight, o: _args.Options, need
     per_tok = o.reduction == "none"
     want = {"loss": not per_tok, "z": not per_tok, "loss_tok": per_tok, "z_tok": per_tok,
             "lse": True, "pred": want_pred, "accuracy": want_pred,
+            "entropy": want_entropy and not per_tok, "entropy_tok": want_entropy and per_tok,
             "d_hidden": "hidden" in need, "d_weight": "weight" in need,
             "d_bias": "bias" in need}
     k = {"n_tok": n, "d_model": d, "vocab": v, "chunk": _args.chunk_for(o.chunk, n, v),
          "elem": torch_short_name(input.dtype), "grad_elem": torch_short_name(input.dtype),
          **_args.core_options(o, lead[-1]),
          "grad_scale": 1.0 if isinstance(grad_output, Tensor) or grad_output is None
-         else float(grad_output)}
+         else float(grad_output), "entropy_on": bool(want_entropy),
+         "entropy_grad_scale": 0.0 if isinstance(grad_entropy, Tensor) or grad_entropy is None
+         else float(grad_entropy)}
     # The core's shape refusals come first, before anything is allocated on the device.
     _lossk.cuda_set_device(dev.index if dev.index is not None else torch.cuda.current_device())
     ws_bytes = _lossk.fused_linear_ce_dev_workspace({**k, **{n_: int(f) for n_, f in want.items()}})
@@ -112,7 +121,10 @@ def _cuda_pass(input, weight, target, bias, class_weight, o: _args.Options, need
         k["grad_output"] = p(_per_token_full(grad_output, input, o.shift, ct))
     if grad_lse is not None:
         k["grad_lse"] = p(_per_token_full(grad_lse, input, o.shift, ct))
+    if isinstance(grad_entropy, Tensor):
+        k["grad_entropy"] = p(_per_token_full(grad_entropy, input, o.shift, ct))
     shapes = {"loss": (), "z": (), "loss_tok": (n,), "z_tok": (n,), "lse": (n,), "pred": (n,),
+              "entropy": (), "entropy_tok": (n,),
               "accuracy": (), "d_hidden": tuple(input.shape), "d_weight": tuple(weight.shape),
               "d_bias": (v,)}
     dtypes = {"pred": torch.int64, "accuracy": torch.float32, "d_hidden": input.dtype,
@@ -127,7 +139,8 @@ def _cuda_pass(input, weight, target, bias, class_weight, o: _args.Options, need
                                torch.cuda.current_stream(dev).cuda_stream)
     loss = out["loss_tok"] if per_tok else out["loss"]
     z = out["z_tok"] if per_tok else out["z"]
-    return (loss, out["lse"], z, out.get("pred"), out.get("accuracy"), out.get("d_hidden"),
+    ent = out.get("entropy_tok" if per_tok else "entropy")
+    return (loss, out["lse"], z, out.get("pred"), out.get("accuracy"), ent, out.get("d_hidden"),
             out.get("d_weight"), out.get("d_bias"))
 
 

@@ -16,14 +16,15 @@ from ._checks import _REDUCTIONS, _check
 
 class LinearCrossEntropyOutput(NamedTuple):
     """What linear_cross_entropy returns when any return_* flag is set: each field the flag
-    asked for (else None). lse is differentiable; z_loss (already part of loss), pred and
-    accuracy are not."""
+    asked for (else None). lse and entropy are differentiable; z_loss (already part of loss),
+    pred and accuracy are not."""
 
     loss: Tensor
     lse: Optional[Tensor]
     z_loss: Optional[Tensor]
     pred: Optional[Tensor]
     accuracy: Optional[Tensor]
+    entropy: Optional[Tensor] = None
 
 
 
@@ -34,37 +35,43 @@ def _lce_fwd(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tenso
              class_weight: Optional[Tensor], token_weight: Optional[Tensor], reduction: str,
              ignore_index: int, label_smoothing: float, softcap: Optional[float],
              temperature: float, lse_square_scale: float, shift: int, chunk: Optional[int],
-             need_dh: bool, need_dw: bool, need_db: bool,
-             want_pred: bool, lse_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
-                                                       Tensor, Tensor, Tensor]:
-    """(loss, lse, z_loss, pred, accuracy, d_input, d_weight, d_bias): the gradients of a
-    mean/sum loss are computed in this same pass (when the lse needs none of its own)."""
+             need_dh: bool, need_dw: bool, need_db: bool, want_pred: bool, want_entropy: bool,
+             lse_grad: bool, ent_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
+                                                      Tensor, Tensor, Tensor, Tensor]:
+    """(loss, lse, z_loss, pred, accuracy, entropy, d_input, d_weight, d_bias): the gradients
+    of a mean/sum loss are computed in this same pass (when neither the lse nor the entropy
+    needs one of its own)."""
     o = Options(reduction, ignore_index, label_smoothing, softcap, temperature, lse_square_scale,
                 shift, chunk)
     need = [n for n, f in (("hidden", need_dh), ("weight", need_dw), ("bias", need_db)) if f]
-    if reduction == "none" or lse_grad:
+    if reduction == "none" or lse_grad or ent_grad:
         need = []  # the upstream gradients are only known in backward
+    ldt = _loss_dtype(input.dtype)
     if input.is_cuda:
-        loss, lse, z, pred, acc, dh, dw, db = _cuda_pass(
+        loss, lse, z, pred, acc, ent, dh, dw, db = _cuda_pass(
             input, weight, target, bias, class_weight, o, need, want_pred=want_pred,
-            token_weight=token_weight)
+            token_weight=token_weight, want_entropy=want_entropy)
         empty = input.new_empty(0)
         if reduction == "none":
             loss, z = _per_token_view(loss, input, shift), _per_token_view(z, input, shift)
+            if want_entropy:
+                ent = _per_token_view(ent, input, shift)
         return (loss, _per_token_view(lse, input, shift), z,
                 _per_token_view(pred, input, shift) if want_pred
                 else input.new_empty(0, dtype=torch.int64),
                 acc if want_pred else torch.full((), math.nan, device=input.device),
+                ent if want_entropy else input.new_empty(0, dtype=ldt),
                 dh if dh is not None else empty, dw if dw is not None else empty.clone(),
                 db if db is not None else empty.clone())
     r = _run(input, weight, target, bias, class_weight, o, need, want_pred=want_pred,
-             token_weight=token_weight)
-    ldt = _loss_dtype(input.dtype)
+             token_weight=token_weight, want_entropy=want_entropy)
     empty = torch.empty(0, dtype=input.dtype)
     return (torch.as_tensor(r.loss, dtype=ldt).clone(), _tensor(r.lse, ldt),
             torch.as_tensor(r.z_loss, dtype=ldt).clone(),
             _tensor(r.pred, torch.int64) if want_pred else torch.empty(0, dtype=torch.int64),
             torch.tensor(r.accuracy if want_pred else math.nan, dtype=torch.float32),
+            torch.as_tensor(r.entropy, dtype=ldt).clone() if want_entropy
+            else torch.empty(0, dtype=ldt),
             _tensor(r.d_hidden, input.dtype) if r.d_hidden is not None else empty,
             _tensor(r.d_weight, input.dtype) if r.d_weight is not None else empty.clone(),
             _tensor(r.d_bias, input.dtype) if r.d_bias is not None else empty.clone())
@@ -73,15 +80,16 @@ def _lce_fwd(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tenso
 @_lce_fwd.register_fake
 def _(input, weight, target, bias, class_weight, token_weight, reduction, ignore_index,
       label_smoothing, softcap, temperature, lse_square_scale, shift, chunk, need_dh, need_dw,
-      need_db, want_pred, lse_grad):
+      need_db, want_pred, want_entropy, lse_grad, ent_grad):
     ldt = _loss_dtype(input.dtype)
     per = _out_shape(input, shift)
     loss_shape = per if reduction == "none" else ()
-    pre = reduction != "none" and not lse_grad
+    pre = reduction != "none" and not lse_grad and not ent_grad
     return (input.new_empty(loss_shape, dtype=ldt), input.new_empty(per, dtype=ldt),
             input.new_empty(loss_shape, dtype=ldt),
             input.new_empty(per if want_pred else (0,), dtype=torch.int64),
             input.new_empty((), dtype=torch.float32),
+            input.new_empty(loss_shape if want_entropy else (0,), dtype=ldt),
             input.new_empty(input.shape if pre and need_dh else (0,)),
             input.new_empty(weight.shape if pre and need_dw else (0,)),
             input.new_empty(bias.shape if pre and need_db and bias is not None else (0,)))
@@ -90,13 +98,14 @@ def _(input, weight, target, bias, class_weight, token_weight, reduction, ignore
 @torch.library.custom_op("algenta::lce_grad", mutates_args=())
 def _lce_grad(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor],
               class_weight: Optional[Tensor], token_weight: Optional[Tensor], grad_loss: Tensor,
-              grad_lse: Optional[Tensor],
+              grad_lse: Optional[Tensor], grad_entropy: Optional[Tensor],
               reduction: str, ignore_index: int, label_smoothing: float,
               softcap: Optional[float], temperature: float, lse_square_scale: float, shift: int,
               chunk: Optional[int], need_dh: bool, need_dw: bool,
               need_db: bool) -> tuple[Tensor, Tensor, Tensor]:
     """The backward's own pass of the core, for what the forward could not precompute: the
-    per-token upstream gradient of reduction='none', and the gradient of a used lse."""
+    per-token upstream gradient of reduction='none', and the gradients of a used lse or
+    entropy (one pass for all of them)."""
     o = Options(reduction, ignore_index, label_smoothing, softcap, temperature, lse_square_scale,
                 shift, chunk)
     need = [n for n, f in (("hidden", need_dh), ("weight", need_dw), ("bias", need_db)) if f]
@@ -105,24 +114,29 @@ def _lce_grad(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tens
     empty = torch.empty(0, dtype=input.dtype, device=input.device)
     if not need:
         return empty, empty.clone(), empty.clone()
+    ge = None
+    if grad_entropy is not None:
+        ge = grad_entropy.to(ldt) if reduction == "none" else float(grad_entropy)
     if input.is_cuda:
-        _, _, _, _, _, dh, dw, db = _cuda_pass(
+        _, _, _, _, _, _, dh, dw, db = _cuda_pass(
             input, weight, target, bias, class_weight, o, need,
             grad_output=grad_loss.to(ldt) if reduction == "none" else float(grad_loss),
-            grad_lse=None if grad_lse is None else grad_lse.to(ldt), token_weight=token_weight)
+            grad_lse=None if grad_lse is None else grad_lse.to(ldt), token_weight=token_weight,
+            want_entropy=ge is not None, grad_entropy=ge)
         e = input.new_empty(0)
         return (dh if need_dh else e, dw if need_dw else e.clone(), db if need_db else e.clone())
     r = _run(input, weight, target, bias, class_weight, o, need, grad_output=go,
-             grad_lse=None if grad_lse is None else grad_lse.to(ldt), token_weight=token_weight)
+             grad_lse=None if grad_lse is None else grad_lse.to(ldt), token_weight=token_weight,
+             want_entropy=ge is not None, grad_entropy=ge)
     return (_tensor(r.d_hidden, input.dtype) if need_dh else empty,
             _tensor(r.d_weight, input.dtype) if need_dw else empty.clone(),
             _tensor(r.d_bias, input.dtype) if need_db else empty.clone())
 
 
 @_lce_grad.register_fake
-def _(input, weight, target, bias, class_weight, token_weight, grad_loss, grad_lse, reduction,
-      ignore_index, label_smoothing, softcap, temperature, lse_square_scale, shift, chunk, need_dh,
-      need_dw, need_db):
+def _(input, weight, target, bias, class_weight, token_weight, grad_loss, grad_lse, grad_entropy,
+      reduction, ignore_index, label_smoothing, softcap, temperature, lse_square_scale, shift,
+      chunk, need_dh, need_dw, need_db):
     return (input.new_empty(input.shape if need_dh else (0,)),
             input.new_empty(weight.shape if need_dw else (0,)),
             input.new_empty(bias.shape if need_db and bias is not None else (0,)))
@@ -130,19 +144,19 @@ def _(input, weight, target, bias, class_weight, token_weight, grad_loss, grad_l
 
 def _setup_fwd(ctx, inputs, output):
     input, weight, target, bias, class_weight, token_weight = inputs[:6]
-    opts, (need_dh, need_dw, need_db, want_pred, lse_grad) = inputs[6:14], inputs[14:]
-    loss, lse, z, pred, acc, dh, dw, db = output
-    ctx.mark_non_differentiable(z, pred, acc, dh, dw, db)
-    if not lse_grad:
-        ctx.mark_non_differentiable(lse)
+    opts, (need_dh, need_dw, need_db, _, _, lse_grad, ent_grad) = inputs[6:14], inputs[14:]
+    loss, lse, z, pred, acc, ent, dh, dw, db = output
+    # One call: each call of mark_non_differentiable replaces the set the previous one marked.
+    ctx.mark_non_differentiable(z, pred, acc, dh, dw, db, *(() if lse_grad else (lse,)),
+                                *(() if ent_grad else (ent,)))
     # Unmaterialized: autograd would otherwise hand backward a zero tensor for every output
     # without a gradient, d_weight's shape among them (a zero-filled copy of the weight).
     ctx.set_materialize_grads(False)
     ctx.loss_shape = loss.shape
     ctx.opts = tuple(opts)  # the Options fields, in order
     ctx.n_inputs = len(inputs)
-    ctx.precomputed = opts[0] != "none" and not lse_grad
-    ctx.lse_grad = lse_grad
+    ctx.precomputed = opts[0] != "none" and not lse_grad and not ent_grad
+    ctx.lse_grad, ctx.ent_grad = lse_grad, ent_grad
     # The forward's gradients are as large as the weight. Eager: held as a plain attribute, so
     # the first backward can take them, scale them in place and hand them on as the gradients
     # themselves (no second and third copy of d_weight); a later backward of a retained graph
@@ -170,7 +184,7 @@ def _scaled(g: Tensor, by: Tensor) -> Tensor:
     return torch.where(g == 0, g, g * by)
 
 
-def _backward_fwd(ctx, g_loss, g_lse, *_unused):
+def _backward_fwd(ctx, g_loss, g_lse, g_z, g_pred, g_acc, g_ent, *_unused):
     input, weight, target, bias, class_weight, token_weight = ctx.saved_tensors[:6]
     if g_loss is None:  # only the lse was used: the loss's upstream gradient is zero
         g_loss = torch.zeros(ctx.loss_shape, dtype=_loss_dtype(input.dtype), device=input.device)
@@ -185,12 +199,12 @@ def _backward_fwd(ctx, g_loss, g_lse, *_unused):
         else:  # a retained graph's next backward: the forward's pass again, the same bits
             one = torch.ones((), dtype=_loss_dtype(input.dtype), device=input.device)
             dh, dw, db = _lce_grad(input, weight, target, bias, class_weight, token_weight, one,
-                                   None, *ctx.opts, need_dh, need_dw, need_db)
+                                   None, None, *ctx.opts, need_dh, need_dw, need_db)
         return (_scaled(dh, g_loss) if need_dh else None, _scaled(dw, g_loss) if need_dw else None,
                 None, _scaled(db, g_loss) if need_db else None) + (None,) * (ctx.n_inputs - 4)
     gdh, gdw, gdb = _lce_grad(input, weight, target, bias, class_weight, token_weight, g_loss,
-                              g_lse if ctx.lse_grad else None, *ctx.opts, need_dh, need_dw,
-                              need_db)
+                              g_lse if ctx.lse_grad else None, g_ent if ctx.ent_grad else None,
+                              *ctx.opts, need_dh, need_dw, need_db)
     return (gdh if need_dh else None, gdw if need_dw else None, None,
             gdb if need_db else None) + (None,) * (ctx.n_inputs - 4)
 
@@ -201,7 +215,8 @@ _lce_fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)
 def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weight=None,
                          reduction="mean", ignore_index=None, label_smoothing=0.0, softcap=None,
                          lse_square_scale=0.0, shift=0, return_lse=False, return_z_loss=False,
-                         return_accuracy=False, chunk=None, token_weight=None, temperature=1.0):
+                         return_accuracy=False, chunk=None, token_weight=None, temperature=1.0,
+                         return_entropy=False):
     """``F.cross_entropy(F.linear(input, linear_weight, linear_bias), target, weight=weight,
     ...)`` without the logits; the signature of PyTorch's ``F.linear_cross_entropy``.
 
@@ -226,6 +241,9 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     ``temperature=T`` (finite, > 0) divides the (biased, capped) logits before the softmax,
     gradients through it: the loss, lse and argmax are of ``z / T``, so ``-loss`` with
     ``reduction="none"`` is the log-probability a sampler at temperature T gave each target.
+    ``return_entropy=True`` adds the (tempered) softmax's entropy ``H_t = lse_t - sum_v p_v z_v``,
+    differentiable, reduced as the z-loss term (over counted tokens, weighted by token_weight;
+    per token for "none"): ``loss - c * out.entropy`` trains with one backward pass of the core.
 
     For "mean"/"sum" the gradients are computed in the forward pass, in the same sweep as the
     loss, and scaled by the upstream gradient in backward; only the inputs that require grad
@@ -253,20 +271,24 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     need_dh = grad_on and input.requires_grad
     need_dw = grad_on and linear_weight.requires_grad
     need_db = grad_on and linear_bias is not None and linear_bias.requires_grad
-    lse_grad = bool(return_lse) and (need_dh or need_dw or need_db)
-    loss, lse, z, pred, acc, _, _, _ = _lce_fwd(
+    any_grad = need_dh or need_dw or need_db
+    lse_grad = bool(return_lse) and any_grad
+    ent_grad = bool(return_entropy) and any_grad
+    loss, lse, z, pred, acc, ent, _, _, _ = _lce_fwd(
         input, linear_weight, target, linear_bias, weight, token_weight, *o, need_dh, need_dw,
-        need_db, bool(return_accuracy), lse_grad)
+        need_db, bool(return_accuracy), bool(return_entropy), lse_grad, ent_grad)
     if unbatched:
         lse, pred = lse.squeeze(0), pred.squeeze(0) if return_accuracy else pred
         if reduction == "none":
             loss, z = loss.squeeze(0), z.squeeze(0)
-    if not (return_lse or return_z_loss or return_accuracy):
+            ent = ent.squeeze(0) if return_entropy else ent
+    if not (return_lse or return_z_loss or return_accuracy or return_entropy):
         return loss
     return LinearCrossEntropyOutput(loss, lse if return_lse else None,
                                     z if return_z_loss else None,
                                     pred if return_accuracy else None,
-                                    acc if return_accuracy else None)
+                                    acc if return_accuracy else None,
+                                    ent if return_entropy else None)
 
 
 class LinearCrossEntropyLoss(torch.nn.Module):
