@@ -157,8 +157,8 @@ __global__ void k_merge(MergeArgs<T> a) {
     g = math::grad_coef(sc, eps, V, wy, w_all, a.zs, l, a.grad_lse ? double(a.grad_lse[t]) : 0.0);
     if (a.grad_entropy || a.entropy_grad_scale != 0.0) {
       const double s_h =
-          math::reduction_scales(a.reduction, valid, a.entropy_grad_scale, a.prep[3], a.prep[1],
-                                 a.grad_entropy ? double(a.grad_entropy[t]) : 0.0, u).z;
+          math::entropy_scale(a.reduction, valid, a.entropy_grad_scale, a.prep[3],
+                              a.grad_entropy ? double(a.grad_entropy[t]) : 0.0, u);
       g = math::with_entropy(g, s_h, dmax);
     }
   }

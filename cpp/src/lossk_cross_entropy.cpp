@@ -448,10 +448,9 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
       math::Coef k =
           math::grad_coef(sc, eps, V, wy, w_all, zs, l, a.grad_lse ? double(a.grad_lse[t]) : 0.0);
       if (ent_grad) {
-        // The entropy reduces as the z-loss does: its per-token scale is reduction_scales' z.
         const double s_h =
-            math::reduction_scales(a.reduction, valid[t] != 0, a.entropy_grad_scale, u_sum, w_sum,
-                                   a.grad_entropy ? double(a.grad_entropy[t]) : 0.0, u).z;
+            math::entropy_scale(a.reduction, valid[t] != 0, a.entropy_grad_scale, u_sum,
+                                a.grad_entropy ? double(a.grad_entropy[t]) : 0.0, u);
         k = math::with_entropy(k, s_h, dmax);
       }
       k = math::tempered(k, temp);

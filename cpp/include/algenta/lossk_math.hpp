@@ -155,6 +155,13 @@ ALGENTA_HD Coef with_entropy(Coef k, double s_h, double d) {
   return {k.a - s_h * d, k.b, k.c, k.e - s_h};
 }
 
+// The entropy's per-token scale s_h: it reduces as the z-loss term does, so reduction_scales'
+// z share with the entropy's upstream gradient (scale for Mean/Sum, g_t per token for None).
+ALGENTA_HD double entropy_scale(Reduction red, bool valid, double scale, double u_sum,
+                                double g_t, double u) {
+  return reduction_scales(red, valid, scale, u_sum, 0.0, g_t, u).z;
+}
+
 // A temperature the core accepts in compute type T: finite, and at least T's smallest normal
 // number (a smaller one would round to zero or lose precision as a divisor).
 template <class T>
