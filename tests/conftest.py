@@ -21,6 +21,9 @@ import pytest
 from algenta import _core
 
 CUDA = _core.session.cuda_backend()
+# Every instruction set this build compiled, best first: the tests that force each one
+# (ALGENTA_ISA) skip those the host cannot run.
+ISAS = _core.isa_names().split(",")
 EMULATED = CUDA["kind"] == "emulator"
 EXPECT_GPU = os.environ.get("ALGENTA_EXPECT_GPU") == "1"
 
@@ -37,7 +40,10 @@ def cuda_backend_line() -> str:
 
 
 def pytest_report_header(config):
-    return f"algenta CUDA backend: {cuda_backend_line()}"
+    note = _core.isa_note()
+    return [f"algenta CPU kernels: {_core.isa_name()} (compiled: {', '.join(ISAS)})"
+            + (f"; {note}" if note else ""),
+            f"algenta CUDA backend: {cuda_backend_line()}"]
 
 
 def need_cuda():

@@ -147,11 +147,11 @@ BF16_U = 2.0 ** -8
 
 
 def bf16_dot_path() -> bool:
-    """Whether bfloat16 inputs take the bf16 dot-product path here (vdpbf16ps), whose gradient
-    products take d_logits rounded to bfloat16 (the CUDA backend's rounding)."""
+    """Whether bfloat16 inputs take a bf16 dot-product path here (vdpbf16ps or AMX tiles), whose
+    gradient products take d_logits rounded to bfloat16 (the CUDA backend's rounding)."""
     import algenta
 
-    return algenta._core.bf16_path() == "vdpbf16ps"
+    return algenta._core.bf16_path() != "widen"
 
 
 def bf16_gradient_bounds(ref, weight):

@@ -559,19 +559,21 @@ _SWEEP = textwrap.dedent("""
     def bf16(a):  # bit patterns of the nearest bfloat16
         u = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
         return HalfBits(((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16), "bfloat16")
-    for dtype in (np.float64, np.float32, np.float16, "bf16"):
-        if dtype == "bf16":  # the bf16 dot-product path where the host has it: tokens in pairs
-            h, w, t, b, cw = problem((3, 7), 10, 600, dtype=np.float32, seed=21, ignore=-100)
+    # the bf16 dot-product path where the host has it takes tokens in groups (a pair for
+    # vdpbf16ps, 32 for AMX tiles): "bf16 long" has chunks that split inside and across groups
+    for dtype in (np.float64, np.float32, np.float16, "bf16", "bf16 long"):
+        shape, d, chunks = ((3, 7), 10, {chunks}) if dtype != "bf16 long" else ((3, 25), 40, {long_chunks})
+        h, w, t, b, cw = problem(shape, d, 600, dtype=np.float32 if "bf16" in str(dtype) else dtype,
+                                 seed=21, ignore=-100)
+        if "bf16" in str(dtype):
             h, w, b = bf16(h), bf16(w), bf16(b)
-        else:
-            h, w, t, b, cw = problem((3, 7), 10, 600, dtype=dtype, seed=21, ignore=-100)
-        for chunk in {chunks}:
+        for chunk in chunks:
             r = algenta.linear_cross_entropy(
                 h, w, t, bias=b, class_weight=cw, softcap=3.0, lse_square_scale=1e-3,
                 label_smoothing=0.1, shift=1, ignore_index=-100, chunk=chunk, with_grad=True,
-                return_accuracy=True, reduction="none", grad_output=np.ones((3, 6)),
-                token_weight=token_weights((3, 7)), temperature=0.7, return_entropy=True,
-                grad_entropy=np.linspace(-1, 1, 18).reshape(3, 6))
+                return_accuracy=True, reduction="none", grad_output=np.ones((shape[0], shape[1] - 1)),
+                token_weight=token_weights(shape), temperature=0.7, return_entropy=True,
+                grad_entropy=np.linspace(-1, 1, shape[0] * (shape[1] - 1)).reshape(shape[0], -1))
             m = hashlib.sha256()
             for a in (r.loss, r.lse, r.z_loss, r.pred, r.entropy, r.d_hidden, r.d_weight,
                       r.d_bias):
@@ -584,13 +586,15 @@ _SWEEP = textwrap.dedent("""
 def test_bit_identical_for_every_chunk_and_thread_count_with_options():
     digests = set()
     for threads in ("1", "2", "3"):
-        code = _SWEEP.format(here=HERE, chunks=list(range(1, 22)))
+        long_chunks = [1, 2, 31, 32, 33, 45, 64, 75]
+        code = _SWEEP.format(here=HERE, chunks=list(range(1, 22)), long_chunks=long_chunks)
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            timeout=600, env=dict(os.environ, OMP_NUM_THREADS=threads))
         assert r.returncode == 0, r.stderr
         per = r.stdout.split()
-        assert len(per) == 4 * 21
-        for k in range(4):  # within each dtype, every chunk gives the same digest
-            assert len(set(per[21 * k: 21 * (k + 1)])) == 1, (threads, k)
-        digests.add(tuple(per[::21]))
+        assert len(per) == 4 * 21 + len(long_chunks)
+        groups = [per[21 * k: 21 * (k + 1)] for k in range(4)] + [per[84:]]
+        for k, g in enumerate(groups):  # within each dtype, every chunk gives the same digest
+            assert len(set(g)) == 1, (threads, k)
+        digests.add(tuple(g[0] for g in groups))
     assert len(digests) == 1  # and every thread count the same bits

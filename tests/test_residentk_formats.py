@@ -27,7 +27,7 @@ import qwen3_reference as ref
 from algenta import ResidentError, _core
 from algenta.residentk.session import ResidentSession
 from algenta.residentk.weights import Bf16Bits
-from conftest import CUDA
+from conftest import CUDA, ISAS
 from test_residentk_session import CONFIGS
 
 REL = {"bf16": 2e-2, "f16": 2e-3, "int8": 5e-2}
@@ -185,7 +185,7 @@ def test_bit_identical_for_every_thread_count():
     np.testing.assert_array_equal(a, _probe(3))
 
 
-@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512", "avx512bf16"])
+@pytest.mark.parametrize("isa", ISAS)
 def test_every_instruction_set_against_the_float64_reference(isa):
     """Each ISA's widening loads and dots (the decode steps) and widened prefill tiles, in every
     format, against the float64 reference over the values the format holds."""
@@ -249,7 +249,7 @@ print(_core.isa_name())
 """
 
 
-@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512", "avx512bf16"])
+@pytest.mark.parametrize("isa", ISAS)
 def test_int8_products_against_exact_integer_sums(isa):
     """Each ISA's int8 decode product (activation quantizer, integer dots: vpdpbusd on
     avx512bf16, vpmaddubsw elsewhere, scalar on generic) against an independent NumPy model:
@@ -279,7 +279,7 @@ print(_core.isa_name())
 """
 
 
-@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512", "avx512bf16"])
+@pytest.mark.parametrize("isa", ISAS)
 def test_bf16_products_against_exact_products(isa):
     """Each ISA's bf16 decode product (vdpbf16ps on avx512bf16, the widening dot elsewhere)
     against NumPy: the activation's bf16 bits exactly, the sum of exact products to float32

@@ -19,6 +19,7 @@ from algenta import ResidentError, ResidentUnavailableError, _core
 from algenta.errors import ResidentWarning
 from algenta.residentk.session import ResidentSession, random_weights
 from algenta.residentk.weights import Bf16Bits
+from conftest import ISAS
 
 RC = _core.residentk
 
@@ -531,7 +532,7 @@ def test_logits_are_bit_identical_for_every_thread_count():
     np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512", "avx512bf16"])
+@pytest.mark.parametrize("isa", ISAS)
 def test_every_instruction_set_matches_the_reference(isa):
     import os
     import subprocess

@@ -31,11 +31,18 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("isa_name", [] { return std::string(algenta::kern::isa_name()); },
         "Instruction set of the active CPU kernels (or why ALGENTA_ISA was refused).");
+  m.def("isa_names", [] { return std::string(algenta::kern::isa_names()); },
+        "The instruction sets compiled in, best first, comma-separated (ALGENTA_ISA's names).");
+  m.def("isa_note", [] { return std::string(algenta::kern::isa_note()); },
+        "Why a better instruction set the CPU reports was passed over (AMX's tile state "
+        "refused by the kernel), or '' when none was.");
   m.def("bf16_path", [] {
-        return std::string(algenta::kern::ops<float>().bf16dot.gemm_papb ? "vdpbf16ps" : "widen");
+        const auto& dp = algenta::kern::ops<float>().bf16dot;
+        return std::string(dp.gemm_papb ? dp.path : "widen");
       },
-        "How lossk multiplies bfloat16 inputs on this host: 'vdpbf16ps' (bf16 dot products, "
-        "d_logits rounded to bf16 for the gradient products) or 'widen' (to float32, FMA).");
+        "How lossk multiplies bfloat16 inputs on this host: 'amx' (AMX tiles) or 'vdpbf16ps' "
+        "(bf16 dot products; both round d_logits to bf16 for the gradient products) or 'widen' "
+        "(to float32, FMA).");
 
   // The one dtype vocabulary (dtype.hpp): (name, long name, bytes per element), in enum order.
   py::tuple dtypes(algenta::kNumDtypes);

@@ -20,6 +20,9 @@
 #if defined(__F16C__) || defined(__AVX512BF16__)
 #include <immintrin.h>
 #endif
+#if defined(__AVX512F__)
+#include "x86_transpose.hpp"
+#endif
 
 #ifndef ALGENTA_ISA_NS
 #error "compile with -DALGENTA_ISA_NS=isa_<name>"
@@ -130,10 +133,19 @@ constexpr int64_t NC() {
   return 64 * nr<T>();
 }
 
+#if defined(__AMX_BF16__)
+int64_t amx_ws_u32();  // kernels_amx.cpp: the tile GEMMs' scratch, in 4-byte elements
+#endif
+
 template <class T>
 int64_t gemm_ws_elems() {
   // packed A (MC x KC), packed B (KC x NC), one edge tile; padded for 64-byte alignment.
-  return MC * KC + KC * NC<T>() + MR<T> * nr<T>() + 3 * 64;
+  const int64_t n = MC * KC + KC * NC<T>() + MR<T> * nr<T>() + 3 * 64;
+#if defined(__AMX_BF16__)
+  // the bf16 dot products take the same scratch (float32 tables only)
+  if (sizeof(T) == 4 && amx_ws_u32() > n) return amx_ws_u32();
+#endif
+  return n;
 }
 
 template <class T>
@@ -478,33 +490,6 @@ inline void dp_pack_a(int64_t mc, int64_t kc, const BF16* A, int64_t rsa, int64_
   }
 }
 
-// 16 x 16 dwords: r[i] <- column i of the rows r[0..15] (four rounds of unpack / lane shuffle).
-inline void transpose16(__m512i r[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  for (int i = 0; i < 4; ++i) {  // 128-bit lanes: rows i, i+4, i+8, i+12 hold the quarters
-    t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
-    t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
-    t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
-    t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
-    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
-    r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
-    r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xdd);
-  }
-}
-
 // B block (kc x nc) of bf16 -> panels of DP_NR columns: Bp[panel][p][c] = pair(B[2p][c],
 // B[2p+1][c]), zero columns past nc.
 inline void dp_pack_b(int64_t kc, int64_t nc, const BF16* B, int64_t rsb, int64_t csb,
@@ -706,9 +691,33 @@ void dp_gemm_bpb(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t rsa
 
 int64_t dp_row_quantum() { return DP_MR; }
 
+#if defined(__AMX_BF16__)
+// The amx instruction set multiplies bf16 on tiles (kernels_amx.cpp); the vdpbf16ps kernels above
+// stay compiled beside it, unused.
+int64_t amx_packed_a_elems(int64_t M, int64_t K);
+void amx_pack_a_rows(int64_t M, int64_t K, int64_t r0, int64_t r1, const uint16_t* A, int64_t rsa,
+                     int64_t csa, uint32_t* Afull);
+int64_t amx_packed_b_elems(int64_t K, int64_t N);
+int64_t amx_packed_b_max_cols();
+void amx_pack_b_full(int64_t K, int64_t N, const uint16_t* B, int64_t rsb, int64_t csb,
+                     uint32_t* Bfull);
+void amx_gemm_papb(int64_t Mfull, int64_t row0, int64_t M, int64_t N, int64_t K,
+                   const uint32_t* Afull, const uint32_t* Bfull, float* C, int64_t ldc,
+                   bool accumulate, float* ws);
+void amx_gemm_bb(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t rsa, int64_t csa,
+                 const uint16_t* B, int64_t rsb, int64_t csb, float* C, int64_t ldc,
+                 bool accumulate, float* ws);
+void amx_gemm_bpb(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t rsa, int64_t csa,
+                  const uint32_t* Bfull, float* C, int64_t ldc, bool accumulate, float* ws);
+int64_t amx_row_quantum();
+constexpr Bf16DotOps kBf16Dot = {amx_packed_a_elems, amx_pack_a_rows, amx_packed_b_elems,
+                                 amx_packed_b_max_cols, amx_pack_b_full, amx_gemm_papb,
+                                 amx_gemm_bb, amx_gemm_bpb, amx_row_quantum, 32, "amx"};
+#else
 constexpr Bf16DotOps kBf16Dot = {dp_packed_a_elems, dp_pack_a_rows, dp_packed_b_elems,
                                  dp_packed_b_max_cols, dp_pack_b_full, dp_gemm_papb,
-                                 dp_gemm_bb, dp_gemm_bpb, dp_row_quantum};
+                                 dp_gemm_bb, dp_gemm_bpb, dp_row_quantum, 2, "vdpbf16ps"};
+#endif
 #else
 constexpr Bf16DotOps kBf16Dot = {};  // this instruction set has no bf16 dot product
 #endif

@@ -223,13 +223,17 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
   const int hk = half_kind(a.elem);
   // bfloat16 inputs on an instruction set with a bf16 dot product multiply bf16 by bf16 (the
   // logits exactly as stored; d_logits rounded to bf16 once, half::f32_to_bf16, as the CUDA
-  // backend rounds them). Its products take k in pairs, and the d_weight product's k is the
-  // tokens, chained chunk after chunk: every chunk but the last holds an even number of tokens,
-  // so the pairs, and the bits, are the same for every chunk size.
+  // backend rounds them). Its products take k in groups of k_quantum (a pair for vdpbf16ps, 32
+  // for an AMX tile), and the d_weight product's k is the tokens, chained chunk after chunk:
+  // every chunk but the last holds a multiple of k_quantum tokens, so the groups, and the bits,
+  // are the same for every chunk size (a chunk below k_quantum tokens is raised to it).
   const kern::Bf16DotOps& DP = K.bf16dot;
   const bool dp = a.elem == Dtype::BF16 && DP.gemm_papb != nullptr;
   int64_t C = a.chunk < N ? a.chunk : N;
-  if (dp && C < N) C = C < 2 ? 2 : C & ~int64_t(1);
+  if (dp && C < N) {
+    const int64_t q = DP.k_quantum;
+    C = C < q ? std::min(q, N) : C / q * q;
+  }
   const int64_t VB = LOSS_VOCAB_BLOCK;
   const int64_t nVB = ceil_div(V, VB);
   const bool want_dh = out.d_hidden != nullptr, want_dw = out.d_weight != nullptr;

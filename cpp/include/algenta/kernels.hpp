@@ -29,11 +29,13 @@ struct BlockStats {
 // Half-precision element storage (bit patterns in uint16_t): bfloat16 or IEEE binary16.
 enum Half : int { HALF_BF16 = 0, HALF_F16 = 1 };
 
-// bfloat16 dot-product GEMMs (AVX512-BF16 vdpbf16ps), the fast path of bfloat16 lossk inputs;
-// every pointer null in an instruction set without them. Operands are packed as k-pairs of bf16
-// (uint32 each, see kernels_isa.cpp), accumulation is float32, and each output cell is one
-// chain over k-pairs in increasing order, started from 0 or continued from C: the same split
-// invariance as the float32 GEMMs, provided every split of K falls on an even k.
+// bfloat16 dot-product GEMMs (AVX512-BF16 vdpbf16ps, or AMX tdpbf16ps tiles), the fast path of
+// bfloat16 lossk inputs and the session's bf16 prefill; every pointer null in an instruction set
+// without them. Operands are packed as k-pairs of bf16 (uint32 each; the packed layouts are the
+// path's own: kernels_isa.cpp, kernels_amx.cpp), accumulation is float32, and each output cell is
+// one chain over groups of k_quantum values of k in increasing order (the instruction's k step:
+// 2 for vdpbf16ps, 32 for an AMX tile), started from 0 or continued from C: the same split
+// invariance as the float32 GEMMs, provided every split of K falls on a multiple of k_quantum.
 struct Bf16DotOps {
   // A (M x K bf16) packed once, by disjoint row ranges [r0, r1), r0 a multiple of row_quantum().
   int64_t (*packed_a_elems)(int64_t M, int64_t K);  // uint32 elements
@@ -55,6 +57,8 @@ struct Bf16DotOps {
   void (*gemm_bpb)(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t rsa, int64_t csa,
                    const uint32_t* Bp, float* C, int64_t ldc, bool accumulate, float* ws);
   int64_t (*row_quantum)();
+  int64_t k_quantum;  // a split of K must fall on a multiple of it (see above)
+  const char* path;   // "vdpbf16ps" or "amx"
 };
 
 template <class T>
@@ -170,11 +174,17 @@ struct IsaTable {
 };
 
 // The table for the best instruction set this host supports, or the one named by the
-// environment variable ALGENTA_ISA (generic, avx2, avx512, avx512bf16) when set; an unknown or unsupported
-// name there is refused with a clear message the first time kernels are needed.
+// environment variable ALGENTA_ISA (one of isa_names()) when set; an unknown or unsupported name
+// there is refused with a clear message the first time kernels are needed.
 const IsaTable& isa();
 // Name of the active instruction set ("avx2", ...), or the refusal message if ALGENTA_ISA is bad.
 const char* isa_name();
+// The instruction sets compiled into this build, best first, comma-separated ("amx,avx512bf16,
+// ...,generic"): the names ALGENTA_ISA takes.
+const char* isa_names();
+// Why a better instruction set the CPU reports was passed over (the kernel refused AMX's tile
+// state, say), or "" when none was.
+const char* isa_note();
 
 template <class T>
 inline const IsaOps<T>& ops();
