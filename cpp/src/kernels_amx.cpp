@@ -45,7 +45,8 @@ constexpr int64_t TT = 256;  // uint32 in one tile (16 rows x 16 pairs, or 16 pa
 // the 32 x 32 micro-kernel sweeps them; correctness never depends on these.
 constexpr int64_t KCB = 512;  // a multiple of TK
 constexpr int64_t MCB = 192;  // a multiple of 32
-constexpr int64_t NCB = 256;  // a multiple of 32; also packed_b_max_cols()
+constexpr int64_t NCB = 256;  // a multiple of 32
+constexpr int64_t MAX_PACKED_COLS = 8192;  // pack_b_full's widest B (a multiple of 16)
 static_assert(KCB % TK == 0 && MCB % 32 == 0 && NCB % 32 == 0, "blocks hold whole tiles");
 
 inline int64_t tiles_of(int64_t k) { return (k + TK - 1) / TK; }
@@ -170,13 +171,22 @@ void pack_b(int64_t kc, int64_t nc, const uint16_t* B, int64_t rsb, int64_t csb,
   }
 }
 
+// An A operand as the micro-kernel reads it: row panel i's k tile kt is 16 rows of 64 bytes at
+// p + i * panel + kt * kstep, ld bytes apart. Packed tiles: panel = nkt KB, kstep 1 KB, ld 64;
+// rows of the caller's own k-contiguous bf16 matrix, read in place: panel = 16 rows, kstep 64
+// bytes, ld its row stride.
+struct ATiles {
+  const char* p;
+  int64_t panel, kstep, ld;
+};
+
 // A (TM x 16) x (TN x 16) block of C: C = (load ? C : 0) + sum over nkt k tiles of A . B.
-// a: the first row panel's first k tile, as: uint32 from one row panel to the next; b, bs the
-// same for column panels. rows, cols: the valid part; a partial block goes through edge (a
-// 32 x 32 float tile) so nothing past C's valid cells is read or written.
+// b: the first column panel's first packed k tile, bs: uint32 from one column panel to the
+// next. rows, cols: the valid part; a partial block goes through edge (a 32 x 32 float tile)
+// so nothing past C's valid cells is read or written.
 template <int TM, int TN>
-void kernel(int64_t nkt, const uint32_t* a, int64_t as, const uint32_t* b, int64_t bs, float* C,
-            int64_t ldc, bool load, int64_t rows, int64_t cols, float* edge) {
+void kernel(int64_t nkt, ATiles a, const uint32_t* b, int64_t bs, float* C, int64_t ldc,
+            bool load, int64_t rows, int64_t cols, float* edge) {
   const bool full = rows == 16 * TM && cols == 16 * TN;
   float* c = C;
   int64_t ld = ldc;
@@ -199,10 +209,12 @@ void kernel(int64_t nkt, const uint32_t* a, int64_t as, const uint32_t* b, int64
     if constexpr (TM == 2) _tile_zero(2);
     if constexpr (TM == 2 && TN == 2) _tile_zero(3);
   }
+  const char* a0 = a.p;
+  const char* a1 = a.p + a.panel;
   for (int64_t kt = 0; kt < nkt; ++kt) {
-    _tile_loadd(4, a + kt * TT, 64);
+    _tile_loadd(4, a0 + kt * a.kstep, a.ld);
     _tile_loadd(6, b + kt * TT, 64);
-    if constexpr (TM == 2) _tile_loadd(5, a + as + kt * TT, 64);
+    if constexpr (TM == 2) _tile_loadd(5, a1 + kt * a.kstep, a.ld);
     if constexpr (TN == 2) _tile_loadd(7, b + bs + kt * TT, 64);
     _tile_dpbf16ps(0, 4, 6);
     if constexpr (TN == 2) _tile_dpbf16ps(1, 4, 7);
@@ -217,9 +229,37 @@ void kernel(int64_t nkt, const uint32_t* a, int64_t as, const uint32_t* b, int64
     for (int64_t i = 0; i < rows; ++i) std::memcpy(C + i * ldc, edge + i * 32, sizeof(float) * cols);
 }
 
-// C (M x N, ldc) (+)= A (M x K) B (K x N). A: bf16 packed here block by block, or Afull
-// (pack_a_rows over amp rows, this call's rows from row a0, a multiple of 16); B: bf16, or Bfull
-// (pack_b_full). ws: at least WS_U32 uint32.
+// C block (mc x nc at c) from an A block and a packed B block over nkt k tiles, 32 x 32 at a
+// time.
+void sweep(int64_t mc, int64_t nc, int64_t nkt, ATiles a, const uint32_t* bk, int64_t bs,
+           float* C, int64_t ldc, bool load, float* edge) {
+  for (int64_t jr = 0; jr < nc; jr += 32) {
+    const int64_t cols = nc - jr < 32 ? nc - jr : 32;
+    const uint32_t* b = bk + (jr / 16) * bs;
+    for (int64_t ir = 0; ir < mc; ir += 32) {
+      const int64_t rows = mc - ir < 32 ? mc - ir : 32;
+      ATiles ai = a;
+      ai.p += (ir / 16) * a.panel;
+      float* c = C + ir * ldc + jr;
+      if (rows > 16 && cols > 16)
+        kernel<2, 2>(nkt, ai, b, bs, c, ldc, load, rows, cols, edge);
+      else if (rows > 16)
+        kernel<2, 1>(nkt, ai, b, bs, c, ldc, load, rows, cols, edge);
+      else if (cols > 16)
+        kernel<1, 2>(nkt, ai, b, bs, c, ldc, load, rows, cols, edge);
+      else
+        kernel<1, 1>(nkt, ai, b, bs, c, ldc, load, rows, cols, edge);
+    }
+  }
+}
+
+// C (M x N, ldc) (+)= A (M x K) B (K x N). A: bf16 (read in place where its rows are
+// k-contiguous and the block is whole tiles, else packed block by block), or Afull (pack_a_rows,
+// this call's rows from row a0, a multiple of 16); B: bf16 packed block by block, or Bfull
+// (pack_b_full). K blocks outermost, in order (a cell's chain); then whichever operand is packed
+// here is packed once per block: with B packed on the fly, column blocks then row blocks; with
+// Bfull, row blocks then column blocks, so an A block (d_weight's transposed d_logits) is packed
+// once for every column. ws: at least WS_U32 uint32.
 void gemm_core(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t rsa, int64_t csa,
                const uint16_t* B, int64_t rsb, int64_t csb, const uint32_t* Afull, int64_t a0,
                const uint32_t* Bfull, float* C, int64_t ldc, bool accumulate, float* ws) {
@@ -234,50 +274,38 @@ void gemm_core(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t rsa, 
   float* edge = reinterpret_cast<float*>(align64(Bp + (KCB / 2) * NCB));
   const int64_t nkt_all = tiles_of(K);
   const Tiles tiles;
-  for (int64_t jc = 0; jc < N; jc += NCB) {
-    const int64_t nc = N - jc < NCB ? N - jc : NCB;
-    for (int64_t pc = 0; pc < K; pc += KCB) {
-      const int64_t kc = K - pc < KCB ? K - pc : KCB, nkt = tiles_of(kc), kt0 = pc / TK;
-      const bool load = accumulate || pc > 0;  // later k blocks continue the same chain
-      const uint32_t* bk;
-      int64_t bs;
-      if (Bfull) {
-        bs = nkt_all * TT;
-        bk = Bfull + (jc / 16) * bs + kt0 * TT;
-      } else {
-        pack_b(kc, nc, B + pc * rsb + jc * csb, rsb, csb, Bp);
-        bk = Bp;
-        bs = nkt * TT;
-      }
+  // the A block [ic, ic + mc) x [pc, pc + kc) as tiles: in place, pre-packed, or packed now
+  auto a_block = [&](int64_t ic, int64_t mc, int64_t pc, int64_t kc) {
+    if (Afull)
+      return ATiles{reinterpret_cast<const char*>(Afull + ((a0 + ic) / 16 * nkt_all + pc / TK) * TT),
+                    nkt_all * TT * 4, TT * 4, 64};
+    if (csa == 1 && mc % 16 == 0 && kc % TK == 0)
+      return ATiles{reinterpret_cast<const char*>(A + ic * rsa + pc), 16 * rsa * 2, TK * 2,
+                    rsa * 2};
+    pack_a(mc, kc, A + ic * rsa + pc * csa, rsa, csa, Ap);
+    return ATiles{reinterpret_cast<const char*>(Ap), tiles_of(kc) * TT * 4, TT * 4, 64};
+  };
+  for (int64_t pc = 0; pc < K; pc += KCB) {
+    const int64_t kc = K - pc < KCB ? K - pc : KCB, nkt = tiles_of(kc), kt0 = pc / TK;
+    const bool load = accumulate || pc > 0;  // later k blocks continue the same chain
+    if (Bfull) {
+      const int64_t bs = nkt_all * TT;
       for (int64_t ic = 0; ic < M; ic += MCB) {
         const int64_t mc = M - ic < MCB ? M - ic : MCB;
-        const uint32_t* ak;
-        int64_t as;
-        if (Afull) {
-          as = nkt_all * TT;
-          ak = Afull + ((a0 + ic) / 16) * as + kt0 * TT;
-        } else {
-          pack_a(mc, kc, A + ic * rsa + pc * csa, rsa, csa, Ap);
-          ak = Ap;
-          as = nkt * TT;
-        }
-        for (int64_t jr = 0; jr < nc; jr += 32) {
-          const int64_t cols = nc - jr < 32 ? nc - jr : 32;
-          const uint32_t* b = bk + (jr / 16) * bs;
-          for (int64_t ir = 0; ir < mc; ir += 32) {
-            const int64_t rows = mc - ir < 32 ? mc - ir : 32;
-            const uint32_t* a = ak + (ir / 16) * as;
-            float* c = C + (ic + ir) * ldc + jc + jr;
-            if (rows > 16 && cols > 16)
-              kernel<2, 2>(nkt, a, as, b, bs, c, ldc, load, rows, cols, edge);
-            else if (rows > 16)
-              kernel<2, 1>(nkt, a, as, b, bs, c, ldc, load, rows, cols, edge);
-            else if (cols > 16)
-              kernel<1, 2>(nkt, a, as, b, bs, c, ldc, load, rows, cols, edge);
-            else
-              kernel<1, 1>(nkt, a, as, b, bs, c, ldc, load, rows, cols, edge);
-          }
-        }
+        const ATiles a = a_block(ic, mc, pc, kc);
+        for (int64_t jc = 0; jc < N; jc += NCB)
+          sweep(mc, N - jc < NCB ? N - jc : NCB, nkt, a, Bfull + (jc / 16) * bs + kt0 * TT, bs,
+                C + ic * ldc + jc, ldc, load, edge);
+      }
+      continue;
+    }
+    for (int64_t jc = 0; jc < N; jc += NCB) {
+      const int64_t nc = N - jc < NCB ? N - jc : NCB;
+      pack_b(kc, nc, B + pc * rsb + jc * csb, rsb, csb, Bp);
+      for (int64_t ic = 0; ic < M; ic += MCB) {
+        const int64_t mc = M - ic < MCB ? M - ic : MCB;
+        sweep(mc, nc, nkt, a_block(ic, mc, pc, kc), Bp, nkt * TT, C + ic * ldc + jc, ldc, load,
+              edge);
       }
     }
   }
@@ -296,7 +324,9 @@ void amx_pack_a_rows(int64_t M, int64_t K, int64_t r0, int64_t r1, const uint16_
 
 int64_t amx_packed_b_elems(int64_t K, int64_t N) { return panels_of(N) * tiles_of(K) * TT + 16; }
 
-int64_t amx_packed_b_max_cols() { return NCB; }
+// Column blocks of NCB inside: a packed B of any width is swept in place, so d_weight takes all
+// of d_model in one tile and packs each block of transposed d_logits once.
+int64_t amx_packed_b_max_cols() { return MAX_PACKED_COLS; }
 
 void amx_pack_b_full(int64_t K, int64_t N, const uint16_t* B, int64_t rsb, int64_t csb,
                  uint32_t* Bfull) {
