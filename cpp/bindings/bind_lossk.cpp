@@ -210,7 +210,12 @@ py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t>
   }
   std::unique_ptr<void, FreeDeleter> dw_buf, db_buf;
   if (want_dw) {
-    if (is_half(grad_elem)) {
+    if (is_half(grad_elem) && !cuda && fused_linear_ce_chunk(a) >= n_tok) {
+      // one chunk: the core narrows each cell from its tile, no float32 accumulator
+      py::array_t<uint16_t> g({vocab, d_model});
+      out.d_weight_half = g.mutable_data();
+      dw = g;
+    } else if (is_half(grad_elem)) {
       // As large as the weight: huge pages, so first touch is not a fault per 4 KiB.
       dw_buf.reset(algenta::huge_malloc(size_t(vocab) * size_t(d_model) * sizeof(T)));
       out.d_weight = static_cast<T*>(dw_buf.get());

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 #include <type_traits>
 #include <vector>
 
@@ -80,6 +81,7 @@ int64_t tile_size(int64_t extent, int64_t quantum, int64_t min_tiles, int64_t ma
 }
 
 constexpr int64_t ROWS = 96;  // token rows per work item: a multiple of every MR and row_quantum
+constexpr int64_t DW_ROWS = 96;  // vocab rows per d_weight item narrowed straight to half bits
 
 // Narrows n float32 values to halves in place: element i's bits end at byte 2i of the same
 // buffer. Batches of B elements: a batch starting at a >= B writes only bytes below 4a, all read
@@ -215,28 +217,45 @@ int fused_linear_ce_check(const FusedArgs<T>& a, std::string* why) {
   return LOSS_OK;
 }
 
+// bfloat16 inputs on an instruction set with a bf16 dot product multiply bf16 by bf16 (the
+// logits exactly as stored; d_logits rounded to bf16 once, half::f32_to_bf16, as the CUDA
+// backend rounds them). Its products take k in groups of k_quantum (a pair for vdpbf16ps, 32
+// for an AMX tile), and the d_weight product's k is the tokens, chained chunk after chunk:
+// every chunk but the last holds a multiple of k_quantum tokens, so the groups, and the bits,
+// are the same for every chunk size (a chunk below k_quantum tokens is raised to it).
+template <class T>
+bool bf16_dot_path(const FusedArgs<T>& a) {
+  return a.elem == Dtype::BF16 && kern::ops<T>().bf16dot.gemm_papb != nullptr;
+}
+
+template <class T>
+int64_t fused_linear_ce_chunk(const FusedArgs<T>& a) {
+  const int64_t N = a.n_tok;
+  int64_t C = a.chunk < N ? a.chunk : N;
+  if (bf16_dot_path(a) && C < N) {
+    const int64_t q = kern::ops<T>().bf16dot.k_quantum;
+    C = C < q ? std::min(q, N) : C / q * q;
+  }
+  return C;
+}
+
 template <class T>
 void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
   const kern::IsaOps<T>& K = kern::ops<T>();
   const int64_t N = a.n_tok, D = a.d_model, V = a.vocab;
   const bool half_in = is_half(a.elem);
   const int hk = half_kind(a.elem);
-  // bfloat16 inputs on an instruction set with a bf16 dot product multiply bf16 by bf16 (the
-  // logits exactly as stored; d_logits rounded to bf16 once, half::f32_to_bf16, as the CUDA
-  // backend rounds them). Its products take k in groups of k_quantum (a pair for vdpbf16ps, 32
-  // for an AMX tile), and the d_weight product's k is the tokens, chained chunk after chunk:
-  // every chunk but the last holds a multiple of k_quantum tokens, so the groups, and the bits,
-  // are the same for every chunk size (a chunk below k_quantum tokens is raised to it).
   const kern::Bf16DotOps& DP = K.bf16dot;
-  const bool dp = a.elem == Dtype::BF16 && DP.gemm_papb != nullptr;
-  int64_t C = a.chunk < N ? a.chunk : N;
-  if (dp && C < N) {
-    const int64_t q = DP.k_quantum;
-    C = C < q ? std::min(q, N) : C / q * q;
-  }
+  const bool dp = bf16_dot_path(a);
+  const int64_t C = fused_linear_ce_chunk(a);
+  // d_weight straight into half bits: only when no chain continues past this one chunk
+  const bool dw_direct = out.d_weight_half != nullptr;
+  if (dw_direct && (C < N || out.d_weight || !is_half(out.grad_elem) || sizeof(T) != 4))
+    throw std::invalid_argument("d_weight_half needs a half grad_elem, one chunk, no d_weight");
   const int64_t VB = LOSS_VOCAB_BLOCK;
   const int64_t nVB = ceil_div(V, VB);
-  const bool want_dh = out.d_hidden != nullptr, want_dw = out.d_weight != nullptr;
+  const bool want_dh = out.d_hidden != nullptr;
+  const bool want_dw = out.d_weight != nullptr || dw_direct;
   const bool want_db = out.d_bias != nullptr;
   const bool with_grad = want_dh || want_dw || want_db;
   const bool half_dh = want_dh && is_half(out.grad_elem);
@@ -293,6 +312,9 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
   Buffer<unsigned char> valid(static_cast<size_t>(N));
   Buffer<T> bias_w(half_in && a.bias ? static_cast<size_t>(V) : 0);  // a half bias, widened
   Buffer<T> dh_rows(half_dh ? static_cast<size_t>(C * D) : 0);       // d_hidden before narrowing
+  // d_weight_half: per thread one (DW_ROWS, d tile) block of cells before narrowing
+  const int64_t dw_cols = std::min(D, dtile_w);
+  Buffer<T> dw_tile(dw_direct ? size_t(nthreads) * size_t(DW_ROWS * dw_cols) : 0);
 
   const T* bias = nullptr;
   if (a.bias) {
@@ -540,7 +562,7 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
           K.pack_b_full(c, cols, reinterpret_cast<const T*>(Hc) + d0, D, 1,
                         hpack.data() + hpack_off[size_t(j)]);
       }
-      const int64_t VR = 4 * ROWS;
+      const int64_t VR = dw_direct ? DW_ROWS : 4 * ROWS;
       const int64_t n_vr = ceil_div(V, VR);
 #pragma omp parallel for schedule(dynamic)
       for (int64_t item = 0; item < n_vr * n_dtiles; ++item) {
@@ -549,17 +571,27 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
         const int64_t d0 = j * dtile_w;
         const int64_t rows = V - v0 < VR ? V - v0 : VR, cols = D - d0 < dtile_w ? D - d0 : dtile_w;
         // The first chunk starts each chain at 0 (no memset pass over d_weight); later chunks
-        // continue it. Either way one chain per cell, so the bits do not depend on C.
+        // continue it. Either way one chain per cell, so the bits do not depend on C. With
+        // d_weight_half the one chunk's chains land in the thread's tile and are narrowed.
         T* wsp = ws.data() + size_t(tid) * size_t(ws_elems);
+        T* dst = dw_direct ? dw_tile.data() + size_t(tid) * size_t(DW_ROWS * dw_cols)
+                           : out.d_weight + v0 * D + d0;
+        const int64_t ldd = dw_direct ? cols : D;
+        bool done = false;
         if constexpr (std::is_same<T, float>::value) {
           if (dp) {
             DP.gemm_bpb(rows, cols, c, Gb + v0, 1, V, hpack_dp.data() + hpack_off[size_t(j)],
-                        out.d_weight + v0 * D + d0, D, t0 > 0, wsp);
-            continue;
+                        dst, ldd, t0 > 0, wsp);
+            done = true;
           }
         }
-        K.gemm_pb(rows, cols, c, G + v0, 1, V, hpack.data() + hpack_off[size_t(j)],
-                  out.d_weight + v0 * D + d0, D, t0 > 0, wsp);
+        if (!done)
+          K.gemm_pb(rows, cols, c, G + v0, 1, V, hpack.data() + hpack_off[size_t(j)], dst, ldd,
+                    t0 > 0, wsp);
+        if (dw_direct)
+          for (int64_t r = 0; r < rows; ++r)
+            K.narrow_h[half_kind(out.grad_elem)](dst + r * ldd,
+                                                 out.d_weight_half + (v0 + r) * D + d0, cols);
       }
     }
   }
@@ -589,7 +621,7 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
   if (is_half(out.grad_elem)) {
     if constexpr (std::is_same<T, float>::value) {
       const int ok = half_kind(out.grad_elem);
-      if (want_dw) narrow_in_place(out.d_weight, V * D, ok, K);
+      if (out.d_weight) narrow_in_place(out.d_weight, V * D, ok, K);
       if (want_db) narrow_in_place(out.d_bias, V, ok, K);
     }
   }
@@ -601,6 +633,8 @@ template int fused_linear_ce_check<float>(const FusedArgs<float>&, std::string*)
 template int fused_linear_ce_check<double>(const FusedArgs<double>&, std::string*);
 template void fused_linear_ce<float>(const FusedArgs<float>&, FusedOut<float>&);
 template void fused_linear_ce<double>(const FusedArgs<double>&, FusedOut<double>&);
+template int64_t fused_linear_ce_chunk<float>(const FusedArgs<float>&);
+template int64_t fused_linear_ce_chunk<double>(const FusedArgs<double>&);
 template double FusedOut<float>::reduced(Reduction) const;
 template double FusedOut<double>::reduced(Reduction) const;
 template double FusedOut<float>::z_mean() const;

@@ -160,9 +160,12 @@ struct FusedOut {
   // Gradients of the reduced loss (times grad_output for None, plus grad_lse's share), each null
   // when not wanted. d_hidden: (N, D) in grad_elem. d_weight: (V, D) T accumulator; d_bias: (V)
   // T accumulator; with a half grad_elem both are narrowed in place at the end, their first
-  // V*D (V) uint16 holding the result.
+  // V*D (V) uint16 holding the result. d_weight_half, instead of d_weight, where the grad_elem
+  // is half and the whole batch is one chunk (fused_linear_ce_chunk(a) >= n_tok): (V, D) half
+  // bits, each cell's one chain formed in a tile and narrowed from it, no accumulator at all.
   void* d_hidden = nullptr;
   T* d_weight = nullptr;
+  uint16_t* d_weight_half = nullptr;
   T* d_bias = nullptr;
   Dtype grad_elem = sizeof(T) == 8 ? Dtype::F64 : Dtype::F32;
   // Results, summed in token order over the counted tokens.
@@ -193,6 +196,11 @@ int fused_linear_ce_check(const FusedArgs<T>& a, std::string* why = nullptr);
 // few numbers per (token, vocab block) otherwise. May throw std::bad_alloc (before any work).
 template <class T>
 void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out);
+
+// The chunk fused_linear_ce runs a (passing fused_linear_ce_check_shape) in: a.chunk, at most
+// n_tok, rounded to the bf16 dot product's k step on that path (see the .cpp).
+template <class T>
+int64_t fused_linear_ce_chunk(const FusedArgs<T>& a);
 
 // Every refusal of fused_linear_ce_check that needs no look at the data (dims, chunk, scalars,
 // shift, element type): what the CUDA backend checks on the host before any device allocation;
