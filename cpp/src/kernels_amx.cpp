@@ -13,7 +13,8 @@
 // Numerics (measured on the host that runs the tests): one tdpbf16ps adds its 32 products to an
 // accumulator cell as one wider sum, not as 32 float32 steps, so a cell's bits depend on how k
 // was grouped into instructions. k tiles therefore always start at k = 0 of the whole product
-// (K blocks hold whole tiles) and a split of K must fall on a multiple of TK (Bf16DotOps::k_quantum: lossk
+// (K blocks hold whole tiles) and a split of K must fall on a multiple of TK
+// (Bf16DotOps::k_quantum: lossk
 // rounds its chunk to it). With that, a cell is one chain of tiles from its first to its last,
 // continued exactly through C between calls (C is float32 in memory and in the tile alike), and
 // never depends on M or N blocking, on threads, or on where the caller split K. Products are
