@@ -401,6 +401,24 @@ def test_every_instruction_set_agrees_with_the_reference():
         assert res.returncode == 0 and res.stdout.split() == ["ok", isa], (isa, res.stderr)
 
 
+def test_instruction_sets_are_listed_and_the_bf16_path_follows_the_active_one():
+    core = algenta._core
+    names = core.isa_names().split(",")
+    assert len(set(names)) == len(names) and names[-1] == "generic"
+    active = core.isa_name()
+    assert active in names
+    # the best set the CPU has is chosen, AMX only once the kernel granted its tile state
+    # (isa_note says why not)
+    note = core.isa_note()
+    assert note == "" or note.startswith("amx: "), note
+    if "amx" in names and note == "" and not os.environ.get("ALGENTA_ISA"):
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln for ln in f if ln.startswith("flags")), "").split()
+        if {"amx_tile", "amx_bf16", "amx_int8", "avx512_bf16"} <= set(flags):
+            assert active == "amx"
+    assert core.bf16_path() == {"amx": "amx", "avx512bf16": "vdpbf16ps"}.get(active, "widen")
+
+
 def test_unknown_isa_is_refused_clearly():
     script = "import numpy as np, algenta\ntry:\n    algenta.linear_cross_entropy(np.ones((1,1)), np.ones((1,1)), [0])\nexcept ValueError as e:\n    print('refused', e)\n"
     res = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, ALGENTA_ISA="sse9"),
