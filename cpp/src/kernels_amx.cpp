@@ -7,19 +7,20 @@
 //
 // Operands are bf16 pairs (uint32: k = 2p in the low half, 2p + 1 in the high half), packed
 // into whole 16 x 16-pair tiles (1 KB, contiguous): A panels of 16 rows, B panels of 16 columns,
-// each a run of k tiles of TK = 32 values. Zero rows, columns and k values pad every edge.
+// each a run of k tiles of TK = 32 values, zero rows, columns and k values padding every edge;
+// an A whose rows are k-contiguous and whose block is whole tiles is read in place instead.
 // Never allocates (scratch is the caller's gemm_ws_elems()); reads nothing past its operands.
 //
-// Numerics (measured on the host that runs the tests): one tdpbf16ps adds its 32 products to an
-// accumulator cell as one wider sum, not as 32 float32 steps, so a cell's bits depend on how k
-// was grouped into instructions. k tiles therefore always start at k = 0 of the whole product
-// (K blocks hold whole tiles) and a split of K must fall on a multiple of TK
-// (Bf16DotOps::k_quantum: lossk
-// rounds its chunk to it). With that, a cell is one chain of tiles from its first to its last,
-// continued exactly through C between calls (C is float32 in memory and in the tile alike), and
-// never depends on M or N blocking, on threads, or on where the caller split K. Products are
-// exact; subnormal inputs and results are treated as zero, as vdpbf16ps does. The bits differ
-// from the vdpbf16ps path's (a different grouping of the same products).
+// Numerics (measured on an AMX host: splitting one tile's k into two instructions changed about
+// half of the cells): one tdpbf16ps adds its 32 products to an accumulator cell as one wider sum,
+// not as 32 float32 steps, so a cell's bits depend on how k was grouped into instructions. k
+// tiles therefore always start at k = 0 of the whole product (K blocks hold whole tiles), and a
+// split of K must fall on a multiple of TK (Bf16DotOps::k_quantum; lossk rounds its chunk to it).
+// With that, a cell is one chain of tiles from its first to its last, continued exactly through C
+// between calls (C is float32 in memory and in the tile alike), and never depends on M or N
+// blocking, on threads, or on where the caller split K. Products are exact; subnormal inputs and
+// results are treated as zero, as vdpbf16ps does. The bits differ from the vdpbf16ps path's (a
+// different grouping of the same products).
 #include <immintrin.h>
 
 #include <cstdint>
@@ -54,7 +55,7 @@ inline int64_t tiles_of(int64_t k) { return (k + TK - 1) / TK; }
 inline int64_t panels_of(int64_t n) { return (n + 15) / 16; }
 
 // uint32 of scratch a call uses: one A block, one B block, one 32 x 32 float edge tile, plus
-// alignment slack. The float32 kernels' gemm_ws_elems() is far larger (kernels_isa.cpp checks).
+// alignment slack (the amx table's gemm_ws_elems() is at least this, kernels_isa.cpp).
 constexpr int64_t WS_U32 = MCB * (KCB / 2) + (KCB / 2) * NCB + 32 * 32 + 3 * 16;
 
 struct alignas(64) TileConfig {
