@@ -211,12 +211,10 @@ void kernel(int64_t nkt, ATiles a, const uint32_t* b, int64_t bs, float* C, int6
     if constexpr (TM == 2) _tile_zero(2);
     if constexpr (TM == 2 && TN == 2) _tile_zero(3);
   }
-  const char* a0 = a.p;
-  const char* a1 = a.p + a.panel;
   for (int64_t kt = 0; kt < nkt; ++kt) {
-    _tile_loadd(4, a0 + kt * a.kstep, a.ld);
+    _tile_loadd(4, a.p + kt * a.kstep, a.ld);
     _tile_loadd(6, b + kt * TT, 64);
-    if constexpr (TM == 2) _tile_loadd(5, a1 + kt * a.kstep, a.ld);
+    if constexpr (TM == 2) _tile_loadd(5, a.p + a.panel + kt * a.kstep, a.ld);
     if constexpr (TN == 2) _tile_loadd(7, b + bs + kt * TT, 64);
     _tile_dpbf16ps(0, 4, 6);
     if constexpr (TN == 2) _tile_dpbf16ps(1, 4, 7);

@@ -37,7 +37,9 @@ enum Half : int { HALF_BF16 = 0, HALF_F16 = 1 };
 // 2 for vdpbf16ps, 32 for an AMX tile), started from 0 or continued from C: the same split
 // invariance as the float32 GEMMs, provided every split of K falls on a multiple of k_quantum.
 struct Bf16DotOps {
-  // A (M x K bf16) packed once, by disjoint row ranges [r0, r1), r0 a multiple of row_quantum().
+  // A (M x K bf16) packed once, by disjoint row ranges [r0, r1), r0 and r1 multiples of
+  // row_quantum() (r1 may be M): the last panel of a range is zero-padded, so two ranges must not
+  // share one.
   int64_t (*packed_a_elems)(int64_t M, int64_t K);  // uint32 elements
   void (*pack_a_rows)(int64_t M, int64_t K, int64_t r0, int64_t r1, const uint16_t* A,
                       int64_t rsa, int64_t csa, uint32_t* Ap);
@@ -77,7 +79,8 @@ struct IsaOps {
   void (*gemm_pb)(int64_t M, int64_t N, int64_t K, const T* A, int64_t rsa, int64_t csa,
                   const T* Bp, T* C, int64_t ldc, bool accumulate, T* ws);
   // A (M x K) packed once into packed_a_elems(M, K) elements, by disjoint row ranges [r0, r1)
-  // with r0 a multiple of row_quantum() (so threads may share the work). gemm_papb multiplies
+  // with r0 and r1 multiples of row_quantum() (r1 may be M; so threads may share the work, each
+  // range's last panel being zero-padded). gemm_papb multiplies
   // rows [row0, row0 + m) of it (row0 a multiple of row_quantum()) by a pack_b_full B.
   int64_t (*packed_a_elems)(int64_t M, int64_t K);
   void (*pack_a_rows)(int64_t M, int64_t K, int64_t r0, int64_t r1, const T* A, int64_t rsa,
