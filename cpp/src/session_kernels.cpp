@@ -48,6 +48,18 @@ typedef float vfu __attribute__((vector_size(VBYTES), aligned(4)));  // unaligne
 constexpr int W = VBYTES / 4;
 constexpr int ACC = 4;
 
+// Weight rows stream back to back (each 1-4 KB); the hardware prefetcher alone left the narrow
+// formats' decode 10-15% short of their read rate on an AMX Xeon (2 threads: bf16 57.6 -> 50.6
+// ms a token with this, at the Qwen3-0.6B shape). Each dot asks for the lines PF_AHEAD bytes past
+// the ones it is reading, across the end of its row into the next; past the last row a prefetch
+// is only a hint (it never faults). Timing only: no result depends on it.
+constexpr int64_t PF_AHEAD = 2048;
+static inline void prefetch_ahead(const void* p, int lines) {
+  const char* c = static_cast<const char*>(p) + PF_AHEAD;
+  for (int l = 0; l < lines; ++l) __builtin_prefetch(c + 64 * l, 0, 3);
+}
+constexpr int lines_of(int64_t bytes) { return bytes < 64 ? 1 : int(bytes / 64); }
+
 static inline float hsum(vf v) {
   float s = 0.f;
   for (int l = 0; l < W; ++l) s += v[l];
@@ -61,9 +73,11 @@ static inline float hsum(vf v) {
 static float dot(const float* a, const float* b, int64_t n) {
   vf acc[ACC] = {};
   int64_t i = 0;
-  for (; i + ACC * W <= n; i += ACC * W)
+  for (; i + ACC * W <= n; i += ACC * W) {
+    prefetch_ahead(a + i, lines_of(ACC * W * 4));
     for (int k = 0; k < ACC; ++k)
       acc[k] += *(const vfu*)(a + i + k * W) * *(const vfu*)(b + i + k * W);
+  }
   for (; i + W <= n; i += W) acc[0] += *(const vfu*)(a + i) * *(const vfu*)(b + i);
   if (i < n) {
     vf ta = {}, tb = {};
@@ -148,8 +162,10 @@ static void axpy(float p, const float* v, float* y, int64_t n) {
 static float sum(const float* a, int64_t n) {
   vf acc[ACC] = {};
   int64_t i = 0;
-  for (; i + ACC * W <= n; i += ACC * W)
+  for (; i + ACC * W <= n; i += ACC * W) {
+    prefetch_ahead(a + i, lines_of(ACC * W * 4));  // as the dots stream: the same roofline
     for (int k = 0; k < ACC; ++k) acc[k] += *(const vfu*)(a + i + k * W);
+  }
   float s = hsum((acc[0] + acc[1]) + (acc[2] + acc[3]));
   for (; i < n; ++i) s += a[i];
   return s;
@@ -228,8 +244,10 @@ template <vf (*LD)(const uint16_t*), float (*SC)(uint16_t)>
 static float dot_h(const uint16_t* a, const float* b, int64_t n) {
   vf acc[ACC] = {};
   int64_t i = 0;
-  for (; i + ACC * W <= n; i += ACC * W)
+  for (; i + ACC * W <= n; i += ACC * W) {
+    prefetch_ahead(a + i, lines_of(ACC * W * 2));
     for (int k = 0; k < ACC; ++k) acc[k] += LD(a + i + k * W) * *(const vfu*)(b + i + k * W);
+  }
   for (; i + W <= n; i += W) acc[0] += LD(a + i) * *(const vfu*)(b + i);
   if (i < n) {  // as dot()'s tail
     vf ta = {}, tb = {};
@@ -271,8 +289,10 @@ static float dot_bf16_bf16(const uint16_t* w, const uint16_t* xb, const float* x
                    _mm512_setzero_ps()};
   int64_t i = 0;
   auto ld = [](const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); };
-  for (; i + 128 <= n; i += 128)
+  for (; i + 128 <= n; i += 128) {
+    prefetch_ahead(w + i, 4);
     for (int k = 0; k < 4; ++k) acc[k] = _mm512_dpbf16_ps(acc[k], ld(w + i + 32 * k), ld(xb + i + 32 * k));
+  }
   for (; i + 32 <= n; i += 32) acc[0] = _mm512_dpbf16_ps(acc[0], ld(w + i), ld(xb + i));
   if (i < n) {
     const __mmask32 m = (__mmask32)((uint64_t(1) << (n - i)) - 1);
@@ -348,6 +368,7 @@ static float dot_q8q8(const int8_t* w, const float* sw, const int8_t* xq, const 
   const __m512i hi = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
   for (; i + 4 * B <= n; i += 4 * B, b += 4) {
+    prefetch_ahead(w + i, 2);
     const __m512 c = _mm512_castps128_ps512(_mm_mul_ps(_mm_loadu_ps(sw + b), _mm_loadu_ps(xs + b)));
     acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q8_pair(w + i, xq + i, xa + i)),
                            _mm512_permutexvar_ps(lo, c), acc0);
@@ -358,6 +379,7 @@ static float dot_q8q8(const int8_t* w, const float* sw, const int8_t* xq, const 
 #elif VBYTES == 32
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   for (; i + 2 * B <= n; i += 2 * B, b += 2) {
+    prefetch_ahead(w + i, 1);
     acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_one(w + i, xq + i, xa + i)),
                            _mm256_set1_ps(sw[b] * xs[b]), acc0);
     acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_one(w + i + B, xq + i + B, xa + i + B)),
