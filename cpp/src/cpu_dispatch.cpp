@@ -112,7 +112,6 @@ const IsaTable* const compiled[] = {
 // Why the CPU's AMX is not used, where it has it ("" otherwise).
 std::string amx_note() {
 #if defined(__x86_64__) && defined(ALGENTA_HAS_ISA_amx)
-  __builtin_cpu_init();
   if (cpu_reports_amx() && !amx_refusal().empty()) return "amx: " + amx_refusal();
 #endif
   return std::string();
@@ -126,10 +125,8 @@ Choice choose() {
       if (std::strcmp(t->name, want) != 0) continue;
       if (!host_has(t->name)) {
         c.error = std::string("ALGENTA_ISA=") + want + ": this CPU does not support it";
-#if defined(__x86_64__) && defined(ALGENTA_HAS_ISA_amx)
-        if (std::strcmp(want, "amx") == 0 && cpu_reports_amx() && !amx_refusal().empty())
-          c.error += " (" + amx_refusal() + ")";
-#endif
+        const std::string why = std::strcmp(want, "amx") == 0 ? amx_note() : std::string();
+        if (!why.empty()) c.error += " (" + why + ")";
         return c;
       }
       c.table = t;

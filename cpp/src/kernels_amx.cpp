@@ -102,6 +102,14 @@ inline __m512i load32(const uint16_t* p, int64_t n) {
   return _mm512_maskz_loadu_epi16(__mmask32((uint64_t(1) << n) - 1), p);
 }
 
+// The pair (k, k + 1) of a line whose element k is p[k * step], zero past kc or where the line
+// lies past the operand's edge (valid false): the strided packings' element-wise fallback.
+inline uint32_t pair_at(const uint16_t* p, int64_t k, int64_t kc, int64_t step, bool valid) {
+  const uint16_t lo = valid && k < kc ? p[k * step] : 0;
+  const uint16_t hi = valid && k + 1 < kc ? p[(k + 1) * step] : 0;
+  return uint32_t(lo) | uint32_t(hi) << 16;
+}
+
 // A block (mc x kc bf16; element (i, k) at A[i*rsa + k*csa]) -> Ap[panel][kt][r][p], the pair
 // (A[r][kt*TK + 2p], A[r][kt*TK + 2p + 1]) of the panel's row r.
 void pack_a(int64_t mc, int64_t kc, const uint16_t* A, int64_t rsa, int64_t csa, uint32_t* Ap) {
@@ -126,12 +134,8 @@ void pack_a(int64_t mc, int64_t kc, const uint16_t* A, int64_t rsa, int64_t csa,
         for (int r = 0; r < 16; ++r) _mm512_storeu_si512(t + r * 16, v[r]);
       } else {
         for (int64_t r = 0; r < 16; ++r)
-          for (int64_t p = 0; p < 16; ++p) {
-            const int64_t k = k0 + 2 * p;
-            const uint16_t lo = r < mr && k < kc ? A[(i0 + r) * rsa + k * csa] : 0;
-            const uint16_t hi = r < mr && k + 1 < kc ? A[(i0 + r) * rsa + (k + 1) * csa] : 0;
-            t[r * 16 + p] = uint32_t(lo) | uint32_t(hi) << 16;
-          }
+          for (int64_t p = 0; p < 16; ++p)
+            t[r * 16 + p] = pair_at(A + (i0 + r) * rsa, k0 + 2 * p, kc, csa, r < mr);
       }
     }
   }
@@ -162,12 +166,8 @@ void pack_b(int64_t kc, int64_t nc, const uint16_t* B, int64_t rsb, int64_t csb,
         }
       } else {
         for (int64_t p = 0; p < 16; ++p)
-          for (int64_t c = 0; c < 16; ++c) {
-            const int64_t k = k0 + 2 * p;
-            const uint16_t lo = c < w && k < kc ? B[k * rsb + (j0 + c) * csb] : 0;
-            const uint16_t hi = c < w && k + 1 < kc ? B[(k + 1) * rsb + (j0 + c) * csb] : 0;
-            t[p * 16 + c] = uint32_t(lo) | uint32_t(hi) << 16;
-          }
+          for (int64_t c = 0; c < 16; ++c)
+            t[p * 16 + c] = pair_at(B + (j0 + c) * csb, k0 + 2 * p, kc, rsb, c < w);
       }
     }
   }

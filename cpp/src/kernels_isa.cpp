@@ -421,7 +421,29 @@ int64_t row_quantum() {
   return MR<T>;
 }
 
-#if defined(__AVX512BF16__)
+#if defined(__AMX_BF16__)
+// The amx instruction set multiplies bf16 on tiles (kernels_amx.cpp) and does not compile the
+// vdpbf16ps kernels below.
+int64_t amx_packed_a_elems(int64_t M, int64_t K);
+void amx_pack_a_rows(int64_t M, int64_t K, int64_t r0, int64_t r1, const uint16_t* A, int64_t rsa,
+                     int64_t csa, uint32_t* Afull);
+int64_t amx_packed_b_elems(int64_t K, int64_t N);
+int64_t amx_packed_b_max_cols();
+void amx_pack_b_full(int64_t K, int64_t N, const uint16_t* B, int64_t rsb, int64_t csb,
+                     uint32_t* Bfull);
+void amx_gemm_papb(int64_t Mfull, int64_t row0, int64_t M, int64_t N, int64_t K,
+                   const uint32_t* Afull, const uint32_t* Bfull, float* C, int64_t ldc,
+                   bool accumulate, float* ws);
+void amx_gemm_bb(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t rsa, int64_t csa,
+                 const uint16_t* B, int64_t rsb, int64_t csb, float* C, int64_t ldc,
+                 bool accumulate, float* ws);
+void amx_gemm_bpb(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t rsa, int64_t csa,
+                  const uint32_t* Bfull, float* C, int64_t ldc, bool accumulate, float* ws);
+int64_t amx_row_quantum();
+constexpr Bf16DotOps kBf16Dot = {amx_packed_a_elems, amx_pack_a_rows, amx_packed_b_elems,
+                                 amx_packed_b_max_cols, amx_pack_b_full, amx_gemm_papb,
+                                 amx_gemm_bb, amx_gemm_bpb, amx_row_quantum, 32, "amx"};
+#elif defined(__AVX512BF16__)
 // ---- bfloat16 dot products (AVX512-BF16: vdpbf16ps) --------------------------------------------
 // Operands are packed as k-pairs: one uint32 holds the bf16 values of k = 2p (low half) and
 // 2p + 1 (high half), the unit vdpbf16ps multiplies: per float32 lane, acc += a[2p] b[2p] +
@@ -691,33 +713,9 @@ void dp_gemm_bpb(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t rsa
 
 int64_t dp_row_quantum() { return DP_MR; }
 
-#if defined(__AMX_BF16__)
-// The amx instruction set multiplies bf16 on tiles (kernels_amx.cpp); the vdpbf16ps kernels above
-// stay compiled beside it, unused.
-int64_t amx_packed_a_elems(int64_t M, int64_t K);
-void amx_pack_a_rows(int64_t M, int64_t K, int64_t r0, int64_t r1, const uint16_t* A, int64_t rsa,
-                     int64_t csa, uint32_t* Afull);
-int64_t amx_packed_b_elems(int64_t K, int64_t N);
-int64_t amx_packed_b_max_cols();
-void amx_pack_b_full(int64_t K, int64_t N, const uint16_t* B, int64_t rsb, int64_t csb,
-                     uint32_t* Bfull);
-void amx_gemm_papb(int64_t Mfull, int64_t row0, int64_t M, int64_t N, int64_t K,
-                   const uint32_t* Afull, const uint32_t* Bfull, float* C, int64_t ldc,
-                   bool accumulate, float* ws);
-void amx_gemm_bb(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t rsa, int64_t csa,
-                 const uint16_t* B, int64_t rsb, int64_t csb, float* C, int64_t ldc,
-                 bool accumulate, float* ws);
-void amx_gemm_bpb(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t rsa, int64_t csa,
-                  const uint32_t* Bfull, float* C, int64_t ldc, bool accumulate, float* ws);
-int64_t amx_row_quantum();
-constexpr Bf16DotOps kBf16Dot = {amx_packed_a_elems, amx_pack_a_rows, amx_packed_b_elems,
-                                 amx_packed_b_max_cols, amx_pack_b_full, amx_gemm_papb,
-                                 amx_gemm_bb, amx_gemm_bpb, amx_row_quantum, 32, "amx"};
-#else
 constexpr Bf16DotOps kBf16Dot = {dp_packed_a_elems, dp_pack_a_rows, dp_packed_b_elems,
                                  dp_packed_b_max_cols, dp_pack_b_full, dp_gemm_papb,
                                  dp_gemm_bb, dp_gemm_bpb, dp_row_quantum, 2, "vdpbf16ps"};
-#endif
 #else
 constexpr Bf16DotOps kBf16Dot = {};  // this instruction set has no bf16 dot product
 #endif

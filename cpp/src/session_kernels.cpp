@@ -49,7 +49,7 @@ constexpr int W = VBYTES / 4;
 constexpr int ACC = 4;
 
 // Weight rows stream back to back (each 1-4 KB); the hardware prefetcher alone left the narrow
-// formats' decode 10-15% short of their read rate on an AMX Xeon (2 threads: bf16 57.6 -> 50.6
+// formats' decode 10-15% short of their read rate on an AMX Xeon (2 threads: bf16 57.6 -> 51.9
 // ms a token with this, at the Qwen3-0.6B shape). Each dot asks for the lines PF_AHEAD bytes past
 // the ones it is reading, across the end of its row into the next; past the last row a prefetch
 // is only a hint (it never faults). Timing only: no result depends on it.
@@ -290,7 +290,7 @@ static float dot_bf16_bf16(const uint16_t* w, const uint16_t* xb, const float* x
   int64_t i = 0;
   auto ld = [](const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); };
   for (; i + 128 <= n; i += 128) {
-    prefetch_ahead(w + i, 4);
+    prefetch_ahead(w + i, lines_of(128 * 2));
     for (int k = 0; k < 4; ++k) acc[k] = _mm512_dpbf16_ps(acc[k], ld(w + i + 32 * k), ld(xb + i + 32 * k));
   }
   for (; i + 32 <= n; i += 32) acc[0] = _mm512_dpbf16_ps(acc[0], ld(w + i), ld(xb + i));
@@ -368,7 +368,7 @@ static float dot_q8q8(const int8_t* w, const float* sw, const int8_t* xq, const 
   const __m512i hi = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
   for (; i + 4 * B <= n; i += 4 * B, b += 4) {
-    prefetch_ahead(w + i, 2);
+    prefetch_ahead(w + i, lines_of(4 * B));
     const __m512 c = _mm512_castps128_ps512(_mm_mul_ps(_mm_loadu_ps(sw + b), _mm_loadu_ps(xs + b)));
     acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q8_pair(w + i, xq + i, xa + i)),
                            _mm512_permutexvar_ps(lo, c), acc0);
@@ -379,7 +379,7 @@ static float dot_q8q8(const int8_t* w, const float* sw, const int8_t* xq, const 
 #elif VBYTES == 32
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   for (; i + 2 * B <= n; i += 2 * B, b += 2) {
-    prefetch_ahead(w + i, 1);
+    prefetch_ahead(w + i, lines_of(2 * B));
     acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_one(w + i, xq + i, xa + i)),
                            _mm256_set1_ps(sw[b] * xs[b]), acc0);
     acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_one(w + i + B, xq + i + B, xa + i + B)),
