@@ -1,6 +1,8 @@
-// The CUDA resident decode engine: Qwen3 in float32, weights and a fixed-capacity KV cache held
-// in device memory for the session's whole life; the same model, stage for stage, as the CPU
-// engine (cpp/src/session_cpu.cpp), which is its reference. The registry, the refusals and the
+// The CUDA resident decode engine: Qwen3 with float32 activations, weight matrices resident in
+// float32, bfloat16, float16 or int8 (SessionConfig::weights: the CPU engine's formats, stored by
+// the same conversion, session_weights.hpp's narrow_row) and a fixed-capacity KV cache, all in
+// device memory for the session's whole life; the same model, stage for stage and format for
+// format, as the CPU engine (cpp/src/session_cpu.cpp), which is its reference. The registry, the refusals and the
 // position are SessionBase's (cpp/include/algenta/session_base.hpp), shared with the CPU engine.
 //
 // Dimension legend: D d_model, Hq query heads, Hkv key/value heads, G = Hq/Hkv, Dh d_head,
@@ -33,8 +35,10 @@
 // tiles), as residentk_prefill_gemm_use_narrow_tile decides; attention is k_attn_partial with one
 // split per (head, row), causal through n_keys = P + row + 1.
 //
-// Numerics: float32 throughout; RMSNorm sums squares in double and rounds the inverse once, as
-// the CPU engine; RoPE uses the same host-built table. Dot products reduce in a different order
+// Numerics: float32 activations; RMSNorm sums squares in double and rounds the inverse once, as
+// the CPU engine; RoPE uses the same host-built table. Each weight format multiplies what the
+// CPU engine's does (bf16 activations for bf16 weights, Q8_0 x Q8_0 for int8: see
+// session_kernels.cuh). Dot products reduce in a different order
 // than the CPU engine (lanes, then a warp shuffle), so logits agree with it to float32 rounding
 // times the reduction widths, not bit for bit (the tests' tolerance is documented in
 // tests/test_residentk_cuda.py).
@@ -62,6 +66,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "algenta/residentk.hpp"
@@ -156,11 +161,6 @@ void load_kernel(F* fn, const char* what, int optin_smem) {
 class CudaSession final : public SessionBase {
  public:
   CudaSession(const SessionConfig& c, int64_t max_ctx) : SessionBase(c, max_ctx) {
-    // The device kernels read float32 weights only (narrow formats are the CPU engine's).
-    if (c.weights != Dtype::F32)
-      refuse(RESIDENT_ERR_WEIGHT_LENGTH,
-             std::string("device='cuda' holds float32 weights only; weights='") +
-                 residentk_weight_format_name(c.weights) + "' runs on device='cpu'");
     const CudaBackend& be = cuda_backend();
     if (!be.usable)
       refuse(RESIDENT_ERR_NO_ACCELERATOR,
@@ -172,9 +172,9 @@ class CudaSession final : public SessionBase {
     plan_ = make_plan(c, max_ctx, prop.multiProcessorCount);
     if (plan_.status != RESIDENT_OK) refuse(plan_.status, plan_.why);
 
-    // Shared memory per block: the staged vector (max(D, F, A) floats) plus the kernels' own
-    // static arrays (under 1 KiB) must fit the device's opt-in limit.
-    const int64_t staged_bytes = plan_.staged_floats * 4;
+    // Shared memory per block: the staged vector (max(D, F, A) values, in its format's layout)
+    // plus the kernels' own static arrays (under 1 KiB) must fit the device's opt-in limit.
+    const int64_t staged_bytes = plan_.staged_bytes;
     if (staged_bytes + 1024 > int64_t(prop.sharedMemPerBlockOptin))
       refuse(RESIDENT_ERR_DIMENSION_TOO_LARGE,
              "largest staged vector (" + std::to_string(staged_bytes) + " bytes) exceeds " +
@@ -183,8 +183,9 @@ class CudaSession final : public SessionBase {
 
     // Everything the session will ever hold, checked against free device memory before the
     // first allocation, so an oversized session is one clear 608 rather than a partial open.
-    const int64_t bytes = 4 * (plan_.weight_floats + plan_.kv_floats + plan_.rope_floats +
-                               plan_.act_floats + plan_.prefill_floats) +
+    const int64_t bytes = plan_.weight_bytes +
+                          4 * (plan_.kv_floats + plan_.rope_floats + plan_.act_floats +
+                               plan_.prefill_floats) +
                           8 * (plan_.head_mv.grid + plan_.prefill_rows) + int64_t(sizeof(Control));
     size_t free_b = 0, total_b = 0;
     CK(cudaMemGetInfo(&free_b, &total_b));
@@ -197,7 +198,7 @@ class CudaSession final : public SessionBase {
     // Nothing below is zeroed but the control block: every weight is written before the first
     // token can run (the registry refuses a step until all are), KV slots are written before
     // attention reads them, and every scratch cell is written by the kernel before its reader.
-    weights_dev_.alloc(4 * plan_.weight_floats, "cudaMalloc(weights)");
+    weights_dev_.alloc(plan_.weight_bytes, "cudaMalloc(weights)");
     kv_.alloc(4 * plan_.kv_floats, "cudaMalloc(kv cache)");
     rope_.alloc(4 * plan_.rope_floats, "cudaMalloc(rope table)");
     act_.alloc(4 * plan_.act_floats, "cudaMalloc(decode activations)");
@@ -208,23 +209,21 @@ class CudaSession final : public SessionBase {
     CK(cudaMemsetAsync(ctl_.p, 0, sizeof(Control), stream_));
     host_.alloc(4, "cudaMallocHost(control slot)");
     staging_.alloc(STAGING_FLOATS, "cudaMallocHost(weight staging)");
+    if (c.weights != Dtype::F32) {  // the rows in their format on their way up, and int8 scales
+      narrow_.alloc(STAGING_FLOATS * plan_.elem_bytes, "cudaMallocHost(narrow staging)");
+      if (c.weights == Dtype::Int8) scales_.alloc(STAGING_FLOATS, "cudaMallocHost(int8 scales)");
+    }
 
     const std::vector<float> rope = rope_table(c, plan_.capacity);
-    upload(rope_.f(), rope.data(), int64_t(rope.size()));
+    upload(rope_.f(), rope.data(), int64_t(rope.size()) * 4);
 
     const int optin = int(prop.sharedMemPerBlockOptin);
-    load_kernel(k_embed, "k_embed", 0);
     load_kernel(k_rmsnorm_rows, "k_rmsnorm_rows", 0);
-    load_kernel(k_norm_qkv, "k_norm_qkv", optin);
-    load_kernel(k_norm_gateup, "k_norm_gateup", optin);
-    load_kernel(k_matvec_residual, "k_matvec_residual", optin);
-    load_kernel(k_head_argmax, "k_head_argmax", optin);
     load_kernel(k_qk_norm_rope, "k_qk_norm_rope", 0);
     load_kernel(k_attn_partial, "k_attn_partial", optin);
     load_kernel(k_attn_merge, "k_attn_merge", 0);
-    load_kernel(k_gemm_narrow, "k_gemm_narrow", 0);
-    load_kernel(k_gemm_wide, "k_gemm_wide", 0);
     load_kernel(k_silu_mul, "k_silu_mul", 0);
+    by_format([&](auto f) { load_format_kernels<decltype(f)::value>(optin); });
 
     // The two decode graphs (standard path, and split-K with the split count read on the
     // device), captured once: only kernels, reading the control block when they run.
@@ -245,15 +244,33 @@ class CudaSession final : public SessionBase {
   const char* device() const override { return "cuda"; }
 
  protected:
-  // A tensor's float32 rows are staged in pinned memory a chunk at a time and uploaded into
-  // their arena offset (loading never holds a float32 copy of a whole tensor on the side).
+  // A tensor's float32 rows are staged in pinned memory a chunk at a time, converted to the
+  // session's format there (narrow_row, the CPU engine's conversion) and uploaded into their
+  // arena place (loading never holds a float32 copy of a whole tensor on the side).
   float* stage_weight(const TensorSpec&, int64_t, int64_t) override {
     use_device();
     return staging_.p;
   }
   void commit_weight(const TensorSpec& t, int64_t r0, int64_t r1) override {
-    // The staging slot is reused by the next chunk: wait for this copy before returning.
-    upload(weights_dev_.f() + arena_offset(t) + r0 * t.cols(), staging_.p, (r1 - r0) * t.cols());
+    // The staging slots are reused by the next chunk: each upload finishes before returning.
+    char* base = static_cast<char*>(weights_dev_.p);
+    const int64_t cols = t.cols(), n = r1 - r0;
+    const Place at = place(t);
+    const int64_t row = at.row0 + r0;  // the first row in the (fused) matrix; 0 for a norm
+    if (at.vector || c_.weights == Dtype::F32) {
+      upload(base + at.data + row * cols * 4, staging_.p, n * cols * 4);
+      return;
+    }
+    const int64_t esize = plan_.elem_bytes, nb = ceil_div(cols, RESIDENT_INT8_BLOCK);
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t bad = narrow_row(c_.weights, staging_.p + r * cols, cols,
+                                     narrow_.p + r * cols * esize, scales_.p + r * nb);
+      if (bad >= 0)
+        refuse_past_range(t.name, c_.weights, staging_.p[r * cols + bad], (r0 + r) * cols + bad);
+    }
+    upload(base + at.data + row * cols * esize, narrow_.p, n * cols * esize);
+    if (c_.weights == Dtype::Int8)
+      upload(base + at.scales + row * nb * 4, scales_.p, n * nb * 4);
   }
   int64_t weight_chunk_elems() const override { return STAGING_FLOATS; }
 
@@ -297,31 +314,75 @@ class CudaSession final : public SessionBase {
     }
   };
 
-  // Offset (floats) of a table entry in the weight arena (q, k and v share the fused rows).
-  int64_t arena_offset(const TensorSpec& t) const {
-    const int64_t D = c_.d_model, Dh = c_.d_head;
+  // Where a table entry lives in the weight arena (byte offsets): a float32 norm vector, or the
+  // matrix its rows join from row row0 on (q, k and v share the fused wqkv rows).
+  struct Place {
+    bool vector = false;
+    int64_t data = 0, scales = -1, row0 = 0;
+  };
+  Place place(const TensorSpec& t) const {
+    const int64_t Dh = c_.d_head;
     const LayerOffsets* l = t.layer >= 0 ? &plan_.layers[size_t(t.layer)] : nullptr;
+    auto vec = [](int64_t off) { return Place{true, off, -1, 0}; };
+    auto matrix = [](const MatOffsets& m, int64_t row0) {
+      return Place{false, m.data, m.scales, row0};
+    };
     switch (t.field) {
-      case Field::Embed: return plan_.embed;
-      case Field::LmHead: return plan_.head;
-      case Field::FinalNorm: return plan_.final_norm;
-      case Field::InNorm: return l->in_norm;
-      case Field::QProj: return l->wqkv;
-      case Field::KProj: return l->wqkv + c_.h_q * Dh * D;
-      case Field::VProj: return l->wqkv + (c_.h_q + c_.h_kv) * Dh * D;
-      case Field::QNorm: return l->q_norm;
-      case Field::KNorm: return l->k_norm;
-      case Field::OProj: return l->wo;
-      case Field::PostNorm: return l->post_norm;
-      case Field::Gate: return l->wg;
-      case Field::Up: return l->wu;
-      case Field::Down: return l->wd;
+      case Field::Embed: return matrix(plan_.embed, 0);
+      case Field::LmHead: return matrix(plan_.head, 0);
+      case Field::FinalNorm: return vec(plan_.final_norm);
+      case Field::InNorm: return vec(l->in_norm);
+      case Field::QProj: return matrix(l->wqkv, 0);
+      case Field::KProj: return matrix(l->wqkv, c_.h_q * Dh);
+      case Field::VProj: return matrix(l->wqkv, (c_.h_q + c_.h_kv) * Dh);
+      case Field::QNorm: return vec(l->q_norm);
+      case Field::KNorm: return vec(l->k_norm);
+      case Field::OProj: return matrix(l->wo, 0);
+      case Field::PostNorm: return vec(l->post_norm);
+      case Field::Gate: return matrix(l->wg, 0);
+      case Field::Up: return matrix(l->wu, 0);
+      case Field::Down: return matrix(l->wd, 0);
     }
-    return 0;
+    return Place{};
+  }
+
+  // fn(Format<F>{}) for the session's weight format F: the one instantiation of each templated
+  // kernel this session launches.
+  template <Dtype F>
+  using Format = std::integral_constant<Dtype, F>;
+  template <class Fn>
+  auto by_format(Fn&& fn) -> decltype(fn(Format<Dtype::F32>{})) {
+    switch (c_.weights) {
+      case Dtype::BF16: return fn(Format<Dtype::BF16>{});
+      case Dtype::F16: return fn(Format<Dtype::F16>{});
+      case Dtype::Int8: return fn(Format<Dtype::Int8>{});
+      default: return fn(Format<Dtype::F32>{});  // f32 (session_open_status refused the rest)
+    }
+  }
+  template <Dtype F>
+  void load_format_kernels(int optin) {
+    load_kernel(k_embed<F>, "k_embed", 0);
+    load_kernel(k_norm_qkv<F>, "k_norm_qkv", optin);
+    load_kernel(k_norm_gateup<F>, "k_norm_gateup", optin);
+    load_kernel(k_matvec_residual<F>, "k_matvec_residual", optin);
+    load_kernel(k_head_argmax<F>, "k_head_argmax", optin);
+    load_kernel(k_gemm_narrow<F>, "k_gemm_narrow", 0);
+    load_kernel(k_gemm_wide<F>, "k_gemm_wide", 0);
+    if (F == Dtype::BF16 || F == Dtype::Int8) load_kernel(k_as_consumed<F>, "k_as_consumed", 0);
   }
 
   Control* ctl() const { return static_cast<Control*>(ctl_.p); }
-  const float* W(int64_t off) const { return weights_dev_.f() + off; }
+  // A float32 norm vector and a weight matrix of the arena.
+  const float* W(int64_t off) const {
+    return reinterpret_cast<const float*>(static_cast<const char*>(weights_dev_.p) + off);
+  }
+  DevMat mat(const MatOffsets& m) const {
+    const char* base = static_cast<const char*>(weights_dev_.p);
+    return DevMat{base + m.data,
+                  m.scales >= 0 ? reinterpret_cast<const float*>(base + m.scales) : nullptr};
+  }
+  // Dynamic shared memory of a matvec kernel staging a K-vector.
+  size_t smem(int64_t K) const { return size_t(stage_bytes(K, c_.weights)); }
   float* kcache(int64_t l) const { return kv_.f() + l * plan_.kv_layer_stride; }
   float* vcache(int64_t l) const { return kcache(l) + c_.h_kv * plan_.capacity * c_.d_head; }
   float* A(int64_t off) const { return act_.f() + off; }
@@ -333,8 +394,8 @@ class CudaSession final : public SessionBase {
   void use_device() { CK(cudaSetDevice(dev_)); }
 
   // Host -> device on the session's stream, finished before returning (src may be reused).
-  void upload(float* dst, const float* src, int64_t n) {
-    CK(cudaMemcpyAsync(dst, src, size_t(n) * 4, cudaMemcpyHostToDevice, stream_));
+  void upload(void* dst, const void* src, int64_t bytes) {
+    CK(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyHostToDevice, stream_));
     CK(cudaStreamSynchronize(stream_));
   }
 
@@ -348,16 +409,28 @@ class CudaSession final : public SessionBase {
                        stream_));
   }
 
+  // X (M, K) in place as F's products consume it (k_as_consumed; bf16 and int8 only), once
+  // before the projections that read it, as the CPU engine's prefill.
+  template <Dtype F>
+  void as_consumed(float* X, int64_t M, int64_t K) {
+    if (F != Dtype::BF16 && F != Dtype::Int8) return;
+    const int64_t blocks = ceil_div(K, RESIDENT_INT8_BLOCK);
+    k_as_consumed<F><<<dim3(unsigned(ceil_div(blocks, ROW_THREADS)), unsigned(M)), ROW_THREADS, 0,
+                       stream_>>>(X, K);
+    launched("k_as_consumed");
+  }
+
   // Y (M, N) (+)= X (M, K) W^T, tile chosen by residentk_prefill_gemm_use_narrow_tile(M).
-  void gemm(const float* X, int64_t M, int64_t K, const float* Wt, int64_t N, float* Y,
+  template <Dtype F>
+  void gemm(const float* X, int64_t M, int64_t K, DevMat Wt, int64_t N, float* Y,
             bool accumulate) {
     const GemmGrid g = prefill_gemm_grid(M, N, plan_.sms);
     if (g.narrow) {
-      k_gemm_narrow<<<unsigned(g.gx), MATVEC_THREADS, 0, stream_>>>(X, Wt, Y, M, N, K,
-                                                                    g.rows_per_block, accumulate);
+      k_gemm_narrow<F><<<unsigned(g.gx), MATVEC_THREADS, 0, stream_>>>(
+          X, Wt, Y, M, N, K, g.rows_per_block, accumulate);
       launched("k_gemm_narrow");
     } else {
-      k_gemm_wide<<<dim3(unsigned(g.gx), unsigned(g.gy)), GEMM_THREADS, 0, stream_>>>(
+      k_gemm_wide<F><<<dim3(unsigned(g.gx), unsigned(g.gy)), GEMM_THREADS, 0, stream_>>>(
           X, Wt, Y, M, N, K, accumulate);
       launched("k_gemm_wide");
     }
@@ -420,16 +493,20 @@ class CudaSession final : public SessionBase {
   // Enqueues one decode step's kernels on stream_ (token, P and S read on the device); returns
   // how many. The split-K path sizes its grid to the plan's maximum split count.
   int64_t enqueue_decode(bool deep) {
+    return by_format([&](auto f) { return enqueue_decode<decltype(f)::value>(deep); });
+  }
+  template <Dtype Fw>
+  int64_t enqueue_decode(bool deep) {
     const int64_t D = c_.d_model, F = c_.d_ff, Aw = plan_.attn_width;
     int64_t n = 0;
-    k_embed<<<dim3(unsigned(ceil_div(D, ROW_THREADS)), 1), ROW_THREADS, 0, stream_>>>(
-        W(plan_.embed), &ctl()->tok, A(plan_.x), D);
+    k_embed<Fw><<<dim3(unsigned(ceil_div(D, ROW_THREADS)), 1), ROW_THREADS, 0, stream_>>>(
+        mat(plan_.embed), &ctl()->tok, A(plan_.x), D);
     launched("k_embed");
     ++n;
     for (int64_t li = 0; li < c_.n_layers; ++li) {
       const LayerOffsets& l = plan_.layers[size_t(li)];
-      k_norm_qkv<<<unsigned(plan_.qkv_mv.grid), MATVEC_THREADS, size_t(D) * 4, stream_>>>(
-          W(l.wqkv), A(plan_.x), W(l.in_norm), D, plan_.q_rows, c_.rms_eps,
+      k_norm_qkv<Fw><<<unsigned(plan_.qkv_mv.grid), MATVEC_THREADS, smem(D), stream_>>>(
+          mat(l.wqkv), A(plan_.x), W(l.in_norm), D, plan_.q_rows, c_.rms_eps,
           plan_.qkv_mv.rows_per_block, A(plan_.qkv));
       launched("k_norm_qkv");
       ++n;
@@ -443,32 +520,33 @@ class CudaSession final : public SessionBase {
         launched("k_attn_merge");
         ++n;
       }
-      k_matvec_residual<<<unsigned(plan_.o_mv.grid), MATVEC_THREADS, size_t(Aw) * 4, stream_>>>(
-          W(l.wo), A(plan_.attn), Aw, D, plan_.o_mv.rows_per_block, A(plan_.x));
+      k_matvec_residual<Fw><<<unsigned(plan_.o_mv.grid), MATVEC_THREADS, smem(Aw), stream_>>>(
+          mat(l.wo), A(plan_.attn), Aw, D, plan_.o_mv.rows_per_block, A(plan_.x));
       launched("k_matvec_residual(o_proj)");
       ++n;
-      k_norm_gateup<<<unsigned(plan_.gateup_mv.grid), MATVEC_THREADS, size_t(D) * 4, stream_>>>(
-          W(l.wg), W(l.wu), A(plan_.x), W(l.post_norm), D, F, c_.rms_eps,
+      k_norm_gateup<Fw><<<unsigned(plan_.gateup_mv.grid), MATVEC_THREADS, smem(D), stream_>>>(
+          mat(l.wg), mat(l.wu), A(plan_.x), W(l.post_norm), D, F, c_.rms_eps,
           plan_.gateup_mv.rows_per_block, A(plan_.act));
       launched("k_norm_gateup");
       ++n;
-      k_matvec_residual<<<unsigned(plan_.down_mv.grid), MATVEC_THREADS, size_t(F) * 4, stream_>>>(
-          W(l.wd), A(plan_.act), F, D, plan_.down_mv.rows_per_block, A(plan_.x));
+      k_matvec_residual<Fw><<<unsigned(plan_.down_mv.grid), MATVEC_THREADS, smem(F), stream_>>>(
+          mat(l.wd), A(plan_.act), F, D, plan_.down_mv.rows_per_block, A(plan_.x));
       launched("k_matvec_residual(down)");
       ++n;
     }
-    n += head(A(plan_.x));
+    n += head<Fw>(A(plan_.x));
     return n;
   }
 
   // Final norm of row x (D), the head and its argmax (into the control block).
+  template <Dtype Fw>
   int64_t head(const float* x) {
     const int64_t D = c_.d_model;
     k_rmsnorm_rows<<<1, ROW_THREADS, 0, stream_>>>(x, W(plan_.final_norm), D, c_.rms_eps,
                                                    A(plan_.xf));
     launched("k_rmsnorm_rows(final)");
-    k_head_argmax<<<unsigned(plan_.head_mv.grid), MATVEC_THREADS, size_t(D) * 4, stream_>>>(
-        W(plan_.head), A(plan_.xf), D, c_.vocab, plan_.head_mv.rows_per_block, A(plan_.logits),
+    k_head_argmax<Fw><<<unsigned(plan_.head_mv.grid), MATVEC_THREADS, smem(D), stream_>>>(
+        mat(plan_.head), A(plan_.xf), D, c_.vocab, plan_.head_mv.rows_per_block, A(plan_.logits),
         A(plan_.argmax_val), static_cast<int64_t*>(blk_idx_.p), ctl());
     launched("k_head_argmax");
     return 2;
@@ -476,33 +554,41 @@ class CudaSession final : public SessionBase {
 
   // M tokens at positions p0..p0+M-1; the last one's logits when asked.
   void prefill_block(const int64_t* ids, int64_t M, int64_t p0, float* logits) {
+    by_format([&](auto f) { prefill_block<decltype(f)::value>(ids, M, p0, logits); });
+  }
+  template <Dtype Fw>
+  void prefill_block(const int64_t* ids, int64_t M, int64_t p0, float* logits) {
     const int64_t D = c_.d_model, F = c_.d_ff, Q = plan_.q_rows, Aw = plan_.attn_width;
     set_control(0, p0, 1);
     CK(cudaMemcpyAsync(ids_.p, ids, size_t(M) * 8, cudaMemcpyHostToDevice, stream_));
     float *X = P(plan_.p_x), *Xn = P(plan_.p_xn), *QKV = P(plan_.p_qkv), *At = P(plan_.p_attn);
     float *Gt = P(plan_.p_gate), *U = P(plan_.p_up);
-    k_embed<<<dim3(unsigned(ceil_div(D, ROW_THREADS)), unsigned(M)), ROW_THREADS, 0, stream_>>>(
-        W(plan_.embed), static_cast<const int64_t*>(ids_.p), X, D);
+    k_embed<Fw><<<dim3(unsigned(ceil_div(D, ROW_THREADS)), unsigned(M)), ROW_THREADS, 0,
+                   stream_>>>(mat(plan_.embed), static_cast<const int64_t*>(ids_.p), X, D);
     launched("k_embed(prefill)");
     for (int64_t li = 0; li < c_.n_layers; ++li) {
       const LayerOffsets& l = plan_.layers[size_t(li)];
       k_rmsnorm_rows<<<unsigned(M), ROW_THREADS, 0, stream_>>>(X, W(l.in_norm), D, c_.rms_eps, Xn);
       launched("k_rmsnorm_rows(input)");
-      gemm(Xn, M, D, W(l.wqkv), Q, QKV, false);
+      as_consumed<Fw>(Xn, M, D);
+      gemm<Fw>(Xn, M, D, mat(l.wqkv), Q, QKV, false);
       norm_rope(l, li, QKV, M);
       attention(li, QKV, M, 1, false, true, At);
-      gemm(At, M, Aw, W(l.wo), D, X, true);
+      as_consumed<Fw>(At, M, Aw);
+      gemm<Fw>(At, M, Aw, mat(l.wo), D, X, true);
       k_rmsnorm_rows<<<unsigned(M), ROW_THREADS, 0, stream_>>>(X, W(l.post_norm), D, c_.rms_eps,
                                                                Xn);
       launched("k_rmsnorm_rows(post)");
-      gemm(Xn, M, D, W(l.wg), F, Gt, false);
-      gemm(Xn, M, D, W(l.wu), F, U, false);
+      as_consumed<Fw>(Xn, M, D);
+      gemm<Fw>(Xn, M, D, mat(l.wg), F, Gt, false);
+      gemm<Fw>(Xn, M, D, mat(l.wu), F, U, false);
       k_silu_mul<<<unsigned(ceil_div(M * F, ROW_THREADS)), ROW_THREADS, 0, stream_>>>(Gt, U, M * F);
       launched("k_silu_mul");
-      gemm(Gt, M, F, W(l.wd), D, X, true);
+      as_consumed<Fw>(Gt, M, F);
+      gemm<Fw>(Gt, M, F, mat(l.wd), D, X, true);
     }
     if (logits) {
-      head(X + (M - 1) * D);
+      head<Fw>(X + (M - 1) * D);
       CK(cudaMemcpyAsync(logits, A(plan_.logits), size_t(c_.vocab) * 4, cudaMemcpyDeviceToHost,
                          stream_));
     }
@@ -514,7 +600,9 @@ class CudaSession final : public SessionBase {
   Plan plan_;
   Stream stream_;  // declared before the buffers: destroyed after them (cudaFree syncs first)
   Pinned<int64_t> host_;    // [0..2] tok, pos, n_splits going in; [3] the argmax coming out
-  Pinned<float> staging_;   // weight rows on their way to the arena
+  Pinned<float> staging_;   // weight rows on their way to the arena, as float32
+  Pinned<char> narrow_;     // the same rows in a narrow format (not allocated for f32)
+  Pinned<float> scales_;    // and their int8 block scales (int8 only)
   DevMem weights_dev_, kv_, rope_, act_, pre_, blk_idx_, ids_, ctl_;
   Graph standard_, deep_;   // destroyed first: they refer to the buffers above
   bool use_graphs_ = true;

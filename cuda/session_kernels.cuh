@@ -1,15 +1,29 @@
 // The CUDA resident session's device code: the decode and prefill kernels session_cuda.cu
 // launches (see its header for the stage list, the numerics and the limits), and the control
 // block a step reads. The per-element math (RMSNorm's scale, the SiLU gate, RoPE, the argmax
-// order) is session_math.hpp's, shared with the CPU engine.
+// order) is session_math.hpp's, the bf16/f16 conversions half.hpp's and the int8 block rule
+// quant.hpp's, all shared with the CPU engine.
+//
+// Weight formats: every kernel that reads a weight matrix is a template over the session's
+// format F (f32, bf16, f16, int8; the host instantiates the one the session holds). Decode
+// streams each row with 16-byte loads (4 floats, 8 halves or 16 int8 codes a lane) and widens in
+// registers; the input vector is staged in shared memory as F's products consume it, the CPU
+// engine's rule (session_cpu.cpp, ActScratch::prepare): float32 for f32 and f16, rounded to bf16
+// for bf16 (a product of two bf16 values is exact in float32), quantized to int8 blocks for int8
+// (Q8_0 x Q8_0: each block's 32 products summed exactly in int32 by dp4a, then entering float32
+// once times the two block scales). Prefill rounds or quantizes its activation rows the same way
+// (k_as_consumed) and multiplies them with the weights widened to float32 (int8: code * scale).
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 
+#include "algenta/half.hpp"
+#include "algenta/quant.hpp"
 #include "algenta/session_math.hpp"
 #include "common.cuh"
 #include "algenta/session_cuda_plan.hpp"
@@ -43,27 +57,161 @@ __device__ void block_rmsnorm(const float* __restrict__ x, const float* __restri
   __syncthreads();
 }
 
-// One warp: w (K) . xs (K), w a weight row in global memory, xs staged in shared memory; every
-// lane returns the sum. K % 4 == 0 takes 16-byte loads: the arena aligns every tensor to 256
-// bytes and row r starts r*K floats in, so every row is 16-byte aligned exactly then.
-__device__ __forceinline__ float warp_dot(const float* __restrict__ w, const float* xs, int64_t K,
+// ---- weight matrices in the session's format ----------------------------------------------
+// A resident matrix (rows, K) as the kernels read it: row r's K elements start r * K elements
+// into w, in format F; for int8, s holds its block scales (rows, ceil(K / 32)), else null.
+struct DevMat {
+  const void* w;
+  const float* s;
+};
+
+// Two 16-bit values packed in u (the lower first) widened to float32, exactly.
+template <Dtype F>
+__device__ __forceinline__ float2 widen2(uint32_t u) {
+  if (F == Dtype::BF16)  // a bfloat16 is the top half of a float32
+    return make_float2(half::f32_from_bits(u << 16), half::f32_from_bits(u & 0xffff0000u));
+#ifdef __CUDA_ARCH__
+  __half2 h;  // the conversion instruction: same values as half.hpp's, a fraction of the work
+  memcpy(&h, &u, 4);
+  return __half22float2(h);
+#else
+  return make_float2(half::f16_to_f32(uint16_t(u)), half::f16_to_f32(uint16_t(u >> 16)));
+#endif
+}
+
+// Element k of row r of m widened to float32: exact for f32, bf16 and f16; for int8 the code
+// times its block's scale, as the CPU engine's widen_q8.
+template <Dtype F>
+__device__ __forceinline__ float w_at(const DevMat& m, int64_t r, int64_t K, int64_t k) {
+  const int64_t i = r * K + k;
+  if (F == Dtype::F32) return __ldg(static_cast<const float*>(m.w) + i);
+  if (F == Dtype::BF16 || F == Dtype::F16)
+    return widen2<F>(__ldg(static_cast<const uint16_t*>(m.w) + i)).x;
+  const int64_t nb = ceil_div(K, RESIDENT_INT8_BLOCK);
+  return float(__ldg(static_cast<const int8_t*>(m.w) + i)) *
+         __ldg(m.s + r * nb + k / RESIDENT_INT8_BLOCK);
+}
+
+// ---- the staged input vector ------------------------------------------------------------------
+// A matvec kernel's dynamic shared memory (stage_bytes(K, F)): the K-vector in float32, padded to
+// whole float4; for int8 then its codes (padded to 16 bytes) and block scales.
+struct Staged {
+  float* x;
+  int8_t* q;
+  float* s;
+};
+__device__ __forceinline__ Staged staged(float4* smem, int64_t K) {
+  float* x = reinterpret_cast<float*>(smem);
+  int8_t* q = reinterpret_cast<int8_t*>(x + 4 * ceil_div(K, 4));
+  return Staged{x, q, reinterpret_cast<float*>(q + 16 * ceil_div(K, 16))};
+}
+
+// Once v.x holds the K-vector (after a barrier): the vector as F's products consume it, the CPU
+// engine's rule: bf16 rounds each value to bf16 in place (half.hpp); int8 quantizes each block
+// of 32 (quant::q8_block, one thread a block) into v.q and v.s; then a barrier. f32, f16:
+// nothing (the branch is the same for every thread of the block).
+template <Dtype F>
+__device__ void consume(const Staged& v, int64_t K) {
+  if (F == Dtype::BF16) {
+    for (int64_t i = threadIdx.x; i < K; i += blockDim.x)
+      v.x[i] = half::bf16_to_f32(half::f32_to_bf16(v.x[i]));
+    __syncthreads();
+  } else if (F == Dtype::Int8) {
+    const int64_t nb = ceil_div(K, RESIDENT_INT8_BLOCK);
+    for (int64_t b = threadIdx.x; b < nb; b += blockDim.x) {
+      const int64_t k0 = b * RESIDENT_INT8_BLOCK;
+      v.s[b] = quant::q8_block(v.x + k0, min(RESIDENT_INT8_BLOCK, K - k0), v.q + k0);
+    }
+    __syncthreads();
+  }
+}
+
+// One warp: row r of m (K) . the staged vector v (consume<F>'s form); every lane returns the sum.
+// 16-byte loads where each row is 16-byte aligned, which the arena (256-byte aligned tensors)
+// gives exactly when K * elem_bytes % 16 == 0 (int8 also needs whole blocks: K % 32 == 0);
+// other K take one element (int8: one block) a lane at a time.
+template <Dtype F>
+__device__ __forceinline__ float warp_dot(const DevMat& m, int64_t r, const Staged& v, int64_t K,
                                           int lane) {
   float acc = 0.f;
-  if ((K & 3) == 0) {
-    const float4* w4 = reinterpret_cast<const float4*>(w);
-    const float4* x4 = reinterpret_cast<const float4*>(xs);
-    const int64_t K4 = K >> 2;
+  if (F == Dtype::F32) {
+    const float* w = static_cast<const float*>(m.w) + r * K;
+    if ((K & 3) == 0) {
+      const float4* w4 = reinterpret_cast<const float4*>(w);
+      const float4* x4 = reinterpret_cast<const float4*>(v.x);
+      const int64_t K4 = K >> 2;
 #pragma unroll 4
-    for (int64_t i = lane; i < K4; i += 32) {
-      const float4 a = __ldg(w4 + i);
-      const float4 b = x4[i];
-      acc = fmaf(a.x, b.x, acc);
-      acc = fmaf(a.y, b.y, acc);
-      acc = fmaf(a.z, b.z, acc);
-      acc = fmaf(a.w, b.w, acc);
+      for (int64_t i = lane; i < K4; i += 32) {
+        const float4 a = __ldg(w4 + i);
+        const float4 b = x4[i];
+        acc = fmaf(a.x, b.x, acc);
+        acc = fmaf(a.y, b.y, acc);
+        acc = fmaf(a.z, b.z, acc);
+        acc = fmaf(a.w, b.w, acc);
+      }
+    } else {
+      for (int64_t i = lane; i < K; i += 32) acc = fmaf(__ldg(w + i), v.x[i], acc);
     }
-  } else {
-    for (int64_t i = lane; i < K; i += 32) acc = fmaf(__ldg(w + i), xs[i], acc);
+  } else if (F == Dtype::BF16 || F == Dtype::F16) {
+    const uint16_t* w = static_cast<const uint16_t*>(m.w) + r * K;
+    if ((K & 7) == 0) {
+      const int4* w8 = reinterpret_cast<const int4*>(w);
+      const float4* x4 = reinterpret_cast<const float4*>(v.x);
+      const int64_t K8 = K >> 3;
+#pragma unroll 4
+      for (int64_t i = lane; i < K8; i += 32) {
+        const int4 a = __ldg(w8 + i);
+        const float4 b0 = x4[2 * i], b1 = x4[2 * i + 1];
+        float2 p = widen2<F>(uint32_t(a.x));
+        acc = fmaf(p.x, b0.x, acc);
+        acc = fmaf(p.y, b0.y, acc);
+        p = widen2<F>(uint32_t(a.y));
+        acc = fmaf(p.x, b0.z, acc);
+        acc = fmaf(p.y, b0.w, acc);
+        p = widen2<F>(uint32_t(a.z));
+        acc = fmaf(p.x, b1.x, acc);
+        acc = fmaf(p.y, b1.y, acc);
+        p = widen2<F>(uint32_t(a.w));
+        acc = fmaf(p.x, b1.z, acc);
+        acc = fmaf(p.y, b1.w, acc);
+      }
+    } else {
+      for (int64_t i = lane; i < K; i += 32) acc = fmaf(widen2<F>(__ldg(w + i)).x, v.x[i], acc);
+    }
+  } else {  // int8
+    const int8_t* w = static_cast<const int8_t*>(m.w) + r * K;
+    const int64_t nb = ceil_div(K, RESIDENT_INT8_BLOCK);
+    const float* sw = m.s + r * nb;
+    if ((K & 31) == 0) {
+      // 16 codes a lane a load, so lanes 2j and 2j + 1 hold the two halves of one block: their
+      // exact int32 sums meet through one shuffle and the block enters float32 once, as
+      // float(sum) * (sw * sx) (the CPU engine's dot_q8q8). The trip count is the same for every
+      // lane, so each reaches the shuffle.
+      const int4* w16 = reinterpret_cast<const int4*>(w);
+      const int4* x16 = reinterpret_cast<const int4*>(v.q);
+      const int64_t K16 = K >> 4;
+#pragma unroll 4
+      for (int64_t i0 = 0; i0 < K16; i0 += 32) {
+        const int64_t i = i0 + lane;
+        int isum = 0;
+        if (i < K16) {
+          const int4 a = __ldg(w16 + i), b = x16[i];
+          isum = __dp4a(a.x, b.x, isum);
+          isum = __dp4a(a.y, b.y, isum);
+          isum = __dp4a(a.z, b.z, isum);
+          isum = __dp4a(a.w, b.w, isum);
+        }
+        isum += __shfl_xor_sync(0xffffffffu, isum, 1);
+        if (i < K16 && (lane & 1) == 0) acc = fmaf(float(isum), __ldg(sw + (i >> 1)) * v.s[i >> 1], acc);
+      }
+    } else {
+      for (int64_t b = lane; b < nb; b += 32) {
+        const int64_t k0 = b * RESIDENT_INT8_BLOCK, k1 = min(K, k0 + RESIDENT_INT8_BLOCK);
+        int isum = 0;
+        for (int64_t k = k0; k < k1; ++k) isum += int(__ldg(w + k)) * int(v.q[k]);
+        acc = fmaf(float(isum), __ldg(sw + b) * v.s[b], acc);
+      }
+    }
   }
   return warp_sum(acc);
 }
@@ -91,12 +239,14 @@ static_assert(offsetof(Control, pos) == 8 && offsetof(Control, n_splits) == 16,
 
 // ---- kernels ------------------------------------------------------------------------------
 
-// X (M, D) row r = E[ids[r]]. grid (ceil(D / ROW_THREADS), M). ids validated on the host.
-__global__ void k_embed(const float* __restrict__ E /* (V, D) */, const int64_t* __restrict__ ids,
+// X (M, D) row r = E[ids[r]] widened to float32. grid (ceil(D / ROW_THREADS), M). ids validated
+// on the host.
+template <Dtype F>
+__global__ void k_embed(DevMat E /* (V, D) */, const int64_t* __restrict__ ids,
                         float* __restrict__ X /* (M, D) */, int64_t D) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t r = blockIdx.y;
-  if (i < D) X[r * D + i] = E[ids[r] * D + i];
+  if (i < D) X[r * D + i] = w_at<F>(E, ids[r], D, i);
 }
 
 // Y (M, D) row r = rmsnorm(X row r) * w. grid M, ROW_THREADS.
@@ -107,56 +257,62 @@ __global__ void k_rmsnorm_rows(const float* __restrict__ X /* (M, D) */,
   block_rmsnorm(X + r * D, w, D, eps, Y + r * D);
 }
 
-// y (N) = W (N, K) . rmsnorm(x (K)) * nw. Dynamic shared memory: K floats. grid plan.qkv_mv.
-__global__ void k_norm_qkv(const float* __restrict__ W, const float* __restrict__ x,
-                           const float* __restrict__ nw, int64_t K, int64_t N, double eps,
-                           int64_t rows_per_block, float* __restrict__ y) {
+// y (N) = W (N, K) . rmsnorm(x (K)) * nw. Dynamic shared memory: stage_bytes(K, F). grid
+// plan.qkv_mv.
+template <Dtype F>
+__global__ void k_norm_qkv(DevMat W, const float* __restrict__ x, const float* __restrict__ nw,
+                           int64_t K, int64_t N, double eps, int64_t rows_per_block,
+                           float* __restrict__ y) {
   extern __shared__ float4 smem4[];
-  float* xs = reinterpret_cast<float*>(smem4);
-  block_rmsnorm(x, nw, K, eps, xs);
+  const Staged v = staged(smem4, K);
+  block_rmsnorm(x, nw, K, eps, v.x);
+  consume<F>(v, K);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
   const int64_t r1 = min(N, r0 + rows_per_block);
   for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {
-    const float v = warp_dot(W + r * K, xs, K, lane);
-    if (lane == 0) y[r] = v;
+    const float d = warp_dot<F>(W, r, v, K, lane);
+    if (lane == 0) y[r] = d;
   }
 }
 
-// act (F) = silu(Wg . xn) * (Wu . xn), xn = rmsnorm(x (D)) * nw staged in shared memory (D
-// floats). The warp owning row r forms gate r and up r together and writes only act r.
-__global__ void k_norm_gateup(const float* __restrict__ Wg /* (F, D) */,
-                              const float* __restrict__ Wu /* (F, D) */,
+// act (Fd) = silu(Wg . xn) * (Wu . xn), xn = rmsnorm(x (D)) * nw staged in shared memory
+// (stage_bytes(D, F)). The warp owning row r forms gate r and up r together and writes only
+// act r.
+template <Dtype F>
+__global__ void k_norm_gateup(DevMat Wg /* (Fd, D) */, DevMat Wu /* (Fd, D) */,
                               const float* __restrict__ x, const float* __restrict__ nw, int64_t D,
-                              int64_t F, double eps, int64_t rows_per_block,
+                              int64_t Fd, double eps, int64_t rows_per_block,
                               float* __restrict__ act) {
   extern __shared__ float4 smem4[];
-  float* xs = reinterpret_cast<float*>(smem4);
-  block_rmsnorm(x, nw, D, eps, xs);
+  const Staged v = staged(smem4, D);
+  block_rmsnorm(x, nw, D, eps, v.x);
+  consume<F>(v, D);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
-  const int64_t r1 = min(F, r0 + rows_per_block);
+  const int64_t r1 = min(Fd, r0 + rows_per_block);
   for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {
-    const float g = warp_dot(Wg + r * D, xs, D, lane);
-    const float u = warp_dot(Wu + r * D, xs, D, lane);
+    const float g = warp_dot<F>(Wg, r, v, D, lane);
+    const float u = warp_dot<F>(Wu, r, v, D, lane);
     if (lane == 0) act[r] = session_math::silu_mul(g, u);
   }
 }
 
-// x (N) += W (N, K) . a (K); a staged in shared memory (K floats). Row r of x is read and written
-// only by the warp that owns it, so the residual add needs no atomics.
-__global__ void k_matvec_residual(const float* __restrict__ W, const float* __restrict__ a,
-                                  int64_t K, int64_t N, int64_t rows_per_block,
-                                  float* __restrict__ x) {
+// x (N) += W (N, K) . a (K); a staged in shared memory (stage_bytes(K, F)). Row r of x is read
+// and written only by the warp that owns it, so the residual add needs no atomics.
+template <Dtype F>
+__global__ void k_matvec_residual(DevMat W, const float* __restrict__ a, int64_t K, int64_t N,
+                                  int64_t rows_per_block, float* __restrict__ x) {
   extern __shared__ float4 smem4[];
-  float* as = reinterpret_cast<float*>(smem4);
-  stage(a, K, as);
+  const Staged v = staged(smem4, K);
+  stage(a, K, v.x);
+  consume<F>(v, K);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
   const int64_t r1 = min(N, r0 + rows_per_block);
   for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {
-    const float v = warp_dot(W + r * K, as, K, lane);
-    if (lane == 0) x[r] += v;
+    const float d = warp_dot<F>(W, r, v, K, lane);
+    if (lane == 0) x[r] += d;
   }
 }
 
@@ -331,23 +487,25 @@ using session_math::argmax_beats;
 // each block writes its best (value, first index), and the last block to finish (a ticket from
 // ctl->done after a __threadfence) reduces them, writes ctl->argmax and rearms ctl->done. The
 // order is numpy.argmax's (argmax_beats).
-__global__ void k_head_argmax(const float* __restrict__ H, const float* __restrict__ xf, int64_t D,
-                              int64_t V, int64_t rows_per_block, float* __restrict__ logits,
+template <Dtype F>
+__global__ void k_head_argmax(DevMat H, const float* __restrict__ xf, int64_t D, int64_t V,
+                              int64_t rows_per_block, float* __restrict__ logits,
                               float* __restrict__ blk_val /* (grid) */,
                               int64_t* __restrict__ blk_idx /* (grid) */, Control* ctl) {
   extern __shared__ float4 smem4[];
-  float* xs = reinterpret_cast<float*>(smem4);
+  const Staged xs = staged(smem4, D);
   __shared__ float bv[32];
   __shared__ int64_t bi[32];
   __shared__ bool last;
-  stage(xf, D, xs);
+  stage(xf, D, xs.x);
+  consume<F>(xs, D);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
   const int64_t r1 = min(V, r0 + rows_per_block);
   float best = -INFINITY;
   int64_t besti = -1;
   for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {
-    const float v = warp_dot(H + r * D, xs, D, lane);
+    const float v = warp_dot<F>(H, r, xs, D, lane);
     if (lane == 0) logits[r] = v;
     if (argmax_beats(v, r, best, besti)) best = v, besti = r;
   }
@@ -390,22 +548,23 @@ __global__ void k_head_argmax(const float* __restrict__ H, const float* __restri
 }
 
 // Y (M, N) (+)= X (M, K) . W (N, K)^T for M < 32: one weight row per warp, read once per
-// NARROW_ROWS activation rows (<= 4 passes), the accumulators a compile-time-indexed array.
+// NARROW_ROWS activation rows (<= 4 passes), the accumulators a compile-time-indexed array; W's
+// elements widened to float32 (w_at), X already as consumed (k_as_consumed).
 // grid plan matvec launch over N rows.
-__global__ void k_gemm_narrow(const float* __restrict__ X, const float* __restrict__ W,
-                              float* __restrict__ Y, int64_t M, int64_t N, int64_t K,
-                              int64_t rows_per_block, bool accumulate) {
+template <Dtype F>
+__global__ void k_gemm_narrow(const float* __restrict__ X, DevMat W, float* __restrict__ Y,
+                              int64_t M, int64_t N, int64_t K, int64_t rows_per_block,
+                              bool accumulate) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
   const int64_t r1 = min(N, r0 + rows_per_block);
   for (int64_t n = r0 + warp; n < r1; n += MATVEC_WARPS) {
-    const float* w = W + n * K;
     for (int64_t m0 = 0; m0 < M; m0 += NARROW_ROWS) {
       float acc[NARROW_ROWS];
 #pragma unroll
       for (int i = 0; i < NARROW_ROWS; ++i) acc[i] = 0.f;
       for (int64_t k = lane; k < K; k += 32) {
-        const float wk = __ldg(w + k);
+        const float wk = w_at<F>(W, n, K, k);
 #pragma unroll
         for (int i = 0; i < NARROW_ROWS; ++i)
           if (m0 + i < M) acc[i] = fmaf(wk, X[(m0 + i) * K + k], acc[i]);
@@ -423,11 +582,13 @@ __global__ void k_gemm_narrow(const float* __restrict__ X, const float* __restri
 }
 
 // Y (M, N) (+)= X (M, K) . W (N, K)^T, 64 x 64 tiles through shared memory, 4 x 4 outputs per
-// thread, K in BK = 16 slices; out-of-range cells load zeros and are not stored.
+// thread, K in BK = 16 slices; out-of-range cells load zeros and are not stored. W's elements
+// widened to float32 as they are staged (w_at), X already as consumed (k_as_consumed).
 // grid (ceil(N / 64), ceil(M / 64)), GEMM_THREADS.
+template <Dtype F>
 __global__ void __launch_bounds__(GEMM_THREADS)
-k_gemm_wide(const float* __restrict__ X, const float* __restrict__ W, float* __restrict__ Y,
-            int64_t M, int64_t N, int64_t K, bool accumulate) {
+k_gemm_wide(const float* __restrict__ X, DevMat W, float* __restrict__ Y, int64_t M, int64_t N,
+            int64_t K, bool accumulate) {
   // +4 floats per row: the transposed stores (k-major) then spread over banks.
   __shared__ float As[GEMM_BK][GEMM_BM + 4];
   __shared__ float Bs[GEMM_BK][GEMM_BN + 4];
@@ -444,7 +605,7 @@ k_gemm_wide(const float* __restrict__ X, const float* __restrict__ W, float* __r
       const int idx = tid + t * GEMM_THREADS, r = idx / GEMM_BK, kk = idx % GEMM_BK;
       const int64_t k = k0 + kk;
       As[kk][r] = (m0 + r < M && k < K) ? X[(m0 + r) * K + k] : 0.f;
-      Bs[kk][r] = (n0 + r < N && k < K) ? W[(n0 + r) * K + k] : 0.f;
+      Bs[kk][r] = (n0 + r < N && k < K) ? w_at<F>(W, n0 + r, K, k) : 0.f;
     }
     __syncthreads();
 #pragma unroll
@@ -469,6 +630,27 @@ k_gemm_wide(const float* __restrict__ X, const float* __restrict__ W, float* __r
         *y = accumulate ? *y + acc[i][j] : acc[i][j];
       }
     }
+}
+
+// X (M, K), in place, as a decode step's products consume a vector (consume<F>), so a prompt
+// multiplies the same values whether prefilled or stepped: bf16 rounds each value; int8 replaces
+// each block of 32 by its codes times its scale (quant::q8_block). grid (ceil(nb / ROW_THREADS),
+// M), nb = ceil(K / 32) blocks a row, one thread a block (bf16: its 32 values). Not launched for
+// f32 and f16, whose products take the float32 values as they are.
+template <Dtype F>
+__global__ void k_as_consumed(float* __restrict__ X, int64_t K) {
+  const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t k0 = b * RESIDENT_INT8_BLOCK;
+  if (k0 >= K) return;
+  float* x = X + int64_t(blockIdx.y) * K + k0;
+  const int64_t n = min(RESIDENT_INT8_BLOCK, K - k0);
+  if (F == Dtype::BF16) {
+    for (int64_t i = 0; i < n; ++i) x[i] = half::bf16_to_f32(half::f32_to_bf16(x[i]));
+  } else if (F == Dtype::Int8) {
+    int8_t q[RESIDENT_INT8_BLOCK];
+    const float sc = quant::q8_block(x, n, q);
+    for (int64_t i = 0; i < n; ++i) x[i] = float(q[i]) * sc;
+  }
 }
 
 // g (n) = silu(g) * u, elementwise (prefill's MLP activation).

@@ -21,6 +21,19 @@ sit ~10x above that estimate and far below what any real defect moves a logit by
 pairing, head mapping, cache slot or norm moves logits by O(0.1) of their scale). Measured on
 the CPU for LARGE's prefill: the CPU engine is within 1.7e-6 x max |logit| (max |logit| ~ 210)
 of the float64 reference; two float32 engines should differ by about twice that.
+
+Narrow weight formats (test_weight_formats_against_the_cpu_engine): both engines store the same
+bits (one conversion, session_weights' narrow_row) and multiply the same values: f16 weights
+widen exactly against float32 activations, so f16 keeps the float32 bound. bf16 and int8 round
+each activation vector before its products (to bf16; to int8 blocks), and there the engines'
+float32 activations, which differ by the rounding above, can fall on two sides of a rounding
+boundary: that value then differs by one unit of the format (one bf16 ulp, 2^-8 of its
+magnitude; one int8 quantum, 1/127 of its block's largest), which reaches a logit through weights
+of order 1/sqrt(width), a few such flips a token. The bound is one unit of the format (2^-7 for
+bf16, 1/127 for int8) times max(1, max |logit|); measured on the emulator (two-layer models,
+7-token prefill, 40-63 steps) the largest deviation was 1.1e-3 x max |logit| for bf16 (one flip)
+and 2.8e-7 for int8, and greedy tokens agreed on every step. A wrong block scale, row offset or
+widening moves logits by O(1) of their scale, 10-100x past these bounds.
 """
 
 from __future__ import annotations
@@ -66,10 +79,14 @@ LARGE = dict(d_model=512, h_q=8, h_kv=4, d_head=128, d_ff=1536, n_layers=8, voca
              rms_eps=1e-6, rope_theta=1_000_000.0, tie_word_embeddings=True)
 
 
-def _pair(cfg, seed, max_ctx=512):
+# Per-format bound on |cuda - cpu| relative to max(1, max |logit|) (see the module docstring).
+FORMAT_TOL = {"f32": TOL_SMALL, "f16": TOL_SMALL, "bf16": 2.0 ** -7, "int8": 1.0 / 127}
+
+
+def _pair(cfg, seed, max_ctx=512, weights="f32"):
     w = dict(random_weights(cfg, seed))
-    return (ResidentSession(cfg, w, max_ctx=max_ctx, device="cpu"),
-            ResidentSession(cfg, w, max_ctx=max_ctx, device="cuda"))
+    return (ResidentSession(cfg, w, max_ctx=max_ctx, device="cpu", weights=weights),
+            ResidentSession(cfg, w, max_ctx=max_ctx, device="cuda", weights=weights))
 
 
 def _golden(cfg, seed, prompt, n_steps, tol, relative=False):
@@ -104,6 +121,45 @@ def _golden(cfg, seed, prompt, n_steps, tol, relative=False):
 def test_golden_two_layer(name):
     # 7 prompt tokens (narrow prefill tile); 40 steps cross 32 keys, so both attention paths run.
     _golden(SMALL[name], seed=7, prompt=[1, 5, 9, 2, 33, 17, 0], n_steps=40, tol=TOL_SMALL)
+
+
+@pytest.mark.parametrize("weights", ["bf16", "f16", "int8"])
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_weight_formats_against_the_cpu_engine(name, weights):
+    # The CPU engine at the same format is the reference (it is pinned to float64 models of each
+    # format in test_residentk_formats.py). Prefill, then 63 steps fed the CPU's greedy tokens
+    # (crossing 32 keys: both attention paths), then 64 greedy tokens with the device's argmax.
+    cfg = SMALL[name]
+    cpu, gpu = _pair(cfg, seed=3, weights=weights)
+    assert gpu.weights == weights and gpu.device == "cuda"
+    prompt = [1, 5, 9, 2, 33, 17, 0]
+    want = cpu.generate(prompt, 64)
+    cpu.reset()
+    a, b = [cpu.prefill(prompt)], [gpu.prefill(prompt)]
+    for t in want[:-1]:
+        a.append(cpu.step(t))
+        b.append(gpu.step(t))
+    scale = max(1.0, max(float(np.abs(x).max()) for x in a))
+    dev = max(float(np.abs(x - y).max()) for x, y in zip(a, b))
+    assert dev <= FORMAT_TOL[weights] * scale, (weights, dev, scale)
+    assert gpu.generate(prompt, 64) == want
+
+
+@slow_on_emulator
+@pytest.mark.parametrize("weights", ["bf16", "f16", "int8"])
+def test_golden_larger_model_formats(weights):
+    # LARGE's widths take every 16-byte path (D 512, F 1536, A 1024: whole int8 blocks) and the
+    # wide prefill tile (40 rows), in each narrow format.
+    cfg = LARGE
+    cpu, gpu = _pair(cfg, seed=3, weights=weights)
+    rng = np.random.default_rng(1)
+    prompt = [int(i) for i in rng.integers(0, cfg["vocab"], 40)]
+    a, b = cpu.prefill(prompt), gpu.prefill(prompt)
+    tol = TOL_LARGE if weights == "f16" else FORMAT_TOL[weights]
+    tol *= max(1.0, float(np.abs(a).max()))
+    np.testing.assert_allclose(b, a, rtol=0, atol=tol)
+    for t in (3, 7, 11, 13):
+        np.testing.assert_allclose(gpu.step(t), cpu.step(t), rtol=0, atol=tol)
 
 
 @slow_on_emulator

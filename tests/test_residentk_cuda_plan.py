@@ -20,6 +20,9 @@ RC = _core.residentk
 CP = _core.session.cuda_plan
 COMPILED = _core.session.cuda_backend()["kind"] != "none"
 ALIGN = CP.ALIGN_FLOATS
+ALIGN_BYTES = CP.ALIGN_BYTES
+FORMATS = ["f32", "bf16", "f16", "int8"]
+ELEM_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "int8": 1}
 
 QWEN3_06B = dict(d_model=1024, h_q=16, h_kv=8, d_head=128, d_ff=3072, n_layers=28, vocab=151936)
 SHAPES = {
@@ -30,10 +33,10 @@ SHAPES = {
 }
 
 
-def plan(shape, *, tied=True, max_ctx=512, sms=132, eps=1e-6, theta=1e6):
+def plan(shape, *, tied=True, max_ctx=512, sms=132, eps=1e-6, theta=1e6, weights="f32"):
     s = SHAPES[shape] if isinstance(shape, str) else shape
     return CP.make_plan(s["d_model"], s["h_q"], s["h_kv"], s["d_head"], s["d_ff"], s["n_layers"],
-                        s["vocab"], eps, theta, tied, max_ctx, sms)
+                        s["vocab"], eps, theta, tied, max_ctx, sms, weights=weights)
 
 
 @pytest.mark.parametrize("rows", [1, 7, 8, 9, 63, 64, 65, 1000, 3072, 4096, 151936])
@@ -92,43 +95,65 @@ def test_splitk_reference_anchors():
     assert CP.splitk_plan(1000, 40, 16)["n_splits"] == 80
 
 
-def _regions_disjoint_aligned(regions, total):
+def _regions_disjoint_aligned(regions, total, align=ALIGN):
     regions = sorted(regions)
     for off, size, name in regions:
-        assert off % ALIGN == 0, name
+        assert off % align == 0, name
         assert size >= 1, name
     for (o1, s1, n1), (o2, _, n2) in zip(regions, regions[1:]):
         assert o1 + s1 <= o2, f"{n1} overlaps {n2}"
     assert regions[-1][0] + regions[-1][1] <= total
-    assert total % ALIGN == 0
+    assert total % align == 0
 
 
+@pytest.mark.parametrize("weights", FORMATS)
 @pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_weight_arena_offsets(shape, tied):
+def test_weight_arena_offsets(shape, tied, weights):
     s = SHAPES[shape]
-    p = plan(shape, tied=tied)
+    p = plan(shape, tied=tied, weights=weights)
     assert p["status"] == 600, p["why"]
     D, Hq, Hkv, Dh, F, L, V = (s[k] for k in ("d_model", "h_q", "h_kv", "d_head", "d_ff",
                                                "n_layers", "vocab"))
     Q = (Hq + 2 * Hkv) * Dh
-    regions = [(p["embed"], V * D, "embed"), (p["final_norm"], D, "final_norm")]
+    e = ELEM_BYTES[weights]
+    assert p["elem_bytes"] == e
+    regions = []
+
+    def mat(m, rows, cols, name):  # a matrix's codes, and for int8 its block scales
+        regions.append((m["data"], rows * cols * e, name))
+        if weights == "int8":
+            regions.append((m["scales"], 4 * rows * math.ceil(cols / 32), name + ".scales"))
+        else:
+            assert m["scales"] == -1, name
+
+    mat(p["embed"], V, D, "embed")
+    regions.append((p["final_norm"], 4 * D, "final_norm"))
     for i, l in enumerate(p["layers"]):
-        regions += [(l["in_norm"], D, f"{i}.in_norm"), (l["wqkv"], Q * D, f"{i}.wqkv"),
-                    (l["q_norm"], Dh, f"{i}.q_norm"), (l["k_norm"], Dh, f"{i}.k_norm"),
-                    (l["wo"], D * Hq * Dh, f"{i}.wo"), (l["post_norm"], D, f"{i}.post_norm"),
-                    (l["wg"], F * D, f"{i}.wg"), (l["wu"], F * D, f"{i}.wu"),
-                    (l["wd"], D * F, f"{i}.wd")]
+        regions += [(l["in_norm"], 4 * D, f"{i}.in_norm"), (l["q_norm"], 4 * Dh, f"{i}.q_norm"),
+                    (l["k_norm"], 4 * Dh, f"{i}.k_norm"), (l["post_norm"], 4 * D, f"{i}.post")]
+        mat(l["wqkv"], Q, D, f"{i}.wqkv")
+        mat(l["wo"], D, Hq * Dh, f"{i}.wo")
+        mat(l["wg"], F, D, f"{i}.wg")
+        mat(l["wu"], F, D, f"{i}.wu")
+        mat(l["wd"], D, F, f"{i}.wd")
     assert len(p["layers"]) == L
     if tied:
         assert p["head"] == p["embed"]
     else:
-        regions.append((p["head"], V * D, "head"))
-    _regions_disjoint_aligned(regions, p["weight_floats"])
-    # The arena is the contract's weight count plus at most one alignment pad per tensor.
-    fp = RC.residentk_footprint(D, Hq, Hkv, Dh, F, L, V, 512, tied, 1, True)
+        mat(p["head"], V, D, "head")
+    _regions_disjoint_aligned(regions, p["weight_bytes"], ALIGN_BYTES)
+    # The arena is the contract's weight bytes in this format plus at most one alignment pad per
+    # region.
+    fp = RC.residentk_footprint(D, Hq, Hkv, Dh, F, L, V, 512, tied, 1, True, format=weights)
     assert fp["status"] == 600
-    assert fp["weights"] <= p["weight_floats"] <= fp["weights"] + ALIGN * len(regions)
+    assert fp["weight_bytes"] <= p["weight_bytes"] <= fp["weight_bytes"] + ALIGN_BYTES * len(regions)
+    # The staged vector's shared memory, in the kernels' layout.
+    K = max(D, F, Hq * Dh)
+    want = 16 * math.ceil(K / 4)
+    if weights == "int8":
+        want += 16 * math.ceil(K / 16) + 4 * math.ceil(K / 32)
+    assert p["staged_bytes"] == want
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
@@ -187,7 +212,7 @@ def test_qwen3_06b_plan_figures():
     want = RC.residentk_weight_elems(1024, 16, 8, 128, 3072, 28, 151936, 512, True) - \
         RC.residentk_cache_elements(28, 8, 128, 512)
     assert want == 596_049_920
-    assert 0 <= p["weight_floats"] - want < ALIGN * (2 + 9 * 28)
+    assert 0 <= p["weight_bytes"] - 4 * want < ALIGN_BYTES * (2 + 9 * 28)
     assert p["kv_floats"] == 29_360_128
     assert p["staged_floats"] == 3072 and p["staged_floats"] * 4 <= RC.residentk_smem_tier_bytes()
     assert p["max_splits"] == RC.residentk_splitk_max_n_splits(132, 16) == 256

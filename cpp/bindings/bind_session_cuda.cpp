@@ -26,6 +26,13 @@ py::dict matvec_dict(const cp::MatvecLaunch& m) {
   return d;
 }
 
+py::dict mat_dict(const cp::MatOffsets& m) {
+  py::dict d;
+  d["data"] = m.data;
+  d["scales"] = m.scales;
+  return d;
+}
+
 }  // namespace
 
 void bind_session_cuda(py::module_& s) {
@@ -81,6 +88,7 @@ void bind_session_cuda(py::module_& s) {
   p.attr("ATTN_THREADS") = cp::ATTN_THREADS;
   p.attr("ATTN_WARPS") = cp::ATTN_WARPS;
   p.attr("ALIGN_FLOATS") = cp::ALIGN_FLOATS;
+  p.attr("ALIGN_BYTES") = cp::ALIGN_BYTES;
   p.attr("PREFILL_BLOCK") = cp::PREFILL_BLOCK;
   p.attr("GEMM_BM") = cp::GEMM_BM;
   p.attr("GEMM_BN") = cp::GEMM_BN;
@@ -121,44 +129,47 @@ void bind_session_cuda(py::module_& s) {
       "make_plan",
       [](int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
          int64_t n_layers, int64_t vocab, double rms_eps, double rope_theta, bool tied,
-         int64_t max_ctx, int64_t sms) {
+         int64_t max_ctx, int64_t sms, const std::string& weights) {
         const SessionConfig c =
             algenta::residentk::session_config(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab,
-                                              rms_eps, rope_theta, tied);
+                                              rms_eps, rope_theta, tied, weights);
         const cp::Plan pl = cp::make_plan(c, max_ctx, sms);
         py::dict d;
         d["status"] = pl.status;
         d["why"] = pl.why;
         if (pl.status != algenta::residentk::RESIDENT_OK) return d;
-        const char* scalars[] = {"sms", "capacity", "q_rows", "attn_width", "embed", "head",
-                                 "final_norm", "weight_floats", "kv_floats", "kv_layer_stride",
+        const char* scalars[] = {"sms", "capacity", "q_rows", "attn_width", "elem_bytes",
+                                 "final_norm", "weight_bytes", "kv_floats", "kv_layer_stride",
                                  "rope_floats", "x", "xf", "qkv", "attn", "act", "logits",
                                  "part_acc", "part_ml", "argmax_val", "act_floats", "max_splits",
                                  "prefill_rows", "p_x", "p_xn", "p_qkv", "p_attn", "p_gate",
                                  "p_up", "prefill_floats", "staged_floats", "attn_smem_bytes",
-                                 "norm_rope_threads"};
-        const int64_t vals[] = {pl.sms, pl.capacity, pl.q_rows, pl.attn_width, pl.embed, pl.head,
-                                pl.final_norm, pl.weight_floats, pl.kv_floats, pl.kv_layer_stride,
+                                 "norm_rope_threads", "staged_bytes"};
+        const int64_t vals[] = {pl.sms, pl.capacity, pl.q_rows, pl.attn_width, pl.elem_bytes,
+                                pl.final_norm, pl.weight_bytes, pl.kv_floats, pl.kv_layer_stride,
                                 pl.rope_floats, pl.x, pl.xf, pl.qkv, pl.attn, pl.act, pl.logits,
                                 pl.part_acc, pl.part_ml, pl.argmax_val, pl.act_floats,
                                 pl.max_splits, pl.prefill_rows, pl.p_x, pl.p_xn, pl.p_qkv,
                                 pl.p_attn, pl.p_gate, pl.p_up, pl.prefill_floats,
-                                pl.staged_floats, pl.attn_smem_bytes, pl.norm_rope_threads};
+                                pl.staged_floats, pl.attn_smem_bytes, pl.norm_rope_threads,
+                                pl.staged_bytes};
         static_assert(sizeof(scalars) / sizeof(scalars[0]) == sizeof(vals) / sizeof(vals[0]),
                       "every plan field named once");
         for (size_t i = 0; i < sizeof(vals) / sizeof(vals[0]); ++i) d[scalars[i]] = vals[i];
+        d["embed"] = mat_dict(pl.embed);
+        d["head"] = mat_dict(pl.head);
         py::list layers;
         for (const cp::LayerOffsets& l : pl.layers) {
           py::dict ld;
           ld["in_norm"] = l.in_norm;
-          ld["wqkv"] = l.wqkv;
+          ld["wqkv"] = mat_dict(l.wqkv);
           ld["q_norm"] = l.q_norm;
           ld["k_norm"] = l.k_norm;
-          ld["wo"] = l.wo;
+          ld["wo"] = mat_dict(l.wo);
           ld["post_norm"] = l.post_norm;
-          ld["wg"] = l.wg;
-          ld["wu"] = l.wu;
-          ld["wd"] = l.wd;
+          ld["wg"] = mat_dict(l.wg);
+          ld["wu"] = mat_dict(l.wu);
+          ld["wd"] = mat_dict(l.wd);
           layers.append(ld);
         }
         d["layers"] = layers;
@@ -176,6 +187,7 @@ void bind_session_cuda(py::module_& s) {
       py::arg("d_model"), py::arg("h_q"), py::arg("h_kv"), py::arg("d_head"), py::arg("d_ff"),
       py::arg("n_layers"), py::arg("vocab"), py::arg("rms_eps"), py::arg("rope_theta"),
       py::arg("tie_word_embeddings"), py::arg("max_ctx"), py::arg("sms"),
+      py::arg("weights") = "f32",
       "Every buffer size, offset and launch shape the CUDA session would use (a dict), or the "
       "contract's refusal (status, why).");
 }

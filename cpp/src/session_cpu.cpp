@@ -273,38 +273,25 @@ struct WMat {
   }
 };
 
-// float32 rows (n, cols) -> rows [row0, row0 + n) of m, in m's format. Returns the flat index
-// (within src) of the first value the format cannot hold (it would round to infinity), or -1.
+// float32 rows (n, cols) -> rows [row0, row0 + n) of m, in m's format (narrow_row, the
+// conversion the CUDA engine stores with too). Returns the flat index (within src) of the first
+// value the format cannot hold (it would round to infinity), or -1.
 int64_t store_rows(WMat& m, int64_t row0, const float* src, int64_t n) {
   const int64_t cols = m.cols;
-  const bool half = m.f == Dtype::BF16 || m.f == Dtype::F16;
-  const uint16_t exp_mask = m.f == Dtype::BF16 ? 0x7f80u : 0x7c00u;
-  int overflow = 0;
-#pragma omp parallel for schedule(static) if (n * cols > (int64_t(1) << 16)) reduction(| : overflow)
+  int64_t first = -1;  // the smallest row's offender: the same index for every thread count
+#pragma omp parallel for schedule(static) if (n * cols > (int64_t(1) << 16))
   for (int64_t r = 0; r < n; ++r) {
-    const float* x = src + r * cols;
     const int64_t o = row0 + r;
-    if (m.f == Dtype::F32) {
-      std::memcpy(m.w32.p + o * cols, x, size_t(cols) * sizeof(float));
-    } else if (half) {
-      uint16_t* d = m.w16.p + o * cols;
-      for (int64_t i = 0; i < cols; ++i) {
-        d[i] = m.f == Dtype::BF16 ? half::f32_to_bf16(x[i]) : half::f32_to_f16(x[i]);
-        overflow |= (d[i] & exp_mask) == exp_mask;
-      }
-    } else {
-      int8_t* d = m.w8.p + o * cols;
-      float* sc = m.scales.p + o * m.blocks;
-      for (int64_t b = 0; b < m.blocks; ++b) {
-        const int64_t i0 = b * RESIDENT_INT8_BLOCK, i1 = std::min(cols, i0 + RESIDENT_INT8_BLOCK);
-        sc[b] = quant::q8_block(x + i0, i1 - i0, d + i0);
-      }
+    void* dst = m.f == Dtype::F32   ? static_cast<void*>(m.w32.p + o * cols)
+                : m.f == Dtype::Int8 ? static_cast<void*>(m.w8.p + o * cols)
+                                     : static_cast<void*>(m.w16.p + o * cols);
+    const int64_t bad = narrow_row(m.f, src + r * cols, cols, dst, m.scales.p + o * m.blocks);
+    if (bad >= 0) {
+#pragma omp critical(algenta_store_rows)
+      if (first < 0 || r * cols + bad < first) first = r * cols + bad;
     }
   }
-  if (!overflow) return -1;
-  for (int64_t i = 0; i < n * cols; ++i)  // rare: name the first offender
-    if ((m.w16.p[row0 * cols + i] & exp_mask) == exp_mask) return i;
-  return -1;
+  return first;
 }
 
 // [r0, r1) of `rows` for thread t of nt, contiguous.
@@ -436,16 +423,7 @@ class CpuSession final : public SessionBase {
     const MatDest d = mat_dest(t);
     if (d.m->f == Dtype::F32) return;
     const int64_t bad = store_rows(*d.m, d.row0 + r0, staging_.p, r1 - r0);
-    if (bad >= 0) {
-      const bool f16 = d.m->f == Dtype::F16;
-      throw StatusError(Family::Resident, RESIDENT_ERR_NON_FINITE,
-                        "weight '" + t.name + "' holds " + std::to_string(staging_.p[bad]) +
-                            " at index " + std::to_string(r0 * t.cols() + bad) + ", past " +
-                            residentk_weight_format_name(d.m->f) + "'s range (" +
-                            (f16 ? "float16 holds |x| <= 65504): load it with weights='bf16' "
-                                   "or 'f32'"
-                                 : "it rounds to infinity): load it with weights='f32'"));
-    }
+    if (bad >= 0) refuse_past_range(t.name, d.m->f, staging_.p[bad], r0 * t.cols() + bad);
   }
   int64_t weight_chunk_elems() const override {
     return c_.weights == Dtype::F32 ? std::numeric_limits<int64_t>::max() : STAGE_ELEMS;

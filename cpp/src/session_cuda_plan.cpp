@@ -54,29 +54,37 @@ Plan make_plan(const SessionConfig& c, int64_t max_ctx, int64_t sms) {
   p.attn_width = Hq * Dh;
   const int64_t Q = p.q_rows, A = p.attn_width;
 
-  // ---- weight arena, in the order of the HF names ----
+  // ---- weight arena (bytes), in the order of the HF names ----
+  p.elem_bytes = dtype_info(c.weights).bytes;
   int64_t at = 0;
-  auto take = [&at](int64_t n) {
+  auto take_bytes = [&at](int64_t n) {
     const int64_t o = at;
-    at += align_up(n);
+    at += align_up_bytes(n);
     return o;
   };
-  p.embed = take(V * D);
+  auto vec = [&](int64_t n) { return take_bytes(4 * n); };
+  auto mat = [&](int64_t rows, int64_t cols) {
+    MatOffsets m;
+    m.data = take_bytes(rows * cols * p.elem_bytes);
+    if (c.weights == Dtype::Int8) m.scales = take_bytes(4 * rows * ceil_div(cols, RESIDENT_INT8_BLOCK));
+    return m;
+  };
+  p.embed = mat(V, D);
   p.layers.resize(size_t(L));
   for (LayerOffsets& l : p.layers) {
-    l.in_norm = take(D);
-    l.wqkv = take(Q * D);
-    l.q_norm = take(Dh);
-    l.k_norm = take(Dh);
-    l.wo = take(D * A);
-    l.post_norm = take(D);
-    l.wg = take(F * D);
-    l.wu = take(F * D);
-    l.wd = take(D * F);
+    l.in_norm = vec(D);
+    l.wqkv = mat(Q, D);
+    l.q_norm = vec(Dh);
+    l.k_norm = vec(Dh);
+    l.wo = mat(D, A);
+    l.post_norm = vec(D);
+    l.wg = mat(F, D);
+    l.wu = mat(F, D);
+    l.wd = mat(D, F);
   }
-  p.final_norm = take(D);
-  p.head = c.tie_word_embeddings ? p.embed : take(V * D);
-  p.weight_floats = at;
+  p.final_norm = vec(D);
+  p.head = c.tie_word_embeddings ? p.embed : mat(V, D);
+  p.weight_bytes = at;
 
   p.kv_floats = residentk_cache_elements(L, Hkv, Dh, T);
   p.kv_layer_stride = 2 * Hkv * T * Dh;
@@ -95,7 +103,14 @@ Plan make_plan(const SessionConfig& c, int64_t max_ctx, int64_t sms) {
   p.norm_rope_threads =
       std::min<int64_t>(1024, ceil_div(std::max<int64_t>(Dh / 2, 1), WARP) * WARP);
 
-  // ---- decode activation arena ----
+  p.staged_bytes = stage_bytes(p.staged_floats, c.weights);
+
+  // ---- decode activation arena (floats) ----
+  auto take = [&at](int64_t n) {
+    const int64_t o = at;
+    at += align_up(n);
+    return o;
+  };
   p.max_splits = residentk_splitk_max_n_splits(sms, Hq);
   at = 0;
   p.x = take(D);

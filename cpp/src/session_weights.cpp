@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "algenta/half.hpp"
+#include "algenta/quant.hpp"
 #include "algenta/residentk.hpp"
 #include "algenta/session_math.hpp"
 #include "algenta/status_error.hpp"
@@ -159,6 +160,46 @@ int64_t widen_checked(const void* src, Dtype t, int64_t i0, int64_t n, float* ds
   for (int64_t i = 0; i < n; ++i)
     if (!std::isfinite(dst[i])) return i0 + i;
   return -1;
+}
+
+int64_t narrow_row(Dtype f, const float* x, int64_t cols, void* dst, float* scales) {
+  switch (f) {
+    case Dtype::F32:
+      std::memcpy(dst, x, size_t(cols) * sizeof(float));
+      return -1;
+    case Dtype::BF16:
+    case Dtype::F16: {
+      uint16_t* d = static_cast<uint16_t*>(dst);
+      const bool bf = f == Dtype::BF16;
+      const uint16_t exp_mask = bf ? 0x7f80u : 0x7c00u;  // all ones: infinity (x is finite)
+      int64_t bad = -1;
+      for (int64_t i = 0; i < cols; ++i) {
+        d[i] = bf ? half::f32_to_bf16(x[i]) : half::f32_to_f16(x[i]);
+        if (bad < 0 && (d[i] & exp_mask) == exp_mask) bad = i;
+      }
+      return bad;
+    }
+    case Dtype::Int8: {
+      int8_t* d = static_cast<int8_t*>(dst);
+      for (int64_t i0 = 0, b = 0; i0 < cols; i0 += RESIDENT_INT8_BLOCK, ++b) {
+        const int64_t n = cols - i0 < RESIDENT_INT8_BLOCK ? cols - i0 : RESIDENT_INT8_BLOCK;
+        scales[b] = quant::q8_block(x + i0, n, d + i0);
+      }
+      return -1;
+    }
+    case Dtype::F64: break;  // not a weight format: session_open_status refuses it (601)
+  }
+  return -1;
+}
+
+void refuse_past_range(const std::string& tensor, Dtype f, float value, int64_t flat_index) {
+  const bool f16 = f == Dtype::F16;
+  refuse(RESIDENT_ERR_NON_FINITE,
+         "weight '" + tensor + "' holds " + std::to_string(value) + " at index " +
+             std::to_string(flat_index) + ", past " + residentk_weight_format_name(f) +
+             "'s range (" +
+             (f16 ? "float16 holds |x| <= 65504): load it with weights='bf16' or 'f32'"
+                  : "it rounds to infinity): load it with weights='f32'"));
 }
 
 WeightRegistry::WeightRegistry(const SessionConfig& c) : table_(qwen3_tensors(c)) {

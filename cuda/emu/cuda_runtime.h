@@ -456,6 +456,13 @@ inline int __float_as_int(float f) {
   std::memcpy(&i, &f, 4);
   return i;
 }
+// The byte dot product (dp4a): the four signed bytes of a times those of b, summed exactly
+// into c, as the device's IDP.4A computes it.
+inline int __dp4a(int a, int b, int c) {
+  for (int i = 0; i < 4; ++i)
+    c += int(int8_t(uint32_t(a) >> (8 * i))) * int(int8_t(uint32_t(b) >> (8 * i)));
+  return c;
+}
 // CUDA's device min/max accept mixed integer types; the common type is what they compute in.
 template <class A, class B>
 inline typename std::common_type<A, B>::type min(A a, B b) {

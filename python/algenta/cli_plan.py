@@ -373,9 +373,7 @@ def render(report: dict, source: str) -> str:
                 else "2 bytes an element")
         lines += [f"  {fmt} weight matrices: {what};",
                   f"  norms and the KV cache stay float32 (all float32 at bucket {bucket:,}: "
-                  f"{_gib(report['resident_bucket_bytes'])})",
-                  f"  today {fmt} weights run on the CPU engine (device='cpu'); a CUDA session "
-                  f"holds float32 weights and refuses {fmt} with 607"]
+                  f"{_gib(report['resident_bucket_bytes'])})"]
 
     g = report.get("gpu")
     if g:

@@ -45,13 +45,16 @@ constexpr int NARROW_ROWS = 8;
 // Prefill processes at most this many tokens per block (the CPU engine's block too).
 constexpr int64_t PREFILL_BLOCK = 256;
 // Every buffer offset is a multiple of this many floats (256 bytes): float4 loads of a row whose
-// length is a multiple of 4 never straddle, and every tensor starts on its own cache lines.
+// length is a multiple of 4 never straddle, and every tensor starts on its own cache lines. The
+// weight arena, whose matrices may be 2- or 1-byte elements, aligns byte offsets the same way.
 constexpr int64_t ALIGN_FLOATS = 64;
+constexpr int64_t ALIGN_BYTES = 4 * ALIGN_FLOATS;
 // A core count to plan with when the device cannot be asked (CPU tests, the 605 path).
 constexpr int64_t FALLBACK_SMS = 40;
 
 ALGENTA_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 ALGENTA_HD int64_t align_up(int64_t n) { return ceil_div(n, ALIGN_FLOATS) * ALIGN_FLOATS; }
+ALGENTA_HD int64_t align_up_bytes(int64_t n) { return ceil_div(n, ALIGN_BYTES) * ALIGN_BYTES; }
 
 // Keys [k0, k1) of split s of S over n keys: ceil(n/S) keys each, in key order, so the splits
 // partition [0, n) exactly; trailing splits may be empty (k0 == k1) when ceil rounding runs out
@@ -84,17 +87,23 @@ struct SplitPlan {
 SplitPlan splitk_plan(int64_t n_keys, int64_t sms, int64_t h_q);
 
 // ---- buffers -------------------------------------------------------------------------------
-// Offsets (floats) of one layer's tensors inside the weight arena.
+// A weight matrix (rows, cols) in the weight arena, byte offsets: its elements in the session's
+// format (row r at data + r * cols * elem_bytes), and for int8 its block scales (rows,
+// ceil(cols / RESIDENT_INT8_BLOCK) float32, the CPU engine's layout); scales is -1 otherwise.
+struct MatOffsets {
+  int64_t data = 0;
+  int64_t scales = -1;
+};
+// One layer's tensors inside the weight arena (byte offsets; the norms are float32).
 struct LayerOffsets {
   int64_t in_norm = 0;    // (D)
-  int64_t wqkv = 0;       // (Q, D): q_proj rows, then k_proj, then v_proj
+  MatOffsets wqkv;        // (Q, D): q_proj rows, then k_proj, then v_proj
   int64_t q_norm = 0;     // (Dh)
   int64_t k_norm = 0;     // (Dh)
-  int64_t wo = 0;         // (D, A)
+  MatOffsets wo;          // (D, A)
   int64_t post_norm = 0;  // (D)
-  int64_t wg = 0;         // (F, D)
-  int64_t wu = 0;         // (F, D)
-  int64_t wd = 0;         // (D, F)
+  MatOffsets wg, wu;      // (F, D)
+  MatOffsets wd;          // (D, F)
 };
 
 struct Plan {
@@ -105,12 +114,14 @@ struct Plan {
   int64_t q_rows = 0;     // Q
   int64_t attn_width = 0; // A
 
-  // Weight arena: one allocation, every tensor aligned (ALIGN_FLOATS).
-  int64_t embed = 0;        // (V, D)
-  int64_t head = 0;         // (V, D); == embed when tied
+  // Weight arena: one allocation, every tensor and scale array aligned (ALIGN_BYTES); the
+  // matrices in the session's weight format (elem_bytes each), norms float32.
+  int64_t elem_bytes = 4;   // 4 (f32), 2 (bf16, f16), 1 (int8)
+  MatOffsets embed;         // (V, D)
+  MatOffsets head;          // (V, D); == embed when tied
   int64_t final_norm = 0;   // (D)
   std::vector<LayerOffsets> layers;
-  int64_t weight_floats = 0;
+  int64_t weight_bytes = 0;
 
   // KV cache: residentk_cache_elements(L, Hkv, Dh, T); layer l's K at l*2*Hkv*T*Dh, its V one
   // Hkv*T*Dh further, each laid out (Hkv, T, Dh) as in the CPU engine.
@@ -144,7 +155,10 @@ struct Plan {
 
   // Decode launches.
   MatvecLaunch qkv_mv, o_mv, gateup_mv, down_mv, head_mv;
-  int64_t staged_floats = 0;  // max(D, F, A): dynamic shared memory of the matvec kernels / 4
+  int64_t staged_floats = 0;  // max(D, F, A): the longest vector a matvec kernel stages
+  // Dynamic shared memory of a matvec kernel staging a K-vector (stage_bytes(K)); the largest,
+  // at K = staged_floats, is what the device's per-block limit is checked against at open.
+  int64_t staged_bytes = 0;
   int64_t attn_smem_bytes = 0;
   int64_t norm_rope_threads = 0;  // min(Dh, 1024) rounded up to a warp
 };
@@ -152,6 +166,15 @@ struct Plan {
 // Everything the session allocates and launches, or the contract's refusal in status/why.
 // Refusals are the contract's own: shape (601-603), scalars (609), max_ctx (601/602).
 Plan make_plan(const SessionConfig& cfg, int64_t max_ctx, int64_t sms);
+
+// Dynamic shared memory (bytes) of a matvec kernel whose input vector has K values, in weight
+// format f: the vector in float32 (K floats), and for int8 also its quantized blocks (K bytes,
+// rounded up to 16) and their scales (ceil(K / 32) floats), as the kernels lay them out.
+ALGENTA_HD int64_t stage_bytes(int64_t K, Dtype f) {
+  const int64_t xf = 16 * ceil_div(K, 4);  // K floats, padded to whole float4
+  if (f != Dtype::Int8) return xf;
+  return xf + 16 * ceil_div(K, 16) + 4 * ceil_div(K, RESIDENT_INT8_BLOCK);
+}
 
 // Dispatches one decode step launches at position P (n_keys = P + 1): 3 + 6L, plus one per
 // layer when split-K is in play. Equals residentk_dispatch_budget / _deep.

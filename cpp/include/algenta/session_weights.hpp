@@ -65,6 +65,18 @@ int64_t greedy_argmax(const float* logits, int64_t n);
 // unspecified prefix), or -1 when every value was finite.
 int64_t widen_checked(const void* src, Dtype t, int64_t i0, int64_t n, float* dst);
 
+// One float32 row x (cols) in a resident weight format, the conversion both engines store with
+// (so the same checkpoint is the same bits on either): f32 copied; bf16 and f16 rounded to
+// nearest even (half.hpp) into dst as uint16_t bits; int8 quantized per block of
+// RESIDENT_INT8_BLOCK (quant.hpp) into dst as int8_t values and `scales` (ceil(cols / 32)
+// floats). Returns the index of the first value the format cannot hold (it rounds to infinity:
+// float16 past 65504, bfloat16 past its largest finite), or -1. x is finite (widen_checked).
+int64_t narrow_row(Dtype f, const float* x, int64_t cols, void* dst, float* scales);
+// The 609 refusal of a weight value past its format's range (narrow_row's index), naming the
+// tensor, the value, its flat index and the format to load it with instead.
+[[noreturn]] void refuse_past_range(const std::string& tensor, Dtype f, float value,
+                                    int64_t flat_index);
+
 // The registry of one session's tensors: which are set, checked against the table by name and
 // shape. Not thread-safe on its own: the session serializes its writers.
 class WeightRegistry {

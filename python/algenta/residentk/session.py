@@ -43,12 +43,12 @@ _c = _core.residentk
 WEIGHT_FORMATS = RESIDENT_WEIGHT_FORMATS  # the core's names, in its order
 
 
-def _resolve_device(device: str, weights: str = "f32") -> str:
+def _resolve_device(device: str) -> str:
     if device not in ("cpu", "cuda", "auto"):
         raise ResidentError(f"device must be 'cpu', 'cuda' or 'auto', got {device!r}", 601)
     backend = _core.session.cuda_backend()
-    if device == "auto":  # the CUDA engine holds float32 weights only
-        return "cuda" if backend["usable"] and weights == "f32" else "cpu"
+    if device == "auto":  # every weight format runs on either engine
+        return "cuda" if backend["usable"] else "cpu"
     if device == "cuda" and not backend["usable"]:
         if backend["kind"] == "none":
             raise ResidentUnavailableError(f"device='cuda': {backend['why']}", 604)
@@ -63,7 +63,7 @@ def _open_engine(cfg: ResidentConfig, max_ctx: int, device: str, weights: str = 
     max_ctx = as_i64_clamped(max_ctx, "max_ctx")
     if not isinstance(weights, str) or weights not in WEIGHT_FORMATS:  # the core's 601 too
         raise ResidentError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}", 601)
-    factory = (_core.session.cuda_session if _resolve_device(device, weights) == "cuda"
+    factory = (_core.session.cuda_session if _resolve_device(device) == "cuda"
                else _core.session.cpu_session)
     return factory(cfg.d_model, cfg.h_q, cfg.h_kv, cfg.d_head, cfg.d_ff, cfg.n_layers, cfg.vocab,
                    cfg.rms_eps, cfg.rope_theta, cfg.tie_word_embeddings, max_ctx,
@@ -178,8 +178,9 @@ class ResidentSession:
     ``weights`` is how the weight matrices are held resident: "f32", "bf16", "f16" (round to
     nearest even; a value past float16's 65504 is refused, 609) or "int8" (per row, blocks of 32
     with one float32 scale each, amax / 127). A bfloat16 checkpoint held as "bf16" keeps its bits.
-    Norms, activations, RoPE and the KV cache are float32 in every format. The narrow formats run
-    on the CPU engine (device="cuda" refuses them, 607).
+    Norms, activations, RoPE and the KV cache are float32 in every format. Every format runs on
+    both engines, which multiply the same values (bf16 activations for bf16 weights, int8 blocks
+    for int8: see README).
     """
 
     def __init__(self, config, tensors, *, max_ctx: int = 512, device: str = "cpu",
