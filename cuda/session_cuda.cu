@@ -1,7 +1,8 @@
 // The CUDA resident decode engine: Qwen3 with float32 activations, weight matrices resident in
 // float32, bfloat16, float16 or int8 (SessionConfig::weights: the CPU engine's formats, stored by
-// the same conversion, session_weights.hpp's narrow_row) and a fixed-capacity KV cache, all in
-// device memory for the session's whole life; the same model, stage for stage and format for
+// the same conversion, session_weights.hpp's narrow_row) and a fixed-capacity KV cache in
+// float32, bfloat16 or float16 (SessionConfig::kv), all in device memory for the session's whole
+// life; the same model, stage for stage and format for
 // format, as the CPU engine (cpp/src/session_cpu.cpp), which is its reference. The registry, the refusals and the
 // position are SessionBase's (cpp/include/algenta/session_base.hpp), shared with the CPU engine.
 //
@@ -38,7 +39,9 @@
 // Numerics: float32 activations; RMSNorm sums squares in double and rounds the inverse once, as
 // the CPU engine; RoPE uses the same host-built table. Each weight format multiplies what the
 // CPU engine's does (bf16 activations for bf16 weights, Q8_0 x Q8_0 for int8: see
-// session_kernels.cuh). Dot products reduce in a different order
+// session_kernels.cuh). A 16-bit KV cache holds each key and value rounded once as it is written
+// (session_math::kv_narrow, the CPU engine's rule); attention widens them and accumulates in
+// float32. Dot products reduce in a different order
 // than the CPU engine (lanes, then a warp shuffle), so logits agree with it to float32 rounding
 // times the reduction widths, not bit for bit (the tests' tolerance is documented in
 // tests/test_residentk_cuda.py).
@@ -183,9 +186,8 @@ class CudaSession final : public SessionBase {
 
     // Everything the session will ever hold, checked against free device memory before the
     // first allocation, so an oversized session is one clear 608 rather than a partial open.
-    const int64_t bytes = plan_.weight_bytes +
-                          4 * (plan_.kv_floats + plan_.rope_floats + plan_.act_floats +
-                               plan_.prefill_floats) +
+    const int64_t bytes = plan_.weight_bytes + plan_.kv_elems * plan_.kv_elem_bytes +
+                          4 * (plan_.rope_floats + plan_.act_floats + plan_.prefill_floats) +
                           8 * (plan_.head_mv.grid + plan_.prefill_rows) + int64_t(sizeof(Control));
     size_t free_b = 0, total_b = 0;
     CK(cudaMemGetInfo(&free_b, &total_b));
@@ -199,7 +201,7 @@ class CudaSession final : public SessionBase {
     // token can run (the registry refuses a step until all are), KV slots are written before
     // attention reads them, and every scratch cell is written by the kernel before its reader.
     weights_dev_.alloc(plan_.weight_bytes, "cudaMalloc(weights)");
-    kv_.alloc(4 * plan_.kv_floats, "cudaMalloc(kv cache)");
+    kv_.alloc(plan_.kv_elems * plan_.kv_elem_bytes, "cudaMalloc(kv cache)");
     rope_.alloc(4 * plan_.rope_floats, "cudaMalloc(rope table)");
     act_.alloc(4 * plan_.act_floats, "cudaMalloc(decode activations)");
     pre_.alloc(4 * plan_.prefill_floats, "cudaMalloc(prefill activations)");
@@ -219,8 +221,13 @@ class CudaSession final : public SessionBase {
 
     const int optin = int(prop.sharedMemPerBlockOptin);
     load_kernel(k_rmsnorm_rows, "k_rmsnorm_rows", 0);
-    load_kernel(k_qk_norm_rope, "k_qk_norm_rope", 0);
-    load_kernel(k_attn_partial, "k_attn_partial", optin);
+    // The KV format's two kernels, chosen once (a format's kernel only ever reads its own
+    // element type).
+    switch (c.kv) {
+      case Dtype::BF16: use_kv<Dtype::BF16>(optin); break;
+      case Dtype::F16: use_kv<Dtype::F16>(optin); break;
+      default: use_kv<Dtype::F32>(optin); break;  // f32 (session_open_status refused the rest)
+    }
     load_kernel(k_attn_merge, "k_attn_merge", 0);
     load_kernel(k_silu_mul, "k_silu_mul", 0);
     by_format([&](auto f) { load_format_kernels<decltype(f)::value>(optin); });
@@ -371,6 +378,14 @@ class CudaSession final : public SessionBase {
     if (F == Dtype::BF16 || F == Dtype::Int8) load_kernel(k_as_consumed<F>, "k_as_consumed", 0);
   }
 
+  template <Dtype KV>
+  void use_kv(int optin) {
+    rope_kernel_ = k_qk_norm_rope<KV>;
+    attn_kernel_ = k_attn_partial<KV>;
+    load_kernel(rope_kernel_, "k_qk_norm_rope", 0);
+    load_kernel(attn_kernel_, "k_attn_partial", optin);
+  }
+
   Control* ctl() const { return static_cast<Control*>(ctl_.p); }
   // A float32 norm vector and a weight matrix of the arena.
   const float* W(int64_t off) const {
@@ -383,8 +398,14 @@ class CudaSession final : public SessionBase {
   }
   // Dynamic shared memory of a matvec kernel staging a K-vector.
   size_t smem(int64_t K) const { return size_t(stage_bytes(K, c_.weights)); }
-  float* kcache(int64_t l) const { return kv_.f() + l * plan_.kv_layer_stride; }
-  float* vcache(int64_t l) const { return kcache(l) + c_.h_kv * plan_.capacity * c_.d_head; }
+  // Layer l's K (Hkv, T, Dh) and V (Hkv, T, Dh), elements of the KV format.
+  void* kcache(int64_t l) const {
+    return static_cast<char*>(kv_.p) + l * plan_.kv_layer_stride * plan_.kv_elem_bytes;
+  }
+  void* vcache(int64_t l) const {
+    return static_cast<char*>(kcache(l)) +
+           c_.h_kv * plan_.capacity * c_.d_head * plan_.kv_elem_bytes;
+  }
   float* A(int64_t off) const { return act_.f() + off; }
   float* P(int64_t off) const { return pre_.f() + off; }
 
@@ -439,8 +460,8 @@ class CudaSession final : public SessionBase {
   // The per-row q/k norm + RoPE + KV write and attention launches shared by decode (M = 1) and
   // prefill.
   void norm_rope(const LayerOffsets& l, int64_t li, float* qkv, int64_t M) {
-    k_qk_norm_rope<<<dim3(unsigned(c_.h_q + 2 * c_.h_kv), unsigned(M)),
-                     unsigned(plan_.norm_rope_threads), 0, stream_>>>(
+    rope_kernel_<<<dim3(unsigned(c_.h_q + 2 * c_.h_kv), unsigned(M)),
+                   unsigned(plan_.norm_rope_threads), 0, stream_>>>(
         qkv, plan_.q_rows, W(l.q_norm), W(l.k_norm), rope_.f(), ctl(), c_.h_q, c_.h_kv,
         c_.d_head, plan_.capacity, c_.rms_eps, kcache(li), vcache(li));
     launched("k_qk_norm_rope");
@@ -448,8 +469,8 @@ class CudaSession final : public SessionBase {
   void attention(int64_t li, const float* qkv, int64_t M, int64_t S_grid, bool splits_on_device,
                  bool finalize, float* out) {
     const float scale = float(1.0 / std::sqrt(double(c_.d_head)));
-    k_attn_partial<<<dim3(unsigned(c_.h_q), unsigned(S_grid), unsigned(M)), ATTN_THREADS,
-                     size_t(plan_.attn_smem_bytes), stream_>>>(
+    attn_kernel_<<<dim3(unsigned(c_.h_q), unsigned(S_grid), unsigned(M)), ATTN_THREADS,
+                   size_t(plan_.attn_smem_bytes), stream_>>>(
         qkv, plan_.q_rows, kcache(li), vcache(li), ctl(), plan_.capacity, c_.h_q / c_.h_kv,
         c_.d_head, scale, splits_on_device, finalize, out, A(plan_.part_acc), A(plan_.part_ml));
     launched("k_attn_partial");
@@ -605,6 +626,9 @@ class CudaSession final : public SessionBase {
   Pinned<float> scales_;    // and their int8 block scales (int8 only)
   DevMem weights_dev_, kv_, rope_, act_, pre_, blk_idx_, ids_, ctl_;
   Graph standard_, deep_;   // destroyed first: they refer to the buffers above
+  // The KV format's instantiations of the two kernels that touch the cache.
+  decltype(&k_qk_norm_rope<Dtype::F32>) rope_kernel_ = nullptr;
+  decltype(&k_attn_partial<Dtype::F32>) attn_kernel_ = nullptr;
   bool use_graphs_ = true;
 };
 

@@ -216,6 +216,22 @@ __device__ __forceinline__ float warp_dot(const DevMat& m, int64_t r, const Stag
   return warp_sum(acc);
 }
 
+// ---- the KV cache in its format ---------------------------------------------------------------
+// Element i of a KV cache of format KV (f32, bf16, f16: session_math's kv_narrow / kv_widen, the
+// CPU engine's rounding), stored and loaded.
+template <Dtype KV>
+__device__ __forceinline__ void kv_store(void* c, int64_t i, float v) {
+  if (KV == Dtype::F32)
+    static_cast<float*>(c)[i] = v;
+  else
+    static_cast<uint16_t*>(c)[i] = session_math::kv_narrow(KV, v);
+}
+template <Dtype KV>
+__device__ __forceinline__ float kv_load(const void* c, int64_t i) {
+  if (KV == Dtype::F32) return static_cast<const float*>(c)[i];
+  return session_math::kv_widen(KV, static_cast<const uint16_t*>(c)[i]);
+}
+
 // Copy v (n) global -> shared by the whole block, then a barrier.
 __device__ __forceinline__ void stage(const float* __restrict__ v, int64_t n, float* s) {
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s[i] = v[i];
@@ -320,14 +336,15 @@ __global__ void k_matvec_residual(DevMat W, const float* __restrict__ a, int64_t
 // rotate-half RoPE at position P + row; k and v heads are then written to the cache slot
 // P + row. grid (Hq + 2*Hkv, M), plan.norm_rope_threads threads; thread i owns the pair
 // (i, i + Dh/2), so it reads and writes only its own two elements after the norm's reduction.
+template <Dtype KV>
 __global__ void k_qk_norm_rope(float* __restrict__ qkv /* (M, Q) */, int64_t Q,
                                const float* __restrict__ qn /* (Dh) */,
                                const float* __restrict__ kn /* (Dh) */,
                                const float* __restrict__ rope /* cos (T, Dh/2), sin (T, Dh/2) */,
                                const Control* __restrict__ ctl, int64_t Hq, int64_t Hkv,
                                int64_t Dh, int64_t T, double eps,
-                               float* __restrict__ Kc /* (Hkv, T, Dh) */,
-                               float* __restrict__ Vc /* (Hkv, T, Dh) */) {
+                               void* __restrict__ Kc /* (Hkv, T, Dh) of KV */,
+                               void* __restrict__ Vc /* (Hkv, T, Dh) of KV */) {
   __shared__ double red[32];
   const int64_t h = blockIdx.x, row = blockIdx.y;
   const int64_t p = ctl->pos + row;
@@ -353,8 +370,9 @@ __global__ void k_qk_norm_rope(float* __restrict__ qkv /* (M, Q) */, int64_t Q,
   }
   if (h >= Hq) {
     const int64_t g = h < Hq + Hkv ? h - Hq : h - Hq - Hkv;
-    float* dst = (h < Hq + Hkv ? Kc : Vc) + (g * T + p) * Dh;
-    for (int64_t i = threadIdx.x; i < Dh; i += blockDim.x) dst[i] = v[i];
+    void* dst = h < Hq + Hkv ? Kc : Vc;
+    const int64_t at = (g * T + p) * Dh;
+    for (int64_t i = threadIdx.x; i < Dh; i += blockDim.x) kv_store<KV>(dst, at + i, v[i]);
   }
 }
 
@@ -369,9 +387,10 @@ __global__ void k_qk_norm_rope(float* __restrict__ qkv /* (M, Q) */, int64_t Q,
 // partial (acc, m, l) for k_attn_merge (S may be 1 there too: the deep path's launch count does
 // not depend on S); an empty split writes m = -inf, l = 0, acc = 0.
 // Shared memory: q (Dh), per-warp accumulators (ATTN_WARPS, Dh), per-warp (m, l).
+template <Dtype KV>
 __global__ void k_attn_partial(const float* __restrict__ qkv /* (M, Q) */, int64_t Q,
-                               const float* __restrict__ Kc /* (Hkv, T, Dh) */,
-                               const float* __restrict__ Vc /* (Hkv, T, Dh) */,
+                               const void* __restrict__ Kc /* (Hkv, T, Dh) of KV */,
+                               const void* __restrict__ Vc /* (Hkv, T, Dh) of KV */,
                                const Control* __restrict__ ctl, int64_t T, int64_t G, int64_t Dh,
                                float scale, bool splits_on_device, bool finalize,
                                float* __restrict__ out /* (M, A) */,
@@ -399,16 +418,15 @@ __global__ void k_attn_partial(const float* __restrict__ qkv /* (M, Q) */, int64
   const int64_t kv = (h / G) * T * Dh;
   float m = -INFINITY, l = 0.f;
   for (int64_t j = k0 + warp; j < k1; j += ATTN_WARPS) {
-    const float* kr = Kc + kv + j * Dh;
+    const int64_t kr = kv + j * Dh;
     float dot = 0.f;
-    for (int64_t d = lane; d < Dh; d += 32) dot = fmaf(qs[d], kr[d], dot);
+    for (int64_t d = lane; d < Dh; d += 32) dot = fmaf(qs[d], kv_load<KV>(Kc, kr + d), dot);
     const float sc = warp_sum(dot) * scale;
     const float mn = fmaxf(m, sc);
     const float corr = expf(m - mn);  // m = -inf on the first key: corr = 0, nothing to rescale
     const float pj = expf(sc - mn);
     l = l * corr + pj;
-    const float* vr = Vc + kv + j * Dh;
-    for (int64_t d = lane; d < Dh; d += 32) my[d] = fmaf(my[d], corr, pj * vr[d]);
+    for (int64_t d = lane; d < Dh; d += 32) my[d] = fmaf(my[d], corr, pj * kv_load<KV>(Vc, kr + d));
     m = mn;
   }
   if (lane == 0) {

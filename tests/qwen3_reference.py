@@ -95,12 +95,19 @@ def bf16_activations(x):
     return r.view(np.float32).astype(np.float64)
 
 
-def forward(cfg: dict, weights: dict, ids, act=None) -> np.ndarray:
+def f16_values(x):
+    """x rounded to float32, then to IEEE float16 (nearest, ties to even), as float64."""
+    return np.asarray(x, dtype=np.float32).astype(np.float16).astype(np.float64)
+
+
+def forward(cfg: dict, weights: dict, ids, act=None, kv=None) -> np.ndarray:
     """Logits (S, V) in float64 for every position of ids (S), starting at position 0. act, when
     given, maps every activation matrix on its way into a weight-matrix product (the input of
     q/k/v, o, gate/up, down and the head): q8_activations models the int8 format,
-    bf16_activations the bf16 format."""
+    bf16_activations the bf16 format. kv, when given, maps the keys (after their norm and RoPE)
+    and the values as a KV cache holds them: bf16_activations or f16_values."""
     a = act or (lambda t: t)
+    c = kv or (lambda t: t)
     w = {k: np.asarray(v, dtype=np.float64) for k, v in weights.items()}
     ids = np.asarray(ids, dtype=np.int64)
     S = ids.shape[0]
@@ -116,7 +123,8 @@ def forward(cfg: dict, weights: dict, ids, act=None) -> np.ndarray:
         k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(S, Hkv, Dh)
         v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(S, Hkv, Dh)
         q = _rope(_rms(q, w[p + "self_attn.q_norm.weight"], eps), pos, theta)
-        k = _rope(_rms(k, w[p + "self_attn.k_norm.weight"], eps), pos, theta)
+        k = c(_rope(_rms(k, w[p + "self_attn.k_norm.weight"], eps), pos, theta))
+        v = c(v)
         group = Hq // Hkv
         k = np.repeat(k, group, axis=1)  # query head j reads kv head j // group
         v = np.repeat(v, group, axis=1)

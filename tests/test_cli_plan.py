@@ -401,6 +401,32 @@ def test_weights_human_output():
     assert "resident, bf16 weights" in r.stdout
 
 
+def test_kv_format_counts_kv_bytes():
+    # --kv changes the KV cache's bytes (2 an element for bf16 and f16), never its elements, and
+    # the fit answers follow: Qwen3-8B at 32,768 positions holds 9 GiB of float32 KV, 4.5 in bf16.
+    code, f32 = plan_json("qwen3-8b", "--ctx", "32768", "--weights", "bf16", "--gpu-mem", "24GiB")
+    code2, half = plan_json("qwen3-8b", "--ctx", "32768", "--weights", "bf16", "--kv", "bf16",
+                            "--gpu-mem", "24GiB")
+    assert half["kv_format"] == "bf16" and f32["kv_format"] == "f32"
+    assert half["kv_cache_elems"] == f32["kv_cache_elems"] == 36 * 2 * 8 * 128 * 32768
+    assert f32["bytes"]["kv_cache"] == 4 * f32["kv_cache_elems"] == 9 * 2**30
+    assert half["bytes"]["kv_cache"] == 2 * half["kv_cache_elems"]
+    assert half["bytes"]["weights"] == f32["bytes"]["weights"]
+    want = rc.residentk_footprint(*Q8, 32768, tied=False, format="bf16", kv_format="bf16")
+    assert half["bytes"]["total"] == want["total_bytes"] == want["weight_bytes"] + want["kv_bytes"]
+    assert (code, f32["gpu"]["fits"]) == (1, False) and (code2, half["gpu"]["fits"]) == (0, True)
+    assert half["gpu"]["max_ctx"] == rc.residentk_max_ctx_fitting(
+        *Q8, 24 * 2**30, tied=False, format="bf16", kv_format="bf16") == 32768
+    assert f32["gpu"]["max_ctx"] == 16384
+    r = algenta("plan", "qwen3-8b", "--ctx", "32768", "--weights", "bf16", "--kv", "f16")
+    assert "resident, bf16 weights, f16 KV cache" in r.stdout
+    assert re.search(r"^KV cache at ctx 32,768\s+2,415,919,104\s+4,831,838,208\s", r.stdout, re.M)
+    r = algenta("plan", "qwen3-0.6b", "--kv", "int8")
+    assert r.returncode == 2 and "--kv" in r.stderr and "Traceback" not in r.stderr
+    with pytest.raises(ValueError):
+        rc.residentk_footprint(*Q8, 512, kv_format="int8")
+
+
 @pytest.mark.parametrize("bad", ["fp8", "F32", "int4", "", "float32"])
 def test_weights_unknown_format_exit_2_one_line(bad):
     r = algenta("plan", "qwen3-0.6b", "--weights", bad)

@@ -33,7 +33,11 @@ of order 1/sqrt(width), a few such flips a token. The bound is one unit of the f
 bf16, 1/127 for int8) times max(1, max |logit|); measured on the emulator (two-layer models,
 7-token prefill, 40-63 steps) the largest deviation was 1.1e-3 x max |logit| for bf16 (one flip)
 and 2.8e-7 for int8, and greedy tokens agreed on every step. A wrong block scale, row offset or
-widening moves logits by O(1) of their scale, 10-100x past these bounds.
+widening moves logits by O(1) of their scale, 10-100x past these bounds. A bf16 or f16 KV cache
+rounds each key and value once, on both engines by one rule (session_math's kv_narrow); the same
+argument bounds it by one unit of its format (2^-7 for bf16, two bf16 ulps; 2^-10 for f16),
+and a pair of formats by the larger of the two units (measured: 1.8e-3 for bf16 weights with an
+f16 cache, 1e-5 or less elsewhere).
 """
 
 from __future__ import annotations
@@ -81,12 +85,13 @@ LARGE = dict(d_model=512, h_q=8, h_kv=4, d_head=128, d_ff=1536, n_layers=8, voca
 
 # Per-format bound on |cuda - cpu| relative to max(1, max |logit|) (see the module docstring).
 FORMAT_TOL = {"f32": TOL_SMALL, "f16": TOL_SMALL, "bf16": 2.0 ** -7, "int8": 1.0 / 127}
+KV_TOL = {"f32": 0.0, "bf16": 2.0 ** -7, "f16": 2.0 ** -10}
 
 
-def _pair(cfg, seed, max_ctx=512, weights="f32"):
+def _pair(cfg, seed, max_ctx=512, weights="f32", kv="f32"):
     w = dict(random_weights(cfg, seed))
-    return (ResidentSession(cfg, w, max_ctx=max_ctx, device="cpu", weights=weights),
-            ResidentSession(cfg, w, max_ctx=max_ctx, device="cuda", weights=weights))
+    return (ResidentSession(cfg, w, max_ctx=max_ctx, device="cpu", weights=weights, kv=kv),
+            ResidentSession(cfg, w, max_ctx=max_ctx, device="cuda", weights=weights, kv=kv))
 
 
 def _golden(cfg, seed, prompt, n_steps, tol, relative=False):
@@ -123,15 +128,13 @@ def test_golden_two_layer(name):
     _golden(SMALL[name], seed=7, prompt=[1, 5, 9, 2, 33, 17, 0], n_steps=40, tol=TOL_SMALL)
 
 
-@pytest.mark.parametrize("weights", ["bf16", "f16", "int8"])
-@pytest.mark.parametrize("name", sorted(SMALL))
-def test_weight_formats_against_the_cpu_engine(name, weights):
-    # The CPU engine at the same format is the reference (it is pinned to float64 models of each
-    # format in test_residentk_formats.py). Prefill, then 63 steps fed the CPU's greedy tokens
-    # (crossing 32 keys: both attention paths), then 64 greedy tokens with the device's argmax.
-    cfg = SMALL[name]
-    cpu, gpu = _pair(cfg, seed=3, weights=weights)
-    assert gpu.weights == weights and gpu.device == "cuda"
+def _formats_against_cpu(cfg, weights, kv):
+    # The CPU engine at the same formats is the reference (it is pinned to float64 models of
+    # each format in test_residentk_formats.py). Prefill, then 63 steps fed the CPU's greedy
+    # tokens (crossing 32 keys: both attention paths), then 64 greedy tokens with the device's
+    # argmax.
+    cpu, gpu = _pair(cfg, seed=3, weights=weights, kv=kv)
+    assert (gpu.weights, gpu.kv, gpu.device) == (weights, kv, "cuda")
     prompt = [1, 5, 9, 2, 33, 17, 0]
     want = cpu.generate(prompt, 64)
     cpu.reset()
@@ -141,8 +144,24 @@ def test_weight_formats_against_the_cpu_engine(name, weights):
         b.append(gpu.step(t))
     scale = max(1.0, max(float(np.abs(x).max()) for x in a))
     dev = max(float(np.abs(x - y).max()) for x, y in zip(a, b))
-    assert dev <= FORMAT_TOL[weights] * scale, (weights, dev, scale)
+    assert dev <= max(FORMAT_TOL[weights], KV_TOL[kv]) * scale, (weights, kv, dev, scale)
     assert gpu.generate(prompt, 64) == want
+
+
+@pytest.mark.parametrize("weights", ["bf16", "f16", "int8"])
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_weight_formats_against_the_cpu_engine(name, weights):
+    # Every SMALL shape: widths that take the 16-byte loads (64, 96: whole int8 blocks) and
+    # widths that do not (52, 84), with a float32 cache.
+    _formats_against_cpu(SMALL[name], weights, "f32")
+
+
+@pytest.mark.parametrize("kv", ["bf16", "f16"])
+@pytest.mark.parametrize("weights", ["f32", "bf16", "f16", "int8"])
+def test_kv_formats_against_the_cpu_engine(weights, kv):
+    # Every (weights, kv) pair with a narrow cache (the float32 cache is the test above), on
+    # the shape whose widths are not multiples of the vector loads.
+    _formats_against_cpu(SMALL["gqa2_untied"], weights, kv)
 
 
 @slow_on_emulator

@@ -166,8 +166,12 @@ def test_cache_activation_and_prefill_arenas(shape, max_ctx, sms):
     assert p["status"] == 600, p["why"]
     T = p["capacity"]
     assert T == RC.resident_bucket_ctx(max_ctx)
-    assert p["kv_floats"] == RC.residentk_cache_elements(L, Hkv, Dh, T)
-    assert p["kv_layer_stride"] * L == p["kv_floats"]
+    assert p["kv_elems"] == RC.residentk_cache_elements(L, Hkv, Dh, T)
+    assert p["kv_layer_stride"] * L == p["kv_elems"]
+    assert p["kv_elem_bytes"] == 4
+    for kv, size in (("bf16", 2), ("f16", 2)):
+        pk = CP.make_plan(D, Hq, Hkv, Dh, F, L, V, 1e-6, 1e6, True, max_ctx, sms, kv=kv)
+        assert (pk["kv_elems"], pk["kv_elem_bytes"]) == (p["kv_elems"], size)
     assert p["rope_floats"] == 2 * T * max(Dh // 2, 1)
     Q, A = (Hq + 2 * Hkv) * Dh, Hq * Dh
     assert (p["q_rows"], p["attn_width"]) == (Q, A)
@@ -213,7 +217,7 @@ def test_qwen3_06b_plan_figures():
         RC.residentk_cache_elements(28, 8, 128, 512)
     assert want == 596_049_920
     assert 0 <= p["weight_bytes"] - 4 * want < ALIGN_BYTES * (2 + 9 * 28)
-    assert p["kv_floats"] == 29_360_128
+    assert p["kv_elems"] == 29_360_128
     assert p["staged_floats"] == 3072 and p["staged_floats"] * 4 <= RC.residentk_smem_tier_bytes()
     assert p["max_splits"] == RC.residentk_splitk_max_n_splits(132, 16) == 256
     assert p["qkv_mv"]["rows"] == 4096 and p["head_mv"]["rows"] == 151936

@@ -155,6 +155,56 @@ def test_against_the_float64_reference_of_the_same_format():
         np.testing.assert_allclose(got, want, rtol=0, atol=TOL[fmt] * max(1.0, np.abs(want).max()))
 
 
+KV = {"bf16": ref.bf16_activations, "f16": ref.f16_values}
+KV_UNIT = {"f32": 0.0, "bf16": 2.0 ** -8, "f16": 2.0 ** -11}  # a rounded key or value's step
+# The (weights, kv) pairs the thread-count and instruction-set probes run, in _held's order.
+PROBE_FORMATS = (("bf16", "f32"), ("f16", "f16"), ("int8", "bf16"))
+
+
+@pytest.mark.parametrize("kv", ["bf16", "f16"])
+def test_kv_cache_formats_against_the_float64_reference(kv):
+    """A bf16 or f16 KV cache against the float64 model whose keys and values are rounded as the
+    cache holds them (prefill, and steps that read the cache): what remains is float32 rounding,
+    and a key or value whose float32 value rounds to its neighbour (one unit of the format:
+    2^-8 of it for bf16, 2^-11 for f16) where the float64 one does not. Also with int8 weights:
+    the two formats compose."""
+    cfg = CONFIGS["gqa2_untied"]
+    w = ref.random_weights(cfg, 5)
+    ids = PROMPT + [3, 8, 13, 21]
+    for fmt, act, tol in (("f32", None, 1e-5), ("int8", ref.q8_activations, TOL["int8"])):
+        ww = _held(w)[fmt] if fmt != "f32" else w
+        want = ref.forward(cfg, ww, ids, act=act, kv=KV[kv])
+        s = ResidentSession(cfg, w, max_ctx=64, weights=fmt, kv=kv)
+        assert s.kv == kv and f"kv={kv!r}" in repr(s)
+        got = [s.prefill(PROMPT)] + [s.step(t) for t in ids[len(PROMPT):]]
+        scale = max(1.0, float(np.abs(want).max()))
+        for i, g in enumerate(got):
+            np.testing.assert_allclose(g, want[len(PROMPT) - 1 + i], rtol=0,
+                                       atol=(tol + KV_UNIT[kv]) * scale, err_msg=f"{fmt} row {i}")
+        # and the cache really is narrow: the float32 cache's logits are not these
+        f32 = ResidentSession(cfg, w, max_ctx=64, weights=fmt).prefill(PROMPT)
+        assert float(np.abs(f32 - got[0]).max()) > 0.0
+
+
+def test_kv_cache_refusals_and_bytes():
+    cfg = CONFIGS["mha_tied"]
+    w = ref.random_weights(cfg, 1)
+    for bad in ("int8", "fp8", "float16"):
+        with pytest.raises(ResidentError) as e:
+            ResidentSession(cfg, w, kv=bad)
+        assert e.value.status == 601 and "kv" in str(e.value)
+    with pytest.raises(ValueError, match="KV cache format"):
+        _core.session.cpu_session(40, 2, 2, 32, 72, 2, 89, 1e-5, 1e6, True, 64, kv="int8")
+    from algenta.residentk.contract import residentk_footprint
+
+    f32 = ResidentSession(cfg, w, max_ctx=100)
+    half = ResidentSession(cfg, w, max_ctx=100, kv="f16")
+    fp = residentk_footprint(40, 2, 2, 32, 72, 2, 89, 512, tied=True)
+    assert f32.resident_bytes - half.resident_bytes == 2 * fp["kv_cache"]
+    h = residentk_footprint(40, 2, 2, 32, 72, 2, 89, 512, tied=True, kv_format="bf16")
+    assert h["kv_bytes"] == 2 * h["kv_cache"] == 2 * fp["kv_cache"]
+
+
 _PROBE = """
 import sys, numpy as np
 sys.path.insert(0, {tests!r})
@@ -163,8 +213,9 @@ from test_residentk_formats import BIG
 from algenta.residentk.session import ResidentSession
 w = ref.random_weights(BIG, 4)
 out = []
-for fmt in ("bf16", "f16", "int8"):
-    s = ResidentSession(BIG, w, max_ctx=128, weights=fmt)
+from test_residentk_formats import PROBE_FORMATS
+for fmt, kv in PROBE_FORMATS:
+    s = ResidentSession(BIG, w, max_ctx=128, weights=fmt, kv=kv)
     out += [s.prefill(list(range(40))), s.step(7), s.step(8)]
 print(np.concatenate(out).astype(np.float32).tobytes().hex())
 """
@@ -188,7 +239,8 @@ def test_bit_identical_for_every_thread_count():
 @pytest.mark.parametrize("isa", ISAS)
 def test_every_instruction_set_against_the_float64_reference(isa):
     """Each ISA's widening loads and dots (the decode steps) and widened prefill tiles, in every
-    format, against the float64 reference over the values the format holds."""
+    format (and a bf16 and an f16 KV cache), against the float64 reference over the values the
+    formats hold."""
     ok = subprocess.run([sys.executable, "-c", "import algenta; print(algenta._core.isa_name())"],
                         env=dict(os.environ, ALGENTA_ISA=isa), capture_output=True, text=True)
     if ok.stdout.strip() != isa:
@@ -197,9 +249,11 @@ def test_every_instruction_set_against_the_float64_reference(isa):
     w = ref.random_weights(BIG, 4)
     ids = list(range(40)) + [7, 8]
     for k, (fmt, ww) in enumerate(_held(w).items()):
-        want = ref.forward(BIG, ww, ids, act=ACT[fmt])[39:]
+        kv = dict(PROBE_FORMATS)[fmt]
+        want = ref.forward(BIG, ww, ids, act=ACT[fmt], kv=KV.get(kv))[39:]
         np.testing.assert_allclose(got[3 * k:3 * k + 3], want, rtol=0,
-                                   atol=TOL[fmt] * max(1.0, np.abs(want).max()), err_msg=fmt)
+                                   atol=(TOL[fmt] + KV_UNIT[kv]) * max(1.0, np.abs(want).max()),
+                                   err_msg=f"{fmt}, kv {kv}")
 
 
 def _run_on_isa(code, isa):

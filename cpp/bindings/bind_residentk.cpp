@@ -45,6 +45,10 @@ void bind_residentk(py::module_& m) {
   for (std::size_t i = 0; i < std::size(kWeightFormats); ++i)
     formats[i] = py::str(residentk_weight_format_name(kWeightFormats[i]));
   r.attr("RESIDENT_WEIGHT_FORMATS") = formats;
+  py::tuple kv_formats(std::size(kKvFormats));
+  for (std::size_t i = 0; i < std::size(kKvFormats); ++i)
+    kv_formats[i] = py::str(residentk_kv_format_name(kKvFormats[i]));
+  r.attr("RESIDENT_KV_FORMATS") = kv_formats;
 
   r.def("residentk_smem_tier_bytes", &residentk_smem_tier_bytes);
   r.def("residentk_status_name", [](int64_t c) { return std::string(residentk_status_name(c)); });
@@ -75,11 +79,12 @@ void bind_residentk(py::module_& m) {
   r.def(
       "residentk_footprint",
       [](int64_t d, int64_t hq, int64_t hkv, int64_t dh, int64_t ff, int64_t l, int64_t v,
-         int64_t ctx, bool tied, int64_t tp, bool check_tier, const std::string& format) {
-        const Dtype fmt = weight_format(format);
+         int64_t ctx, bool tied, int64_t tp, bool check_tier, const std::string& format,
+         const std::string& kv) {
+        const Dtype fmt = weight_format(format), kvf = kv_format(kv);
         std::string why;
-        const ResidentFootprint f =
-            residentk_footprint(d, hq, hkv, dh, ff, l, v, ctx, tied, tp, &why, check_tier, fmt);
+        const ResidentFootprint f = residentk_footprint(d, hq, hkv, dh, ff, l, v, ctx, tied, tp,
+                                                        &why, check_tier, fmt, kvf);
         py::dict o;
         o["status"] = f.status;
         o["reason"] = why;
@@ -93,22 +98,25 @@ void bind_residentk(py::module_& m) {
         o["kv_per_pos"] = f.kv_per_pos;
         o["total"] = f.total;
         o["weight_bytes"] = f.weight_bytes;
+        o["kv_bytes"] = f.kv_bytes;
         o["total_bytes"] = f.total_bytes;
         return o;
       },
       py::arg("d_model"), py::arg("h_q"), py::arg("h_kv"), py::arg("d_head"), py::arg("d_ff"),
       py::arg("n_layers"), py::arg("vocab"), py::arg("max_ctx"), py::arg("tied"), py::arg("tp"),
-      py::arg("check_tier"), py::arg("format") = "f32");
+      py::arg("check_tier"), py::arg("format") = "f32", py::arg("kv_format") = "f32");
   r.def(
       "residentk_max_ctx_fitting",
       [](int64_t d, int64_t hq, int64_t hkv, int64_t dh, int64_t ff, int64_t l, int64_t v,
-         bool tied, int64_t tp, int64_t budget_bytes, bool check_tier, const std::string& format) {
+         bool tied, int64_t tp, int64_t budget_bytes, bool check_tier, const std::string& format,
+         const std::string& kv) {
         return residentk_max_ctx_fitting(d, hq, hkv, dh, ff, l, v, tied, tp, budget_bytes,
-                                         check_tier, weight_format(format));
+                                         check_tier, weight_format(format), kv_format(kv));
       },
       py::arg("d_model"), py::arg("h_q"), py::arg("h_kv"), py::arg("d_head"), py::arg("d_ff"),
       py::arg("n_layers"), py::arg("vocab"), py::arg("tied"), py::arg("tp"),
-      py::arg("budget_bytes"), py::arg("check_tier"), py::arg("format") = "f32");
+      py::arg("budget_bytes"), py::arg("check_tier"), py::arg("format") = "f32",
+      py::arg("kv_format") = "f32");
 
   r.def("resident_gpu_kernels_compiled", &resident_gpu_kernels_compiled);
   // The first device question initializes the CUDA runtime (up to seconds on a GPU host).

@@ -99,17 +99,20 @@ void bind_session(py::module_& m) {
       "cpu_session",
       [](int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
          int64_t n_layers, int64_t vocab, double rms_eps, double rope_theta, bool tied,
-         int64_t max_ctx, const std::string& weights) {
+         int64_t max_ctx, const std::string& weights, const std::string& kv) {
         const SessionConfig c = algenta::residentk::session_config(
-            d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, rms_eps, rope_theta, tied, weights);
+            d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, rms_eps, rope_theta, tied, weights,
+            kv);
         py::gil_scoped_release nogil;
         return algenta::residentk::make_cpu_session(c, max_ctx);
       },
       py::arg("d_model"), py::arg("h_q"), py::arg("h_kv"), py::arg("d_head"), py::arg("d_ff"),
       py::arg("n_layers"), py::arg("vocab"), py::arg("rms_eps"), py::arg("rope_theta"),
       py::arg("tie_word_embeddings"), py::arg("max_ctx"), py::arg("weights") = "f32",
-      "A CPU session holding its weight matrices in `weights` ('f32', 'bf16', 'f16', 'int8'); "
-      "weights are set afterwards with set_weight.");
+      py::arg("kv") = "f32",
+      "A CPU session holding its weight matrices in `weights` ('f32', 'bf16', 'f16', 'int8') "
+      "and its KV cache in `kv` ('f32', 'bf16', 'f16'); weights are set afterwards with "
+      "set_weight.");
 
   s.def(
       "tensor_table",

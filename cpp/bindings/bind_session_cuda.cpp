@@ -56,17 +56,19 @@ void bind_session_cuda(py::module_& s) {
       "cuda_session",
       [](int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
          int64_t n_layers, int64_t vocab, double rms_eps, double rope_theta, bool tied,
-         int64_t max_ctx, const std::string& weights) {
+         int64_t max_ctx, const std::string& weights, const std::string& kv) {
         const SessionConfig c =
             algenta::residentk::session_config(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab,
-                                              rms_eps, rope_theta, tied, weights);
+                                              rms_eps, rope_theta, tied, weights, kv);
         py::gil_scoped_release nogil;
         return algenta::residentk::make_cuda_session(c, max_ctx);
       },
       py::arg("d_model"), py::arg("h_q"), py::arg("h_kv"), py::arg("d_head"), py::arg("d_ff"),
       py::arg("n_layers"), py::arg("vocab"), py::arg("rms_eps"), py::arg("rope_theta"),
       py::arg("tie_word_embeddings"), py::arg("max_ctx"), py::arg("weights") = "f32",
-      "A float32 CUDA session (604 without a CUDA backend, 605 without a usable device).");
+      py::arg("kv") = "f32",
+      "A CUDA session holding its weight matrices in `weights` and its KV cache in `kv` (the CPU "
+      "session's formats; 604 without a CUDA backend, 605 without a usable device).");
 
   s.def("cuda_emulator_fail_after", &algenta::residentk::cuda_emulator_fail_after, py::arg("n"),
         "Test hook: on the CUDA emulator, the n-th next fallible CUDA call fails (0: off). "
@@ -129,30 +131,30 @@ void bind_session_cuda(py::module_& s) {
       "make_plan",
       [](int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
          int64_t n_layers, int64_t vocab, double rms_eps, double rope_theta, bool tied,
-         int64_t max_ctx, int64_t sms, const std::string& weights) {
+         int64_t max_ctx, int64_t sms, const std::string& weights, const std::string& kv) {
         const SessionConfig c =
             algenta::residentk::session_config(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab,
-                                              rms_eps, rope_theta, tied, weights);
+                                              rms_eps, rope_theta, tied, weights, kv);
         const cp::Plan pl = cp::make_plan(c, max_ctx, sms);
         py::dict d;
         d["status"] = pl.status;
         d["why"] = pl.why;
         if (pl.status != algenta::residentk::RESIDENT_OK) return d;
         const char* scalars[] = {"sms", "capacity", "q_rows", "attn_width", "elem_bytes",
-                                 "final_norm", "weight_bytes", "kv_floats", "kv_layer_stride",
+                                 "final_norm", "weight_bytes", "kv_elems", "kv_layer_stride",
                                  "rope_floats", "x", "xf", "qkv", "attn", "act", "logits",
                                  "part_acc", "part_ml", "argmax_val", "act_floats", "max_splits",
                                  "prefill_rows", "p_x", "p_xn", "p_qkv", "p_attn", "p_gate",
                                  "p_up", "prefill_floats", "staged_floats", "attn_smem_bytes",
-                                 "norm_rope_threads", "staged_bytes"};
+                                 "norm_rope_threads", "staged_bytes", "kv_elem_bytes"};
         const int64_t vals[] = {pl.sms, pl.capacity, pl.q_rows, pl.attn_width, pl.elem_bytes,
-                                pl.final_norm, pl.weight_bytes, pl.kv_floats, pl.kv_layer_stride,
+                                pl.final_norm, pl.weight_bytes, pl.kv_elems, pl.kv_layer_stride,
                                 pl.rope_floats, pl.x, pl.xf, pl.qkv, pl.attn, pl.act, pl.logits,
                                 pl.part_acc, pl.part_ml, pl.argmax_val, pl.act_floats,
                                 pl.max_splits, pl.prefill_rows, pl.p_x, pl.p_xn, pl.p_qkv,
                                 pl.p_attn, pl.p_gate, pl.p_up, pl.prefill_floats,
                                 pl.staged_floats, pl.attn_smem_bytes, pl.norm_rope_threads,
-                                pl.staged_bytes};
+                                pl.staged_bytes, pl.kv_elem_bytes};
         static_assert(sizeof(scalars) / sizeof(scalars[0]) == sizeof(vals) / sizeof(vals[0]),
                       "every plan field named once");
         for (size_t i = 0; i < sizeof(vals) / sizeof(vals[0]); ++i) d[scalars[i]] = vals[i];
@@ -187,7 +189,7 @@ void bind_session_cuda(py::module_& s) {
       py::arg("d_model"), py::arg("h_q"), py::arg("h_kv"), py::arg("d_head"), py::arg("d_ff"),
       py::arg("n_layers"), py::arg("vocab"), py::arg("rms_eps"), py::arg("rope_theta"),
       py::arg("tie_word_embeddings"), py::arg("max_ctx"), py::arg("sms"),
-      py::arg("weights") = "f32",
+      py::arg("weights") = "f32", py::arg("kv") = "f32",
       "Every buffer size, offset and launch shape the CUDA session would use (a dict), or the "
       "contract's refusal (status, why).");
 }

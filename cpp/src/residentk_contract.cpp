@@ -153,19 +153,31 @@ int64_t residentk_dispatch_budget_deep(int64_t n_layers) {
   return 1 + n_layers * 7 + 2;
 }
 
-const char* residentk_weight_format_name(Dtype f) {
-  for (Dtype g : kWeightFormats)
+// The name of f within one of the format lists (weights, KV), "?" when it is not in it; and the
+// parse of a name within it.
+template <size_t N>
+static const char* name_in(Dtype f, const Dtype (&set)[N]) {
+  for (Dtype g : set)
     if (f == g) return dtype_name(f);
   return "?";
 }
-
-bool residentk_parse_weight_format(const std::string& name, Dtype* out) {
-  for (Dtype f : kWeightFormats)
+template <size_t N>
+static bool parse_in(const std::string& name, const Dtype (&set)[N], Dtype* out) {
+  for (Dtype f : set)
     if (name == dtype_name(f)) {
       *out = f;
       return true;
     }
   return false;
+}
+
+const char* residentk_weight_format_name(Dtype f) { return name_in(f, kWeightFormats); }
+bool residentk_parse_weight_format(const std::string& name, Dtype* out) {
+  return parse_in(name, kWeightFormats, out);
+}
+const char* residentk_kv_format_name(Dtype f) { return name_in(f, kKvFormats); }
+bool residentk_parse_kv_format(const std::string& name, Dtype* out) {
+  return parse_in(name, kKvFormats, out);
 }
 
 int64_t residentk_matrix_bytes(int64_t rows, int64_t cols, Dtype f) {
@@ -188,7 +200,7 @@ int64_t residentk_matrix_bytes(int64_t rows, int64_t cols, Dtype f) {
 ResidentFootprint residentk_footprint(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
                                       int64_t d_ff, int64_t n_layers, int64_t vocab,
                                       int64_t max_ctx, bool tied, int64_t tp, std::string* why,
-                                      bool check_tier, Dtype format) {
+                                      bool check_tier, Dtype format, Dtype kv_format) {
   ResidentFootprint f;
   f.status = shape_check7(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, why, check_tier);
   if (f.status != RESIDENT_OK) return f;
@@ -224,7 +236,8 @@ ResidentFootprint residentk_footprint(int64_t d_model, int64_t h_q, int64_t h_kv
                               mb(d_model, hq * d_head) + 2 * mb(ff, d_model) + mb(d_model, ff);
   ok = ok && mul(n_layers, layer_bytes, &t) && add(t, mb(vocab, d_model) * (tied ? 1 : 2), &t) &&
        mul(f.norms, 4, &per_layer) && add(t, per_layer, &f.weight_bytes) &&
-       mul(f.kv_cache, 4, &t) && add(f.weight_bytes, t, &f.total_bytes);
+       mul(f.kv_cache, dtype_info(kv_format).bytes, &f.kv_bytes) &&
+       add(f.weight_bytes, f.kv_bytes, &f.total_bytes);
   if (!ok) {  // unreachable within the ceilings; refuse rather than report a wrapped size
     f = ResidentFootprint();
     f.status = RESIDENT_ERR_DIMENSION_TOO_LARGE;
@@ -244,12 +257,12 @@ int64_t residentk_weight_elems(int64_t d_model, int64_t h_q, int64_t h_kv, int64
 int64_t residentk_max_ctx_fitting(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
                                   int64_t d_ff, int64_t n_layers, int64_t vocab, bool tied,
                                   int64_t tp, int64_t budget_bytes, bool check_tier,
-                                  Dtype format) {
+                                  Dtype format, Dtype kv_format) {
   if (budget_bytes < 1) return 0;
   for (int64_t cap = RESIDENT_MAX_CONTEXT; cap >= RESIDENT_DEFAULT_CONTEXT; cap /= 2) {
     const ResidentFootprint f = residentk_footprint(d_model, h_q, h_kv, d_head, d_ff, n_layers,
                                                     vocab, cap, tied, tp, nullptr, check_tier,
-                                                    format);
+                                                    format, kv_format);
     if (f.status != RESIDENT_OK) return 0;
     if (f.total_bytes <= budget_bytes) return cap;
   }

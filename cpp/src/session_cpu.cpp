@@ -1,6 +1,7 @@
 // The CPU resident decode engine: Qwen3 with float32 activations, OpenMP across cores, SIMD
 // within one; weight matrices resident in float32, bfloat16, float16 or int8 (SessionConfig::
-// weights), widened to float32 in registers as they stream (int8: multiplied as integers).
+// weights), widened to float32 in registers as they stream (int8: multiplied as integers); the
+// KV cache in float32, bfloat16 or float16 (SessionConfig::kv, see KvCache).
 //
 // Dimension legend: D d_model, Hq query heads, Hkv key/value heads, G = Hq/Hkv group size,
 // Dh d_head, Q = (Hq + 2*Hkv)*Dh fused q/k/v rows, F d_ff, L layers, V vocab, T capacity,
@@ -273,6 +274,46 @@ struct WMat {
   }
 };
 
+// The KV cache, one allocation in the session's KV format: layer l's K at element l * 2S, its V
+// S further (S = Hkv * T * Dh), each laid out (Hkv, T, Dh) so one head's keys stream
+// contiguously; float32 values, or bf16/f16 bits rounded once when a position is written
+// (session_math::kv_narrow) and widened exactly as attention reads them.
+struct KvCache {
+  Dtype f = Dtype::F32;
+  Buf f32;
+  ABuf<uint16_t> h16;
+  KvCache() = default;
+  KvCache(Dtype fmt, int64_t elems) : f(fmt) {
+    if (f == Dtype::F32)
+      f32 = Buf(elems);
+    else
+      h16 = ABuf<uint16_t>(elems);
+  }
+  // the row of n values at element o <- v
+  void store(int64_t o, const float* v, int64_t n) {
+    if (f == Dtype::F32) {
+      std::memcpy(f32.p + o, v, size_t(n) * sizeof(float));
+      return;
+    }
+    for (int64_t i = 0; i < n; ++i) h16.p[o + i] = session_math::kv_narrow(f, v[i]);
+  }
+  // q (n) . the row at o
+  float dot(const Simd& S, const float* q, int64_t o, int64_t n) const {
+    if (f == Dtype::F32) return S.dot(q, f32.p + o, n);
+    return f == Dtype::BF16 ? S.dot_bf16(h16.p + o, q, n) : S.dot_f16(h16.p + o, q, n);
+  }
+  // out (n) += p * the row at o
+  void axpy(const Simd& S, float p, int64_t o, float* out, int64_t n) const {
+    if (f == Dtype::F32) return S.axpy(p, f32.p + o, out, n);
+    float row[RESIDENT_MAX_D_HEAD];  // n = Dh <= RESIDENT_MAX_D_HEAD (the shape check)
+    if (f == Dtype::BF16)
+      S.widen_bf16(h16.p + o, row, n);
+    else
+      S.widen_f16(h16.p + o, row, n);
+    S.axpy(p, row, out, n);
+  }
+};
+
 // float32 rows (n, cols) -> rows [row0, row0 + n) of m, in m's format (narrow_row, the
 // conversion the CUDA engine stores with too). Returns the flat index (within src) of the first
 // value the format cannot hold (it would round to infinity), or -1.
@@ -387,9 +428,7 @@ class CpuSession final : public SessionBase {
       staging_ = Buf(std::max(STAGE_ELEMS, widest));
       wtile_ = Buf(int64_t(nt_) * WIDEN_ROWS * widest);  // prefill's widened weight rows
     }
-    // One allocation for the whole cache: layer l's K at kv_ + l*2*S, its V at + S, each laid
-    // out (Hkv, T, Dh) so one head's keys stream contiguously.
-    kv_ = Buf(residentk_cache_elements(c.n_layers, c.h_kv, Dh, cap_));
+    kv_ = KvCache(c.kv, residentk_cache_elements(c.n_layers, c.h_kv, Dh, cap_));
 
     // RoPE table: cos (T, hw) then sin (T, hw), rotate-half pairing (i, i + Dh/2).
     const std::vector<float> rope = rope_table(c, cap_);
@@ -503,9 +542,9 @@ class CpuSession final : public SessionBase {
   }
 
   const WMat& head() const { return c_.tie_word_embeddings ? embed_ : head_; }
-  // Layer l's K (Hkv, T, Dh) and V (Hkv, T, Dh).
-  float* kcache(int64_t l) const { return kv_.p + l * 2 * c_.h_kv * cap_ * c_.d_head; }
-  float* vcache(int64_t l) const { return kcache(l) + c_.h_kv * cap_ * c_.d_head; }
+  // Element offsets in kv_ of layer l's K (Hkv, T, Dh) and V (Hkv, T, Dh).
+  int64_t kcache(int64_t l) const { return l * 2 * c_.h_kv * cap_ * c_.d_head; }
+  int64_t vcache(int64_t l) const { return kcache(l) + c_.h_kv * cap_ * c_.d_head; }
 
   // In place on one head vector h (Dh): per-head RMSNorm with w, then rotate-half RoPE at p.
   void norm_rope(float* h, const float* w, int64_t p) const {
@@ -520,28 +559,29 @@ class CpuSession final : public SessionBase {
   // Head h of one position's fused q|k|v vector v (Dh) at position p: a query head is normed
   // and rotated in place; a key head is too, then written to its KV slot; a value head is
   // written as is. Decode and prefill both go through here, so the cache holds the same bits.
-  void head_rope_store(const Layer& L, float* Kc, float* Vc, int64_t h, float* v,
-                       int64_t p) const {
+  void head_rope_store(const Layer& L, int64_t Kc, int64_t Vc, int64_t h, float* v,
+                       int64_t p) {
     const int64_t Hq = c_.h_q, Hkv = c_.h_kv, Dh = c_.d_head;
     if (h < Hq) {
       norm_rope(v, L.q_norm.p, p);
     } else if (h < Hq + Hkv) {
       norm_rope(v, L.k_norm.p, p);
-      std::memcpy(Kc + ((h - Hq) * cap_ + p) * Dh, v, size_t(Dh) * sizeof(float));
+      kv_.store(Kc + ((h - Hq) * cap_ + p) * Dh, v, Dh);
     } else {
-      std::memcpy(Vc + ((h - Hq - Hkv) * cap_ + p) * Dh, v, size_t(Dh) * sizeof(float));
+      kv_.store(Vc + ((h - Hq - Hkv) * cap_ + p) * Dh, v, Dh);
     }
   }
 
-  // out (Dh) = softmax(q . K[0..n) * scale) V[0..n); K, V (n, Dh) rows of one KV head;
-  // s (n) scratch. Normalized once at the end, as softmax-then-matmul rounds similarly.
-  void attend(const Simd& S, const float* q, const float* K, const float* V, int64_t n, float* s,
+  // out (Dh) = softmax(q . K[0..n) * scale) V[0..n); K, V (n, Dh) rows of one KV head at
+  // element offsets K and V of the cache; s (n) scratch. Normalized once at the end, as
+  // softmax-then-matmul rounds similarly.
+  void attend(const Simd& S, const float* q, int64_t K, int64_t V, int64_t n, float* s,
               float* out) const {
     const int64_t Dh = c_.d_head;
     const float scale = float(1.0 / std::sqrt(double(Dh)));
     float mx = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < n; ++j) {
-      s[j] = S.dot(q, K + j * Dh, Dh) * scale;
+      s[j] = kv_.dot(S, q, K + j * Dh, Dh) * scale;
       mx = std::max(mx, s[j]);
     }
     double tot = 0.0;
@@ -551,7 +591,7 @@ class CpuSession final : public SessionBase {
     }
     const float inv = float(1.0 / tot);
     std::fill(out, out + Dh, 0.f);
-    for (int64_t j = 0; j < n; ++j) S.axpy(s[j] * inv, V + j * Dh, out, Dh);
+    for (int64_t j = 0; j < n; ++j) kv_.axpy(S, s[j] * inv, V + j * Dh, out, Dh);
   }
 
   // Threads for a stage touching `work` floats: waking a second thread and meeting it at the
@@ -576,8 +616,7 @@ class CpuSession final : public SessionBase {
 
     for (int64_t li = 0; li < c_.n_layers; ++li) {
       const Layer& L = layers_[size_t(li)];
-      float* Kc = kcache(li);
-      float* Vc = vcache(li);
+      const int64_t Kc = kcache(li), Vc = vcache(li);
 #pragma omp parallel num_threads(team(q_rows_ * D))
       {
         const int t = omp_get_thread_num();
@@ -797,8 +836,7 @@ class CpuSession final : public SessionBase {
     std::vector<float> spare(nt_ > Hq ? size_t(nt_) * size_t(cap_) : 0);
     for (int64_t li = 0; li < c_.n_layers; ++li) {
       const Layer& L = layers_[size_t(li)];
-      float* Kc = kcache(li);
-      float* Vc = vcache(li);
+      const int64_t Kc = kcache(li), Vc = vcache(li);
 #pragma omp parallel for num_threads(nt_) schedule(static)
       for (int64_t r = 0; r < M; ++r)
         rmsnorm(X.p + r * D, L.in_norm.p, D, c_.rms_eps, Xn.p + r * D);
@@ -857,7 +895,8 @@ class CpuSession final : public SessionBase {
   int64_t tokens_ = 0, next_probe_ = 2, probe_every_ = 16;
   Arena arena_;  // every WMat's storage; declared first of them, so freed after them
   WMat embed_, head_;
-  Buf final_norm_, kv_, rope_;
+  Buf final_norm_, rope_;
+  KvCache kv_;
   std::vector<Layer> layers_;
   Buf x_, xf_, qkv_, attn_, act_, logits_, scratch_, scores_, gemm_ws_;
   Buf staging_;  // a narrow format's float32 rows on their way in (load)

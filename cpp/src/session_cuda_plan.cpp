@@ -86,7 +86,8 @@ Plan make_plan(const SessionConfig& c, int64_t max_ctx, int64_t sms) {
   p.head = c.tie_word_embeddings ? p.embed : mat(V, D);
   p.weight_bytes = at;
 
-  p.kv_floats = residentk_cache_elements(L, Hkv, Dh, T);
+  p.kv_elems = residentk_cache_elements(L, Hkv, Dh, T);
+  p.kv_elem_bytes = dtype_info(c.kv).bytes;
   p.kv_layer_stride = 2 * Hkv * T * Dh;
   p.rope_floats = 2 * T * (Dh / 2 > 0 ? Dh / 2 : 1);
 

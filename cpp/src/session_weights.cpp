@@ -91,6 +91,10 @@ int session_open_status(const SessionConfig& c, int64_t max_ctx, int64_t* capaci
     if (why) *why = std::string("weights='") + dtype_name(c.weights) + "' is not a weight format";
     return RESIDENT_ERR_EMPTY_DIMENSION;  // 601, as the bindings' refusal of an unknown name
   }
+  if (std::string(residentk_kv_format_name(c.kv)) == "?") {
+    if (why) *why = std::string("kv='") + dtype_name(c.kv) + "' is not a KV cache format";
+    return RESIDENT_ERR_EMPTY_DIMENSION;
+  }
   st = residentk_context_check(1, 0, max_ctx);
   if (st != RESIDENT_OK) {
     if (why)

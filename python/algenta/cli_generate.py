@@ -53,7 +53,7 @@ def _ids(text):
 
 
 def register(subparsers) -> None:
-    from .residentk.contract import RESIDENT_WEIGHT_FORMATS
+    from .residentk.contract import RESIDENT_KV_FORMATS, RESIDENT_WEIGHT_FORMATS
 
     p = subparsers.add_parser(
         "generate", help="decode from a Qwen3 checkpoint with a resident session",
@@ -77,7 +77,10 @@ def register(subparsers) -> None:
     p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
     p.add_argument("--weights", choices=RESIDENT_WEIGHT_FORMATS, default="f32",
                    help="how the weight matrices are held resident (default f32; bf16/f16 "
-                        "halve the bytes each token reads, int8 about quarters them; CPU only)")
+                        "halve the bytes each token reads, int8 about quarters them)")
+    p.add_argument("--kv", choices=RESIDENT_KV_FORMATS, default="f32",
+                   help="how the KV cache holds keys and values (default f32; bf16/f16 halve "
+                        "its memory)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the eos ids")
     p.set_defaults(handler=run)
 
@@ -142,7 +145,7 @@ def run(args) -> int:
     try:
         t0 = time.perf_counter()
         session = ResidentSession.from_pretrained(root, max_ctx=max_ctx, device=args.device,
-                                                  weights=args.weights)
+                                                  weights=args.weights, kv=args.kv)
         t_load = time.perf_counter() - t0
     except (AlgentaError, FileNotFoundError) as e:
         raise CliError(str(e)) from None
@@ -186,7 +189,7 @@ def run(args) -> int:
     if n > 1:
         dt = times[-1] - times[0]
         msg += f"; {n} new tokens, decode {(n - 1) / dt:.1f} tokens/s"
-    print(f"{msg} ({session.device}, weights {session.weights}, "
+    print(f"{msg} ({session.device}, weights {session.weights}, kv {session.kv}, "
           f"{session.dispatches_per_token} stages/token)",
           file=sys.stderr)
     return 0

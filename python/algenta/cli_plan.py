@@ -29,10 +29,11 @@ model shape (exactly one):
 sizes: --gpu-mem takes 80GiB, 81920MiB, 80G (binary), 80GB (10^9 bytes) or a bare number of GiB.
 --weights says how the weight matrices (q, k, v, o, gate, up, down, embedding, lm_head) are held:
 f32 (4 bytes an element, the default), bf16 or f16 (2), int8 (1, plus one float32 scale per
-block of 32 along each row). The norms and the KV cache are float32 in every format; element
-counts do not change, bytes do. A session allocates its KV cache at the bucketed capacity (the
-next power of two from 512 to 65,536), so that, with the weights in the --weights format, is
-what --gpu-mem is checked against.
+block of 32 along each row). --kv says how the KV cache holds keys and values: f32 (the
+default), bf16 or f16 (2 bytes). The norms are float32 in every format; element counts do not
+change, bytes do. A session allocates its KV cache at the bucketed capacity (the next power of
+two from 512 to 65,536), so that, with the weights in the --weights format and the cache in the
+--kv format, is what --gpu-mem is checked against.
 
 exit status: 0 the shape is supported (and fits --gpu-mem), 1 it is refused or does not fit,
 2 bad input.
@@ -41,6 +42,7 @@ examples:
   algenta plan qwen3-0.6b
   algenta plan qwen3-8b --ctx 8192 --gpu-mem 80GiB --tp 2
   algenta plan qwen3-8b --weights int8 --gpu-mem 24GiB
+  algenta plan qwen3-8b --ctx 32768 --weights bf16 --kv bf16 --gpu-mem 24GiB
   algenta plan --config ./Qwen3-4B/config.json --train-tokens 2048 --chunk 256 --json
 """
 
@@ -164,18 +166,20 @@ def _term_bytes(fp: dict, dims, tied: bool, tp: int, fmt: str) -> dict:
 
 
 def _bytes(at_ctx: dict, at_bucket: dict, terms: dict) -> dict:
-    """The ``bytes`` object of the report: sizes with the weights in the report's format."""
+    """The ``bytes`` object of the report: sizes with the weights and the KV cache in the
+    report's formats."""
     return {"weight_terms": terms, "weights": at_ctx["weight_bytes"],
-            "kv_cache": 4 * at_ctx["kv_cache"], "total": at_ctx["total_bytes"],
-            "kv_cache_bucket": 4 * at_bucket["kv_cache"], "total_bucket": at_bucket["total_bytes"]}
+            "kv_cache": at_ctx["kv_bytes"], "total": at_ctx["total_bytes"],
+            "kv_cache_bucket": at_bucket["kv_bytes"], "total_bucket": at_bucket["total_bytes"]}
 
 
 def plan(shape, *, ctx: int = 512, tp: int = 1, gpu_mem=None, train_tokens=None, chunk=None,
-         weights: str = "f32") -> dict:
+         weights: str = "f32", kv: str = "f32") -> dict:
     """The report as one JSON-ready dict (what ``--json`` prints). ``weights`` is the weight
-    format (``f32``, ``bf16``, ``f16``, ``int8``): it changes the ``bytes`` object, the ``tp``
-    share's ``bytes`` and the ``gpu`` answers; every ``*_elems`` key and ``resident_bytes`` /
-    ``resident_bucket_bytes`` (float32 bytes) mean the same in every format."""
+    format (``f32``, ``bf16``, ``f16``, ``int8``) and ``kv`` the KV cache's (``f32``, ``bf16``,
+    ``f16``): they change the ``bytes`` object, the ``tp`` share's ``bytes`` and the ``gpu``
+    answers; every ``*_elems`` key and ``resident_bytes`` / ``resident_bucket_bytes`` (float32
+    bytes) mean the same in every format."""
     from .lossk import contract as lc
     from .lossk import cross_entropy as lce
     from .residentk import contract as rc
@@ -188,13 +192,15 @@ def plan(shape, *, ctx: int = 512, tp: int = 1, gpu_mem=None, train_tokens=None,
     status, reason = rc.residentk_shape_reason(*dims)
     # A shape refused only for the shared-memory tier is still sized: the sizes are what a
     # rebuild with a larger ALGENTA_SMEM_TIER_BYTES would hold.
-    sized = rc.residentk_footprint(*dims, ctx, tied=shape.tied, check_tier=False, format=weights)
+    sized = rc.residentk_footprint(*dims, ctx, tied=shape.tied, check_tier=False, format=weights,
+                                   kv_format=kv)
     tier_only = status != rc.RESIDENT_OK and sized["status"] == rc.RESIDENT_OK
     if status != rc.RESIDENT_OK and not tier_only:
-        sized = rc.residentk_footprint(*dims, ctx, tied=shape.tied, format=weights)  # all zero
+        sized = rc.residentk_footprint(*dims, ctx, tied=shape.tied, format=weights,
+                                       kv_format=kv)  # all zero
     bucket = rc.resident_bucket_ctx(ctx)
     at_bucket = rc.residentk_footprint(*dims, bucket, tied=shape.tied, check_tier=not tier_only,
-                                       format=weights)
+                                       format=weights, kv_format=kv)
     probe = rp.resident_session_probe(*dims)
 
     out = {
@@ -218,6 +224,7 @@ def plan(shape, *, ctx: int = 512, tp: int = 1, gpu_mem=None, train_tokens=None,
         "resident_bytes": 4 * sized["total"],
         "resident_bucket_bytes": 4 * at_bucket["total"],
         "weight_format": weights,
+        "kv_format": kv,
         "bytes": _bytes(sized, at_bucket, _term_bytes(sized, dims, shape.tied, 1, weights)),
         "build": {"kernels_compiled": probe.kernels_compiled,
                   "device_present": probe.device_present,
@@ -227,12 +234,13 @@ def plan(shape, *, ctx: int = 512, tp: int = 1, gpu_mem=None, train_tokens=None,
     per_gpu = at_bucket
     if tp != 1:
         share = rc.residentk_footprint(*dims, ctx, tied=shape.tied, tp=tp, check_tier=not tier_only,
-                                       format=weights)
+                                       format=weights, kv_format=kv)
         if share["status"] == rc.RESIDENT_ERR_HEAD_GEOMETRY and sized["status"] == rc.RESIDENT_OK:
             raise CliError(f"--tp {tp} must divide h_q {shape.h_q}, h_kv {shape.h_kv} and d_ff "
                            f"{shape.d_ff} (the heads and the MLP are split {tp} ways)")
         per_gpu = rc.residentk_footprint(*dims, bucket, tied=shape.tied, tp=tp,
-                                         check_tier=not tier_only, format=weights)
+                                         check_tier=not tier_only, format=weights,
+                                         kv_format=kv)
         out["tp"] = {"n": tp, "weight_terms": {k: share[k] for k in ("attn", "mlp", "norms",
                                                                       "embed", "lm_head")},
                      "weights_f32_elems": share["weights"],
@@ -251,7 +259,8 @@ def plan(shape, *, ctx: int = 512, tp: int = 1, gpu_mem=None, train_tokens=None,
             "fits": bool(ok and need <= gpu_mem),
             "headroom_bytes": gpu_mem - need if ok else None,
             "max_ctx": rc.residentk_max_ctx_fitting(*dims, gpu_mem, tied=shape.tied, tp=tp,
-                                                    check_tier=not tier_only, format=weights),
+                                                    check_tier=not tier_only, format=weights,
+                                                    kv_format=kv),
         }
     if train_tokens is not None:
         max_chunk = lc.loss_max_chunk(train_tokens, shape.vocab)
@@ -337,7 +346,9 @@ def render(report: dict, source: str) -> str:
 
     tp = report.get("tp")
     ctx, bucket = report["ctx"], report["ctx_bucket"]
-    fmt = report["weight_format"]
+    fmt, kvf = report["weight_format"], report["kv_format"]
+    formats = ", ".join(([f"{fmt} weights"] if fmt != "f32" else []) +
+                        ([f"{kvf} KV cache"] if kvf != "f32" else []))  # "" when all float32
     full = {**report["weight_terms"], "weights": report["weights_f32_elems"],
             "kv": report["kv_cache_elems"], "total": report["resident_f32_elems"],
             "kv_bucket": report["kv_cache_bucket_elems"],
@@ -359,7 +370,7 @@ def render(report: dict, source: str) -> str:
     if bucket != ctx:
         rows += [(f"KV cache at bucket {bucket:,}", "kv_bucket"),
                  (f"total at bucket {bucket:,}", "total_bucket")]
-    head = "resident float32" if fmt == "f32" else f"resident, {fmt} weights"
+    head = f"resident, {formats}" if formats else "resident float32"
     table = [(head, "elements", "bytes", "size")
              + ((f"per GPU (tp={tp['n']})",) if tp else ())]
     for label, key in rows:
@@ -368,18 +379,19 @@ def render(report: dict, source: str) -> str:
             r += (_gib(share[key]) if key in share else "",)
         table.append(r)
     lines += [""] + _table(table, "lrrrr", indent="")
-    if fmt != "f32":
-        what = ("1 byte an element + one float32 scale per 32 along each row" if fmt == "int8"
-                else "2 bytes an element")
-        lines += [f"  {fmt} weight matrices: {what};",
-                  f"  norms and the KV cache stay float32 (all float32 at bucket {bucket:,}: "
+    if formats:
+        what = {"f32": "4 bytes an element", "int8": "1 byte an element + one float32 scale "
+                "per 32 along each row"}.get(fmt, "2 bytes an element")
+        lines += [f"  {fmt} weight matrices: {what}; {kvf} KV cache: "
+                  f"{4 if kvf == 'f32' else 2} bytes an element;",
+                  f"  norms stay float32 (all float32 at bucket {bucket:,}: "
                   f"{_gib(report['resident_bucket_bytes'])})"]
 
     g = report.get("gpu")
     if g:
         where = f"per GPU, tp={tp['n']}" if tp else "one GPU"
-        if fmt != "f32":  # the f32 report reads as it always has
-            where += f", {fmt} weights"
+        if formats:  # the float32 report reads as it always has
+            where += f", {formats}"
         verdict = "fits" if g["fits"] else "does NOT fit"
         head_room = g["headroom_bytes"]
         rows = [
@@ -430,7 +442,8 @@ def run(args) -> int:
     if args.chunk is not None and args.train_tokens is None:
         raise CliError("--chunk needs --train-tokens")
     report = plan(shape, ctx=args.ctx, tp=args.tp, gpu_mem=args.gpu_mem,
-                  train_tokens=args.train_tokens, chunk=args.chunk, weights=args.weights)
+                  train_tokens=args.train_tokens, chunk=args.chunk, weights=args.weights,
+                  kv=args.kv)
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -441,7 +454,7 @@ def run(args) -> int:
 
 
 def register(subparsers) -> None:
-    from .residentk.contract import RESIDENT_WEIGHT_FORMATS
+    from .residentk.contract import RESIDENT_KV_FORMATS, RESIDENT_WEIGHT_FORMATS
     from .residentk.presets import PRESETS
 
     p = subparsers.add_parser(
@@ -449,7 +462,7 @@ def register(subparsers) -> None:
         help="size a resident decode session (and a chunked training loss) for a model",
         description="What a resident GPU decode session would hold and cost for a model shape: "
                     "shape verdict, dispatches per token, resident weights (f32, bf16, f16 or "
-                    "int8) and float32 KV cache, "
+                    "int8) and KV cache (f32, bf16 or f16), "
                     "fit in GPU memory, tensor-parallel shares, and the chunked-loss logit budget. "
                     "Pure arithmetic: no GPU needed.",
         epilog=_EPILOG.format(presets=", ".join(PRESETS)),
@@ -466,7 +479,10 @@ def register(subparsers) -> None:
                    help="memory per GPU: does it fit, largest context, headroom")
     p.add_argument("--weights", choices=RESIDENT_WEIGHT_FORMATS, default="f32",
                    help="how the weight matrices are held: %(choices)s (default %(default)s); "
-                        "norms and the KV cache stay float32")
+                        "norms stay float32")
+    p.add_argument("--kv", choices=RESIDENT_KV_FORMATS, default="f32",
+                   help="how the KV cache holds keys and values: %(choices)s "
+                        "(default %(default)s)")
     p.add_argument("--tp", type=_arg_int("--tp"), default=1, metavar="N",
                    help="split the heads and the MLP over N GPUs (N must divide them)")
     p.add_argument("--train-tokens", type=_arg_int("--train-tokens"), metavar="N",

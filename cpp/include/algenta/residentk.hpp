@@ -147,6 +147,14 @@ constexpr int64_t RESIDENT_INT8_BLOCK = 32;
 const char* residentk_weight_format_name(Dtype f);  // "f32", "bf16", "f16", "int8"
 // false for a name that is none of those (the short names only, as the APIs spell them)
 bool residentk_parse_weight_format(const std::string& name, Dtype* out);
+
+// ---- KV cache formats --------------------------------------------------------------------------
+// How a session holds its KV cache: float32, or each key and value rounded to bfloat16 or float16
+// (nearest even, half.hpp) when it is written; attention widens them exactly and accumulates in
+// float32. The element counts (residentk_cache_elements) are the same in every format.
+constexpr Dtype kKvFormats[] = {Dtype::F32, Dtype::BF16, Dtype::F16};
+const char* residentk_kv_format_name(Dtype f);  // "f32", "bf16", "f16"; "?" for any other
+bool residentk_parse_kv_format(const std::string& name, Dtype* out);
 // Bytes of one (rows, cols) matrix held in format f: 4, 2, 2 bytes an element, or for int8 one
 // byte an element plus 4 per block (rows * ceil(cols / 32) blocks). 0 for rows or cols < 1.
 int64_t residentk_matrix_bytes(int64_t rows, int64_t cols, Dtype f);
@@ -166,9 +174,10 @@ struct ResidentFootprint {
   int64_t kv_per_pos = 0;  // KV elements one context position adds (L * 2 * Hkv/tp * Dh)
   int64_t total = 0;       // weights + kv_cache
   // Bytes in the footprint's weight format (the elements above are the format's own counts):
-  // every matrix by residentk_matrix_bytes, the norms and the KV cache in float32.
+  // every matrix by residentk_matrix_bytes, the norms in float32.
   int64_t weight_bytes = 0;
-  int64_t total_bytes = 0;  // weight_bytes + 4 * kv_cache
+  int64_t kv_bytes = 0;     // kv_cache times the KV format's element size (4 or 2)
+  int64_t total_bytes = 0;  // weight_bytes + kv_bytes
 };
 // status: residentk_shape_check's; then 602 for max_ctx past the ceiling (601 below 1); 603 for
 // tp < 1 or a tp that does not divide Hq, Hkv and F. check_tier = false skips only the
@@ -177,14 +186,14 @@ ResidentFootprint residentk_footprint(int64_t d_model, int64_t h_q, int64_t h_kv
                                       int64_t d_ff, int64_t n_layers, int64_t vocab,
                                       int64_t max_ctx, bool tied, int64_t tp,
                                       std::string* why = nullptr, bool check_tier = true,
-                                      Dtype format = Dtype::F32);
+                                      Dtype format = Dtype::F32, Dtype kv_format = Dtype::F32);
 // Largest power-of-two capacity (a resident_bucket_ctx value, 512..65536) whose per-GPU
 // footprint (total_bytes in `format`) fits budget_bytes; 0 when not even 512 positions fit or the
 // shape is refused (check_tier as in residentk_footprint).
 int64_t residentk_max_ctx_fitting(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
                                   int64_t d_ff, int64_t n_layers, int64_t vocab, bool tied,
                                   int64_t tp, int64_t budget_bytes, bool check_tier = true,
-                                  Dtype format = Dtype::F32);
+                                  Dtype format = Dtype::F32, Dtype kv_format = Dtype::F32);
 
 // ---- probe ----------------------------------------------------------------------------------
 // A build fact: true in a build with a CUDA backend (ALGENTA_GPU, or ALGENTA_CUDA_EMU whose

@@ -42,9 +42,12 @@ struct SessionConfig {
   double rms_eps = 1e-6;
   double rope_theta = 1e6;
   bool tie_word_embeddings = true;  // the head reuses model.embed_tokens.weight
-  // How the weight matrices are held resident (residentk.hpp); norms, activations, RoPE and the
-  // KV cache are float32 whatever this says.
+  // How the weight matrices are held resident (residentk.hpp); norms, activations and RoPE are
+  // float32 whatever this says.
   Dtype weights = Dtype::F32;
+  // How the KV cache holds keys and values (residentk.hpp's kKvFormats): each rounded once,
+  // when its position is written; attention reads them widened, accumulating in float32.
+  Dtype kv = Dtype::F32;
 };
 
 // A tensor arrives as f32, bf16 or f16 (what checkpoints store; dtype.hpp).

@@ -123,10 +123,12 @@ struct Plan {
   std::vector<LayerOffsets> layers;
   int64_t weight_bytes = 0;
 
-  // KV cache: residentk_cache_elements(L, Hkv, Dh, T); layer l's K at l*2*Hkv*T*Dh, its V one
-  // Hkv*T*Dh further, each laid out (Hkv, T, Dh) as in the CPU engine.
-  int64_t kv_floats = 0;
-  int64_t kv_layer_stride = 0;  // 2 * Hkv * T * Dh
+  // KV cache: residentk_cache_elements(L, Hkv, Dh, T) elements of the KV format (kv_elem_bytes
+  // each); layer l's K at element l*2*Hkv*T*Dh, its V one Hkv*T*Dh further, each laid out
+  // (Hkv, T, Dh) as in the CPU engine.
+  int64_t kv_elems = 0;
+  int64_t kv_elem_bytes = 4;    // 4 (f32), 2 (bf16, f16)
+  int64_t kv_layer_stride = 0;  // 2 * Hkv * T * Dh, elements
   // RoPE table: cos (T, Dh/2) then sin (T, Dh/2).
   int64_t rope_floats = 0;
 

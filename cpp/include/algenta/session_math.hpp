@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "algenta/dtype.hpp"
+#include "algenta/half.hpp"
 #include "algenta/hd.hpp"
 
 namespace algenta {
@@ -50,6 +52,16 @@ ALGENTA_HD bool argmax_beats(float v, int64_t i, float b, int64_t bix) {
   if (vn != bn) return vn;
   if (!vn && v != b) return v > b;
   return i < bix;
+}
+
+// A key or value element as a 16-bit KV cache holds it (kv bf16 or f16: rounded to nearest even
+// once, when its position is written; past float16's 65504 it becomes infinity, as a float16
+// model's cache would), and back (exact). A float32 cache holds the value itself.
+ALGENTA_HD uint16_t kv_narrow(Dtype kv, float v) {
+  return kv == Dtype::BF16 ? half::f32_to_bf16(v) : half::f32_to_f16(v);
+}
+ALGENTA_HD float kv_widen(Dtype kv, uint16_t h) {
+  return kv == Dtype::BF16 ? half::bf16_to_f32(h) : half::f16_to_f32(h);
 }
 
 }  // namespace session_math

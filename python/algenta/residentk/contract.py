@@ -40,9 +40,15 @@ never change with the format; only bytes do::
     int8   1 byte an element + one float32 scale (4 bytes) per block of RESIDENT_INT8_BLOCK (32)
            along each row: rows * (cols + 4 * ceil(cols / 32)) bytes for a (rows, cols) matrix
 
-The norms and the KV cache are float32 in every format. A format name that is none of the four
-is refused with ``ResidentError`` (a ``ValueError``, status 601); a format that is not a ``str``
-raises ``TypeError``.
+The norms are float32 in every format. A format name that is none of the four is refused with
+``ResidentError`` (a ``ValueError``, status 601); a format that is not a ``str`` raises
+``TypeError``.
+
+KV cache formats (``kv_format=`` on :func:`residentk_footprint` and
+:func:`residentk_max_ctx_fitting`; the names are ``RESIDENT_KV_FORMATS``): ``"f32"`` (4 bytes an
+element, the default), ``"bf16"`` or ``"f16"`` (2 bytes: each key and value rounded once when its
+position is written; attention accumulates in float32). The KV element counts
+(:func:`residentk_cache_elements`, ``kv_cache``) are the same in every format.
 
 Split-K attention (one SDPA dispatch split over the key axis, then merged)::
 
@@ -93,16 +99,22 @@ RESIDENT_SPLITK_MAX_SPLITS = _c.RESIDENT_SPLITK_MAX_SPLITS
 RESIDENT_PREFILL_NARROW_BELOW_ROWS = _c.RESIDENT_PREFILL_NARROW_BELOW_ROWS
 RESIDENT_INT8_BLOCK = _c.RESIDENT_INT8_BLOCK
 RESIDENT_WEIGHT_FORMATS = _c.RESIDENT_WEIGHT_FORMATS  # ("f32", "bf16", "f16", "int8")
+RESIDENT_KV_FORMATS = _c.RESIDENT_KV_FORMATS  # ("f32", "bf16", "f16")
 
 _i64 = as_i64_clamped
 
 
-def _format(format) -> str:
-    """A weight-format name: a str (the core refuses a name it does not know, with 601)."""
+def _format(format, what="format", names=RESIDENT_WEIGHT_FORMATS) -> str:
+    """A weight- or KV-format name: a str (the core refuses a name it does not know, with
+    601)."""
     if not isinstance(format, str):
-        raise TypeError(f"format must be a str ({', '.join(map(repr, RESIDENT_WEIGHT_FORMATS))}), "
+        raise TypeError(f"{what} must be a str ({', '.join(map(repr, names))}), "
                         f"got {type(format).__name__}")
     return format
+
+
+def _kv_format(kv_format) -> str:
+    return _format(kv_format, "kv_format", RESIDENT_KV_FORMATS)
 
 
 def _shape(d_model, h_q, h_kv, d_head, d_ff) -> tuple:
@@ -198,40 +210,42 @@ def residentk_matrix_bytes(rows, cols, format="f32") -> int:
 
 
 def residentk_footprint(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, max_ctx=512, *,
-                        tied=True, tp=1, check_tier=True, format="f32") -> dict:
+                        tied=True, tp=1, check_tier=True, format="f32", kv_format="f32") -> dict:
     """The terms behind :func:`residentk_weight_elems`, per GPU when the heads and the MLP are
     split ``tp`` ways (norms and embeddings replicated): ``attn``, ``mlp``, ``norms``,
     ``embed``, ``lm_head``, ``weights``, ``kv_cache``, ``kv_per_pos``, ``total`` (float32
     elements, the same in every format), then ``weight_bytes`` (every matrix by
-    :func:`residentk_matrix_bytes` in ``format``, the norms in float32) and ``total_bytes``
-    (``weight_bytes + 4 * kv_cache``: the KV cache is float32 in every format), with
-    ``status`` and ``reason``. A ``tp`` that does not divide h_q, h_kv and d_ff is refused with
-    603; every size is 0 when the status is not 600. ``check_tier=False`` skips only the
-    shared-memory tier check: the sizes a build with a larger tier would hold. An unknown
-    ``format`` name raises ``ResidentError`` (601)."""
+    :func:`residentk_matrix_bytes` in ``format``, the norms in float32), ``kv_bytes``
+    (``kv_cache`` elements of ``kv_format``: 4 bytes for f32, 2 for bf16 and f16) and
+    ``total_bytes`` (``weight_bytes + kv_bytes``), with ``status`` and ``reason``. A ``tp`` that
+    does not divide h_q, h_kv and d_ff is refused with 603; every size is 0 when the status is
+    not 600. ``check_tier=False`` skips only the shared-memory tier check: the sizes a build
+    with a larger tier would hold. An unknown ``format`` or ``kv_format`` name raises
+    ``ResidentError`` (601)."""
     if not isinstance(tied, bool) or not isinstance(check_tier, bool):
         raise TypeError("tied and check_tier must be bools")
     return dict(_c.residentk_footprint(*_shape(d_model, h_q, h_kv, d_head, d_ff),
                                        _i64(n_layers, "n_layers"), _i64(vocab, "vocab"),
                                        _i64(max_ctx, "max_ctx"), tied, _i64(tp, "tp"), check_tier,
-                                       _format(format)))
+                                       _format(format), _kv_format(kv_format)))
 
 
 def residentk_max_ctx_fitting(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, budget_bytes, *,
-                              tied=True, tp=1, check_tier=True, format="f32") -> int:
+                              tied=True, tp=1, check_tier=True, format="f32",
+                              kv_format="f32") -> int:
     """Largest bucketed capacity (a power of two in 512..65536, what a session allocates) whose
     per-GPU resident footprint, ``total_bytes`` of :func:`residentk_footprint` with the weights
-    in ``format``, fits ``budget_bytes``; 0 when not even 512 positions fit or the shape is
-    refused (``check_tier`` as in :func:`residentk_footprint`). A smaller format leaves more of
-    the budget to the KV cache: the answer never shrinks from f32 to bf16/f16, nor from those
-    to int8 while every matrix row holds at least 4 elements (a shorter row's int8 scale costs
-    more than the byte it saves)."""
+    in ``format`` and the KV cache in ``kv_format``, fits ``budget_bytes``; 0 when not even 512
+    positions fit or the shape is refused (``check_tier`` as in :func:`residentk_footprint`). A
+    smaller format leaves more of the budget to the KV cache: the answer never shrinks from f32
+    to bf16/f16, nor from those to int8 while every matrix row holds at least 4 elements (a
+    shorter row's int8 scale costs more than the byte it saves)."""
     if not isinstance(tied, bool) or not isinstance(check_tier, bool):
         raise TypeError("tied and check_tier must be bools")
     return _c.residentk_max_ctx_fitting(*_shape(d_model, h_q, h_kv, d_head, d_ff),
                                         _i64(n_layers, "n_layers"), _i64(vocab, "vocab"), tied,
                                         _i64(tp, "tp"), _i64(budget_bytes, "budget_bytes"),
-                                        check_tier, _format(format))
+                                        check_tier, _format(format), _kv_format(kv_format))
 
 
 def residentk_scalars_ok(eps, scale) -> bool:

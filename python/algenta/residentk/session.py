@@ -32,7 +32,7 @@ from .. import _core
 from .._convert import as_i64_clamped
 from ..errors import ResidentError, ResidentUnavailableError
 from .config import CONFIG_KEYS, ResidentConfig, make_config  # noqa: F401 (re-exported)
-from .contract import RESIDENT_WEIGHT_FORMATS, residentk_footprint
+from .contract import RESIDENT_KV_FORMATS, RESIDENT_WEIGHT_FORMATS, residentk_footprint
 from .weights import engine_tensor, expected_shapes, random_weights  # noqa: F401 (re-exported)
 from .weights import EMBED as _EMBED
 from .weights import HEAD as _HEAD
@@ -41,6 +41,7 @@ from .weights import head_differs, warn_untied_head
 _c = _core.residentk
 
 WEIGHT_FORMATS = RESIDENT_WEIGHT_FORMATS  # the core's names, in its order
+KV_FORMATS = RESIDENT_KV_FORMATS
 
 
 def _resolve_device(device: str) -> str:
@@ -58,16 +59,19 @@ def _resolve_device(device: str) -> str:
     return device
 
 
-def _open_engine(cfg: ResidentConfig, max_ctx: int, device: str, weights: str = "f32"):
+def _open_engine(cfg: ResidentConfig, max_ctx: int, device: str, weights: str = "f32",
+                 kv: str = "f32"):
     # A max_ctx past int64 is clamped to int64's end: the core refuses it as too large (602).
     max_ctx = as_i64_clamped(max_ctx, "max_ctx")
     if not isinstance(weights, str) or weights not in WEIGHT_FORMATS:  # the core's 601 too
         raise ResidentError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}", 601)
+    if not isinstance(kv, str) or kv not in KV_FORMATS:
+        raise ResidentError(f"kv must be one of {KV_FORMATS}, got {kv!r}", 601)
     factory = (_core.session.cuda_session if _resolve_device(device) == "cuda"
                else _core.session.cpu_session)
     return factory(cfg.d_model, cfg.h_q, cfg.h_kv, cfg.d_head, cfg.d_ff, cfg.n_layers, cfg.vocab,
                    cfg.rms_eps, cfg.rope_theta, cfg.tie_word_embeddings, max_ctx,
-                   weights=weights)
+                   weights=weights, kv=kv)
 
 
 def _out_of_vocab(what: str, token, vocab: int) -> ResidentError:
@@ -178,16 +182,21 @@ class ResidentSession:
     ``weights`` is how the weight matrices are held resident: "f32", "bf16", "f16" (round to
     nearest even; a value past float16's 65504 is refused, 609) or "int8" (per row, blocks of 32
     with one float32 scale each, amax / 127). A bfloat16 checkpoint held as "bf16" keeps its bits.
-    Norms, activations, RoPE and the KV cache are float32 in every format. Every format runs on
-    both engines, which multiply the same values (bf16 activations for bf16 weights, int8 blocks
-    for int8: see README).
+    Norms, activations and RoPE are float32 in every format. Every format runs on both engines,
+    which multiply the same values (bf16 activations for bf16 weights, int8 blocks for int8:
+    see README).
+
+    ``kv`` is how the KV cache holds keys and values: "f32", or "bf16" / "f16" (half the
+    memory: each value rounded to nearest even once, when its position is written; a float16
+    value past 65504 becomes infinity, as in a float16 model). Attention widens them and
+    accumulates in float32.
     """
 
     def __init__(self, config, tensors, *, max_ctx: int = 512, device: str = "cpu",
-                 weights: str = "f32"):
-        self._open(make_config(config), tensors, max_ctx, device, weights, check_head=True)
+                 weights: str = "f32", kv: str = "f32"):
+        self._open(make_config(config), tensors, max_ctx, device, weights, kv, check_head=True)
 
-    def _open(self, cfg, tensors, max_ctx, device, weights, check_head):
+    def _open(self, cfg, tensors, max_ctx, device, weights, kv, check_head):
         """check_head=False where the caller knows no conflicting lm_head.weight comes (the
         loader decided the tie from the files; random weights have none), so the stream's
         embedding table is not held for the comparison."""
@@ -200,9 +209,10 @@ class ResidentSession:
         self._config = cfg
         # The engine allocates its resident buffers (the KV cache at capacity) up front, so
         # streaming a checkpoint in costs one tensor on top of them, never a second model.
-        self._engine = _open_engine(cfg, max_ctx, device, weights)
+        self._engine = _open_engine(cfg, max_ctx, device, weights, kv)
         self._device = self._engine.device
         self._weights = weights
+        self._kv = kv
         # One sequence lives in the KV cache, so an operation of several engine calls
         # (generate, or a caller's own prefill + steps under hold()) must own the session from
         # its first call to its last: the engine serializes single calls only.
@@ -237,18 +247,18 @@ class ResidentSession:
     @classmethod
     def random(cls, d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, *, max_ctx=512,
                device="cpu", seed=0, rms_eps=1e-6, rope_theta=1_000_000.0,
-               tie_word_embeddings=True, weights="f32"):
+               tie_word_embeddings=True, weights="f32", kv="f32"):
         """A session over reproducible random weights (see random_weights): benchmarks, tests."""
         cfg = make_config(dict(d_model=d_model, h_q=h_q, h_kv=h_kv, d_head=d_head, d_ff=d_ff,
                                n_layers=n_layers, vocab=vocab, rms_eps=rms_eps,
                                rope_theta=rope_theta, tie_word_embeddings=tie_word_embeddings))
         self = cls.__new__(cls)
-        self._open(cfg, random_weights(cfg, seed), max_ctx, device, weights, check_head=False)
+        self._open(cfg, random_weights(cfg, seed), max_ctx, device, weights, kv, check_head=False)
         return self
 
     @classmethod
     def from_pretrained(cls, path, *, max_ctx: int = 512, device: str = "cpu", progress=None,
-                        weights: str = "f32"):
+                        weights: str = "f32", kv: str = "f32"):
         """A HuggingFace Qwen3 checkpoint directory (config.json + model.safetensors or a sharded
         index), streamed tensor by tensor into the engine. Every header is checked against
         config.json before the session allocates anything (see algenta.residentk.loader).
@@ -259,7 +269,8 @@ class ResidentSession:
 
         ck = open_checkpoint(path)  # decides the tie as transformers does (see there)
         self = cls.__new__(cls)
-        self._open(ck.config, ck.tensors(progress), max_ctx, device, weights, check_head=False)
+        self._open(ck.config, ck.tensors(progress), max_ctx, device, weights, kv,
+                   check_head=False)
         return self
 
     # -- properties -------------------------------------------------------------------------
@@ -267,6 +278,8 @@ class ResidentSession:
     device = property(lambda self: self._device, doc="'cpu' or 'cuda'.")
     weights = property(lambda self: self._weights,
                        doc="How the weight matrices are held: 'f32', 'bf16', 'f16' or 'int8'.")
+    kv = property(lambda self: self._kv,
+                  doc="How the KV cache holds keys and values: 'f32', 'bf16' or 'f16'.")
     position = property(lambda self: self._engine.position, doc="Tokens in the KV cache.")
     max_ctx = property(lambda self: self._engine.max_ctx,
                        doc="The capacity the caller asked for (what the context check uses).")
@@ -274,13 +287,13 @@ class ResidentSession:
                         doc="resident_bucket_ctx(max_ctx): KV positions allocated.")
     @property
     def resident_bytes(self) -> int:
-        """Bytes this session holds resident: the weights in its format and the float32 KV cache
-        at ``capacity``, by the contract ``algenta plan --weights`` uses
+        """Bytes this session holds resident: the weights in its format and the KV cache at
+        ``capacity`` in its format, by the contract ``algenta plan --weights --kv`` uses
         (``residentk_footprint(...)["total_bytes"]``); scratch buffers are not counted."""
         c = self._config
         fp = residentk_footprint(c.d_model, c.h_q, c.h_kv, c.d_head, c.d_ff, c.n_layers, c.vocab,
                                  self.capacity, tied=c.tie_word_embeddings, check_tier=False,
-                                 format=self._weights)
+                                 format=self._weights, kv_format=self._kv)
         return int(fp["total_bytes"])
 
     dispatches_per_token = property(
@@ -291,6 +304,7 @@ class ResidentSession:
     def __repr__(self):
         c = self._config
         return (f"ResidentSession(device={self._device!r}, weights={self._weights!r}, "
+                f"kv={self._kv!r}, "
                 f"d_model={c.d_model}, "
                 f"n_layers={c.n_layers}, vocab={c.vocab}, max_ctx={self.max_ctx}, "
                 f"capacity={self.capacity}, position={self.position})")
