@@ -54,6 +54,20 @@ struct DeviceBuffer {
   float* f() const { return as<float>(); }
 };
 
+// ---- global accesses the emulator sees ------------------------------------------------------
+// A global load and store as a plain access compiles them (ld.global.ca, st.global.wb), spelled
+// with CUDA's cache-hint intrinsics so the emulator's traffic report (cuda/emu/cuda_runtime.h)
+// counts the sectors each warp instruction touches; read-only inputs use __ldg. Never for shared
+// memory: these are global-space instructions.
+template <class T>
+__device__ __forceinline__ T ld(const T* p) {
+  return __ldca(p);
+}
+template <class T>
+__device__ __forceinline__ void st(T* p, T v) {
+  __stwb(p, v);
+}
+
 // ---- warp and block reductions ------------------------------------------------------------
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -89,6 +89,33 @@ bool cuda_emulator_fail_after(int64_t n) {
 #endif
 }
 
+bool cuda_emulator_traffic(bool start, std::vector<KernelTraffic>* out) {
+#ifdef ALGENTA_CUDA_EMU
+  if (start) {
+    algenta_emu::traffic_start();
+    return true;
+  }
+  for (const algenta_emu::KernelTraffic& k : algenta_emu::traffic_stop()) {
+    KernelTraffic t;
+    t.kernel = k.kernel;
+    const algenta_emu::TrafficStats* src[2] = {&k.load, &k.store};
+    int64_t* dst[2] = {t.load, t.store};
+    for (int i = 0; i < 2; ++i) {
+      dst[i][0] = int64_t(src[i]->requests);
+      dst[i][1] = int64_t(src[i]->sectors);
+      dst[i][2] = int64_t(src[i]->ideal_sectors);
+      dst[i][3] = int64_t(src[i]->bytes);
+    }
+    if (out) out->push_back(t);
+  }
+  return true;
+#else
+  (void)start;
+  (void)out;
+  return false;
+#endif
+}
+
 const CudaBackend& cuda_backend() {
   // Thread-safe one-time initialization; the CUDA runtime's own initialization result is
   // sticky for the process, so asking again could not change the answer.

@@ -2,9 +2,9 @@
 // float32, bfloat16, float16 or int8 (SessionConfig::weights: the CPU engine's formats, stored by
 // the same conversion, session_weights.hpp's narrow_row) and a fixed-capacity KV cache in
 // float32, bfloat16 or float16 (SessionConfig::kv), all in device memory for the session's whole
-// life; the same model, stage for stage and format for
-// format, as the CPU engine (cpp/src/session_cpu.cpp), which is its reference. The registry, the refusals and the
-// position are SessionBase's (cpp/include/algenta/session_base.hpp), shared with the CPU engine.
+// life; the same model, stage for stage and format for format, as the CPU engine
+// (cpp/src/session_cpu.cpp), which is its reference. The registry, the refusals and the position
+// are SessionBase's (cpp/include/algenta/session_base.hpp), shared with the CPU engine.
 //
 // Dimension legend: D d_model, Hq query heads, Hkv key/value heads, G = Hq/Hkv, Dh d_head,
 // Q = (Hq + 2*Hkv)*Dh fused q/k/v rows, A = Hq*Dh, F d_ff, L layers, V vocab, T capacity,
@@ -380,10 +380,10 @@ class CudaSession final : public SessionBase {
 
   template <Dtype KV>
   void use_kv(int optin) {
-    rope_kernel_ = k_qk_norm_rope<KV>;
-    attn_kernel_ = k_attn_partial<KV>;
-    load_kernel(rope_kernel_, "k_qk_norm_rope", 0);
-    load_kernel(attn_kernel_, "k_attn_partial", optin);
+    k_qk_norm_rope_ = k_qk_norm_rope<KV>;
+    k_attn_partial_ = k_attn_partial<KV>;
+    load_kernel(k_qk_norm_rope_, "k_qk_norm_rope", 0);
+    load_kernel(k_attn_partial_, "k_attn_partial", optin);
   }
 
   Control* ctl() const { return static_cast<Control*>(ctl_.p); }
@@ -460,7 +460,7 @@ class CudaSession final : public SessionBase {
   // The per-row q/k norm + RoPE + KV write and attention launches shared by decode (M = 1) and
   // prefill.
   void norm_rope(const LayerOffsets& l, int64_t li, float* qkv, int64_t M) {
-    rope_kernel_<<<dim3(unsigned(c_.h_q + 2 * c_.h_kv), unsigned(M)),
+    k_qk_norm_rope_<<<dim3(unsigned(c_.h_q + 2 * c_.h_kv), unsigned(M)),
                    unsigned(plan_.norm_rope_threads), 0, stream_>>>(
         qkv, plan_.q_rows, W(l.q_norm), W(l.k_norm), rope_.f(), ctl(), c_.h_q, c_.h_kv,
         c_.d_head, plan_.capacity, c_.rms_eps, kcache(li), vcache(li));
@@ -469,7 +469,7 @@ class CudaSession final : public SessionBase {
   void attention(int64_t li, const float* qkv, int64_t M, int64_t S_grid, bool splits_on_device,
                  bool finalize, float* out) {
     const float scale = float(1.0 / std::sqrt(double(c_.d_head)));
-    attn_kernel_<<<dim3(unsigned(c_.h_q), unsigned(S_grid), unsigned(M)), ATTN_THREADS,
+    k_attn_partial_<<<dim3(unsigned(c_.h_q), unsigned(S_grid), unsigned(M)), ATTN_THREADS,
                    size_t(plan_.attn_smem_bytes), stream_>>>(
         qkv, plan_.q_rows, kcache(li), vcache(li), ctl(), plan_.capacity, c_.h_q / c_.h_kv,
         c_.d_head, scale, splits_on_device, finalize, out, A(plan_.part_acc), A(plan_.part_ml));
@@ -627,8 +627,8 @@ class CudaSession final : public SessionBase {
   DevMem weights_dev_, kv_, rope_, act_, pre_, blk_idx_, ids_, ctl_;
   Graph standard_, deep_;   // destroyed first: they refer to the buffers above
   // The KV format's instantiations of the two kernels that touch the cache.
-  decltype(&k_qk_norm_rope<Dtype::F32>) rope_kernel_ = nullptr;
-  decltype(&k_attn_partial<Dtype::F32>) attn_kernel_ = nullptr;
+  decltype(&k_qk_norm_rope<Dtype::F32>) k_qk_norm_rope_ = nullptr;
+  decltype(&k_attn_partial<Dtype::F32>) k_attn_partial_ = nullptr;
   bool use_graphs_ = true;
 };
 

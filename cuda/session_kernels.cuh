@@ -37,23 +37,33 @@ using namespace cudaplan;
 // ---- device helpers ---------------------------------------------------------------------------
 
 using gpu::block_sum_d;
+using gpu::ld;
+using gpu::st;
 using gpu::warp_max;
 using gpu::warp_sum;
 using gpu::warp_sum_d;
 
-// dst (n) = w (n) * (x (n) * 1/sqrt(mean(x^2) + eps)), by the whole block; dst may be shared or
-// global. Squares summed in double (as the CPU engine), the inverse rounded to float once.
+// dst (n) = w (n) * (x (n) * 1/sqrt(mean(x^2) + eps)), by the whole block; dst in global memory
+// (kGlobalDst) or shared. Squares summed in double (as the CPU engine), the inverse rounded to
+// float once. x and w are read-only here.
+template <bool kGlobalDst>
 __device__ void block_rmsnorm(const float* __restrict__ x, const float* __restrict__ w, int64_t n,
                               double eps, float* dst) {
   __shared__ double red[32];
   double ss = 0.0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const double v = x[i];
+    const double v = __ldg(x + i);
     ss += v * v;
   }
   ss = block_sum_d(ss, red);
   const float inv = session_math::rms_inv(ss, n, eps);
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = session_math::rms_apply(x[i], w[i], inv);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float y = session_math::rms_apply(__ldg(x + i), __ldg(w + i), inv);
+    if (kGlobalDst)
+      st(dst + i, y);
+    else
+      dst[i] = y;
+  }
   __syncthreads();
 }
 
@@ -222,19 +232,19 @@ __device__ __forceinline__ float warp_dot(const DevMat& m, int64_t r, const Stag
 template <Dtype KV>
 __device__ __forceinline__ void kv_store(void* c, int64_t i, float v) {
   if (KV == Dtype::F32)
-    static_cast<float*>(c)[i] = v;
+    st(static_cast<float*>(c) + i, v);
   else
-    static_cast<uint16_t*>(c)[i] = session_math::kv_narrow(KV, v);
+    st(static_cast<uint16_t*>(c) + i, session_math::kv_narrow(KV, v));
 }
 template <Dtype KV>
 __device__ __forceinline__ float kv_load(const void* c, int64_t i) {
-  if (KV == Dtype::F32) return static_cast<const float*>(c)[i];
-  return session_math::kv_widen(KV, static_cast<const uint16_t*>(c)[i]);
+  if (KV == Dtype::F32) return ld(static_cast<const float*>(c) + i);
+  return session_math::kv_widen(KV, ld(static_cast<const uint16_t*>(c) + i));
 }
 
-// Copy v (n) global -> shared by the whole block, then a barrier.
+// Copy v (n, read-only here) global -> shared by the whole block, then a barrier.
 __device__ __forceinline__ void stage(const float* __restrict__ v, int64_t n, float* s) {
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s[i] = v[i];
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s[i] = __ldg(v + i);
   __syncthreads();
 }
 
@@ -262,7 +272,7 @@ __global__ void k_embed(DevMat E /* (V, D) */, const int64_t* __restrict__ ids,
                         float* __restrict__ X /* (M, D) */, int64_t D) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t r = blockIdx.y;
-  if (i < D) X[r * D + i] = w_at<F>(E, ids[r], D, i);
+  if (i < D) st(X + r * D + i, w_at<F>(E, ld(ids + r), D, i));
 }
 
 // Y (M, D) row r = rmsnorm(X row r) * w. grid M, ROW_THREADS.
@@ -270,7 +280,7 @@ __global__ void k_rmsnorm_rows(const float* __restrict__ X /* (M, D) */,
                                const float* __restrict__ w /* (D) */, int64_t D, double eps,
                                float* __restrict__ Y /* (M, D) */) {
   const int64_t r = blockIdx.x;
-  block_rmsnorm(X + r * D, w, D, eps, Y + r * D);
+  block_rmsnorm<true>(X + r * D, w, D, eps, Y + r * D);
 }
 
 // y (N) = W (N, K) . rmsnorm(x (K)) * nw. Dynamic shared memory: stage_bytes(K, F). grid
@@ -281,14 +291,14 @@ __global__ void k_norm_qkv(DevMat W, const float* __restrict__ x, const float* _
                            float* __restrict__ y) {
   extern __shared__ float4 smem4[];
   const Staged v = staged(smem4, K);
-  block_rmsnorm(x, nw, K, eps, v.x);
+  block_rmsnorm<false>(x, nw, K, eps, v.x);
   consume<F>(v, K);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
   const int64_t r1 = min(N, r0 + rows_per_block);
   for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {
     const float d = warp_dot<F>(W, r, v, K, lane);
-    if (lane == 0) y[r] = d;
+    if (lane == 0) st(y + r, d);
   }
 }
 
@@ -302,7 +312,7 @@ __global__ void k_norm_gateup(DevMat Wg /* (Fd, D) */, DevMat Wu /* (Fd, D) */,
                               float* __restrict__ act) {
   extern __shared__ float4 smem4[];
   const Staged v = staged(smem4, D);
-  block_rmsnorm(x, nw, D, eps, v.x);
+  block_rmsnorm<false>(x, nw, D, eps, v.x);
   consume<F>(v, D);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
@@ -310,7 +320,7 @@ __global__ void k_norm_gateup(DevMat Wg /* (Fd, D) */, DevMat Wu /* (Fd, D) */,
   for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {
     const float g = warp_dot<F>(Wg, r, v, D, lane);
     const float u = warp_dot<F>(Wu, r, v, D, lane);
-    if (lane == 0) act[r] = session_math::silu_mul(g, u);
+    if (lane == 0) st(act + r, session_math::silu_mul(g, u));
   }
 }
 
@@ -328,7 +338,7 @@ __global__ void k_matvec_residual(DevMat W, const float* __restrict__ a, int64_t
   const int64_t r1 = min(N, r0 + rows_per_block);
   for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {
     const float d = warp_dot<F>(W, r, v, K, lane);
-    if (lane == 0) x[r] += d;
+    if (lane == 0) st(x + r, ld(x + r) + d);
   }
 }
 
@@ -347,24 +357,30 @@ __global__ void k_qk_norm_rope(float* __restrict__ qkv /* (M, Q) */, int64_t Q,
                                void* __restrict__ Vc /* (Hkv, T, Dh) of KV */) {
   __shared__ double red[32];
   const int64_t h = blockIdx.x, row = blockIdx.y;
-  const int64_t p = ctl->pos + row;
+  const int64_t p = ld(&ctl->pos) + row;
   float* v = qkv + row * Q + h * Dh;
   const int64_t half = Dh / 2;
   if (h < Hq + Hkv) {
     const float* w = h < Hq ? qn : kn;
     double ss = 0.0;
-    for (int64_t i = threadIdx.x; i < Dh; i += blockDim.x) ss += double(v[i]) * double(v[i]);
+    for (int64_t i = threadIdx.x; i < Dh; i += blockDim.x) {
+      const double e = ld(v + i);
+      ss += e * e;
+    }
     ss = block_sum_d(ss, red);  // its barriers also order every read of v before the writes
     const float inv = session_math::rms_inv(ss, Dh, eps);
     if (half == 0) {  // Dh == 1: no rotation pair exists
-      if (threadIdx.x == 0) v[0] = session_math::rms_apply(v[0], w[0], inv);
+      if (threadIdx.x == 0) st(v, session_math::rms_apply(ld(v), __ldg(w), inv));
     }
     const float* cs = rope + p * (half > 0 ? half : 1);
     const float* sn = cs + T * (half > 0 ? half : 1);
     for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-      const float a = session_math::rms_apply(v[i], w[i], inv);
-      const float b = session_math::rms_apply(v[i + half], w[i + half], inv);
-      session_math::rope_pair(a, b, cs[i], sn[i], &v[i], &v[i + half]);
+      const float a = session_math::rms_apply(ld(v + i), __ldg(w + i), inv);
+      const float b = session_math::rms_apply(ld(v + i + half), __ldg(w + i + half), inv);
+      float ra, rb;
+      session_math::rope_pair(a, b, __ldg(cs + i), __ldg(sn + i), &ra, &rb);
+      st(v + i, ra);
+      st(v + i + half, rb);
     }
     __syncthreads();
   }
@@ -372,7 +388,7 @@ __global__ void k_qk_norm_rope(float* __restrict__ qkv /* (M, Q) */, int64_t Q,
     const int64_t g = h < Hq + Hkv ? h - Hq : h - Hq - Hkv;
     void* dst = h < Hq + Hkv ? Kc : Vc;
     const int64_t at = (g * T + p) * Dh;
-    for (int64_t i = threadIdx.x; i < Dh; i += blockDim.x) kv_store<KV>(dst, at + i, v[i]);
+    for (int64_t i = threadIdx.x; i < Dh; i += blockDim.x) kv_store<KV>(dst, at + i, ld(v + i));
   }
 }
 
@@ -402,15 +418,15 @@ __global__ void k_attn_partial(const float* __restrict__ qkv /* (M, Q) */, int64
   float* ml = acc + ATTN_WARPS * Dh;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t h = blockIdx.x, s = blockIdx.y, row = blockIdx.z;
-  const int64_t S = splits_on_device ? ctl->n_splits : int64_t(gridDim.y);
+  const int64_t S = splits_on_device ? ld(&ctl->n_splits) : int64_t(gridDim.y);
   if (s >= S) return;  // the whole block: no barrier has been reached yet
   const int64_t A = int64_t(gridDim.x) * Dh;
-  const int64_t n = ctl->pos + row + 1;
+  const int64_t n = ld(&ctl->pos) + row + 1;
   int64_t k0, k1;
   splitk_range(n, S, s, &k0, &k1);
 
   const float* q = qkv + row * Q + h * Dh;
-  for (int64_t d = threadIdx.x; d < Dh; d += blockDim.x) qs[d] = q[d];
+  for (int64_t d = threadIdx.x; d < Dh; d += blockDim.x) qs[d] = ld(q + d);
   float* my = acc + warp * Dh;
   for (int64_t d = lane; d < Dh; d += 32) my[d] = 0.f;
   __syncthreads();
@@ -452,13 +468,13 @@ __global__ void k_attn_partial(const float* __restrict__ qkv /* (M, Q) */, int64
 #pragma unroll
     for (int w = 0; w < ATTN_WARPS; ++w) a = fmaf(acc[w * Dh + d], wt[w], a);
     if (finalize)
-      out[row * A + h * Dh + d] = a / lt;  // one split covers keys 0..P: lt >= 1, never empty
+      st(out + row * A + h * Dh + d, a / lt);  // one split covers keys 0..P: lt >= 1
     else
-      part_acc[(h * S + s) * Dh + d] = a;
+      st(part_acc + (h * S + s) * Dh + d, a);
   }
   if (!finalize && threadIdx.x == 0) {
-    part_ml[(h * S + s) * 2] = M;
-    part_ml[(h * S + s) * 2 + 1] = lt;
+    st(part_ml + (h * S + s) * 2, M);
+    st(part_ml + (h * S + s) * 2 + 1, lt);
   }
 }
 
@@ -472,11 +488,11 @@ __global__ void k_attn_merge(const float* __restrict__ part_acc /* (Hq, S, Dh) *
   __shared__ float redf[32];
   __shared__ double red[32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  const int64_t h = blockIdx.x, S = ctl->n_splits;
+  const int64_t h = blockIdx.x, S = ld(&ctl->n_splits);
   const float* pm = part_ml + h * S * 2;
   float mx = -INFINITY;
   for (int64_t s = threadIdx.x; s < S; s += blockDim.x)
-    if (pm[2 * s + 1] > 0.f) mx = fmaxf(mx, pm[2 * s]);
+    if (ld(pm + 2 * s + 1) > 0.f) mx = fmaxf(mx, ld(pm + 2 * s));
   mx = warp_max(mx);
   if (lane == 0) redf[warp] = mx;
   __syncthreads();
@@ -484,17 +500,18 @@ __global__ void k_attn_merge(const float* __restrict__ part_acc /* (Hq, S, Dh) *
   M = warp_max(M);  // every warp forms the same M from the same redf
   double lt = 0.0;
   for (int64_t s = threadIdx.x; s < S; s += blockDim.x) {
-    const float w = pm[2 * s + 1] > 0.f ? expf(pm[2 * s] - M) : 0.f;
+    const float ls = ld(pm + 2 * s + 1);
+    const float w = ls > 0.f ? expf(ld(pm + 2 * s) - M) : 0.f;
     wts[s] = w;
-    lt += double(pm[2 * s + 1]) * double(w);
+    lt += double(ls) * double(w);
   }
   lt = block_sum_d(lt, red);  // its barriers also publish wts
   const float inv = float(1.0 / lt);
   const float* pa = part_acc + h * S * Dh;
   for (int64_t d = threadIdx.x; d < Dh; d += blockDim.x) {
     float a = 0.f;
-    for (int64_t s = 0; s < S; ++s) a = fmaf(pa[s * Dh + d], wts[s], a);
-    out[h * Dh + d] = a * inv;
+    for (int64_t s = 0; s < S; ++s) a = fmaf(ld(pa + s * Dh + d), wts[s], a);
+    st(out + h * Dh + d, a * inv);
   }
 }
 
@@ -524,7 +541,7 @@ __global__ void k_head_argmax(DevMat H, const float* __restrict__ xf, int64_t D,
   int64_t besti = -1;
   for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {
     const float v = warp_dot<F>(H, r, xs, D, lane);
-    if (lane == 0) logits[r] = v;
+    if (lane == 0) st(logits + r, v);
     if (argmax_beats(v, r, best, besti)) best = v, besti = r;
   }
   if (lane == 0) bv[warp] = best, bi[warp] = besti;
@@ -534,10 +551,13 @@ __global__ void k_head_argmax(DevMat H, const float* __restrict__ xf, int64_t D,
     int64_t bix = -1;
     for (int w = 0; w < MATVEC_WARPS; ++w)
       if (argmax_beats(bv[w], bi[w], b, bix)) b = bv[w], bix = bi[w];
-    blk_val[blockIdx.x] = b;
-    blk_idx[blockIdx.x] = bix;
-    __threadfence();  // the partial is visible device-wide before this block takes its ticket
+    st(blk_val + blockIdx.x, b);
+    st(blk_idx + blockIdx.x, bix);
+    __threadfence();  // release: the partial is visible device-wide before this block's ticket
     last = atomicAdd(&ctl->done, 1u) == gridDim.x - 1;
+    // acquire: the last block's reads below are ordered after the ticket that saw every other
+    // block's (each fenced before it was taken); without it the reads may be satisfied early
+    if (last) __threadfence();
   }
   __syncthreads();
   if (!last) return;
@@ -560,8 +580,8 @@ __global__ void k_head_argmax(DevMat H, const float* __restrict__ xf, int64_t D,
   if (threadIdx.x == 0) {
     for (int w = 0; w < MATVEC_WARPS; ++w)
       if (argmax_beats(bv[w], bi[w], b, bix)) b = bv[w], bix = bi[w];
-    ctl->argmax = bix;  // every row is a candidate (V >= 1), so bix is in [0, V)
-    ctl->done = 0;
+    st(&ctl->argmax, bix);  // every row is a candidate (V >= 1), so bix is in [0, V)
+    st(&ctl->done, 0u);
   }
 }
 

@@ -73,6 +73,29 @@ void bind_session_cuda(py::module_& s) {
   s.def("cuda_emulator_fail_after", &algenta::residentk::cuda_emulator_fail_after, py::arg("n"),
         "Test hook: on the CUDA emulator, the n-th next fallible CUDA call fails (0: off). "
         "False in any other build.");
+  s.def(
+      "cuda_emulator_traffic",
+      [](bool start) -> py::object {
+        std::vector<algenta::residentk::KernelTraffic> ks;
+        if (!algenta::residentk::cuda_emulator_traffic(start, &ks)) return py::none();
+        if (start) return py::bool_(true);
+        py::dict out;
+        const char* keys[] = {"requests", "sectors", "ideal_sectors", "bytes"};
+        for (const auto& k : ks) {
+          py::dict load, store;
+          for (int i = 0; i < 4; ++i) load[keys[i]] = k.load[i], store[keys[i]] = k.store[i];
+          py::dict d;
+          d["load"] = load;
+          d["store"] = store;
+          out[py::str(k.kernel)] = d;
+        }
+        return out;
+      },
+      py::arg("start"),
+      "Measurement hook of the emulation build: start=True clears and starts counting global-"
+      "memory traffic; start=False stops and returns {kernel: {'load': {...}, 'store': {...}}} "
+      "(warp instructions, 32-byte sectors touched, ideal sectors, bytes needed). None in any "
+      "other build.");
 
   s.def(
       "cuda_copy_bandwidth",

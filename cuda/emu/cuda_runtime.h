@@ -23,9 +23,11 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #ifndef ALGENTA_CUDA_EMU
 #error "cuda/emu/cuda_runtime.h is the CUDA emulator's header: build with ALGENTA_CUDA_EMU"
@@ -412,29 +414,68 @@ inline T atomicMin(T* p, T v) {
   return old;
 }
 
-// Cache-hinted loads: plain loads on the host.
+// ---- global-memory traffic ------------------------------------------------------------------
+// While counting is on (traffic_start .. traffic_stop), every global access a kernel makes
+// through the cache-hinted load and store intrinsics below is recorded with its call site; after
+// each block the accesses are grouped into warp instructions (the same site, the same warp, the
+// n-th time each lane reached it: lanes of one instruction run the same code) and each
+// instruction's 32-byte sectors are counted against the bytes its lanes asked for, as a device's
+// memory system would fetch them (Nsight Compute's sectors per request). Plain dereferences are
+// not seen: the kernels measured spell their global accesses with these intrinsics.
+namespace algenta_emu {
+extern bool g_traffic;
+// Records one access of the calling kernel code (its site: this call's return address, distinct
+// for every inlined and unrolled copy of an access). Never inlined, so the return address is the
+// access's own.
+__attribute__((noinline)) void traffic_access(const void* p, unsigned bytes, bool store);
+struct TrafficStats {
+  uint64_t requests = 0;       // warp instructions
+  uint64_t sectors = 0;        // distinct 32-byte sectors they touched
+  uint64_t ideal_sectors = 0;  // sum over instructions of ceil(bytes needed / 32)
+  uint64_t bytes = 0;          // bytes needed: the union of the lanes' byte ranges
+};
+struct KernelTraffic {
+  std::string kernel;
+  TrafficStats load, store;
+};
+void traffic_start();                      // clears the counts and turns counting on
+std::vector<KernelTraffic> traffic_stop();  // turns it off; the counts per kernel name
+}  // namespace algenta_emu
+
+// Cache-hinted loads and stores: plain accesses on the host, counted while traffic is on.
 template <class T>
 inline T __ldg(const T* p) {
+  if (::algenta_emu::g_traffic) ::algenta_emu::traffic_access(p, sizeof(T), false);
   return *p;
 }
 template <class T>
 inline T __ldcg(const T* p) {
+  if (::algenta_emu::g_traffic) ::algenta_emu::traffic_access(p, sizeof(T), false);
   return *p;
 }
 template <class T>
 inline T __ldca(const T* p) {
+  if (::algenta_emu::g_traffic) ::algenta_emu::traffic_access(p, sizeof(T), false);
   return *p;
 }
 template <class T>
 inline T __ldcs(const T* p) {
+  if (::algenta_emu::g_traffic) ::algenta_emu::traffic_access(p, sizeof(T), false);
   return *p;
 }
 template <class T>
+inline void __stwb(T* p, T v) {
+  if (::algenta_emu::g_traffic) ::algenta_emu::traffic_access(p, sizeof(T), true);
+  *p = v;
+}
+template <class T>
 inline void __stcg(T* p, T v) {
+  if (::algenta_emu::g_traffic) ::algenta_emu::traffic_access(p, sizeof(T), true);
   *p = v;
 }
 template <class T>
 inline void __stcs(T* p, T v) {
+  if (::algenta_emu::g_traffic) ::algenta_emu::traffic_access(p, sizeof(T), true);
   *p = v;
 }
 

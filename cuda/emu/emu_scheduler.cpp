@@ -27,6 +27,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "cuda_runtime.h"
@@ -186,6 +187,7 @@ struct Fiber {
   unsigned warp = 0;
   unsigned mask = 0;  // the warp barrier's mask while St::AtWarp
   const char* site = nullptr;
+  std::unordered_map<const void*, uint32_t> reached;  // traffic: times this lane reached a site
 #ifdef ALGENTA_EMU_ASAN
   void* fake = nullptr;
 #endif
@@ -235,6 +237,24 @@ struct Sched {
   void* dyn = nullptr;
   std::vector<Zone> zones;
   Fiber* cur = nullptr;
+  // Traffic of the block in flight: the byte ranges of each warp instruction (keyed by warp,
+  // site, the n-th time its lanes reached the site, load or store), folded at the block's end.
+  struct Instr {
+    const void* site;
+    uint32_t warp, nth;
+    bool store;
+    bool operator==(const Instr& o) const {
+      return site == o.site && warp == o.warp && nth == o.nth && store == o.store;
+    }
+  };
+  struct InstrHash {
+    size_t operator()(const Instr& i) const {
+      return std::hash<const void*>()(i.site) ^ (size_t(i.warp) << 40) ^ (size_t(i.nth) << 1) ^
+             size_t(i.store);
+    }
+  };
+  std::unordered_map<Instr, std::vector<std::pair<uintptr_t, uint32_t>>, InstrHash> accesses;
+  void fold_traffic();
 
   ~Sched() {
     if (arena) munmap(arena, arena_bytes);
@@ -395,6 +415,7 @@ struct Sched {
       f.st = St::Fresh;
       f.mask = 0;
       f.site = nullptr;
+      f.reached.clear();
     }
     dyn = s.smem ? alloc_poisoned(s.smem) : nullptr;
     t_block = &bi;
@@ -414,6 +435,7 @@ struct Sched {
       if (!ran) deadlock();
     }
     t_block = nullptr;
+    if (!accesses.empty()) fold_traffic();
     if (dyn) free_aligned(dyn);
     dyn = nullptr;
     for (Zone& z : zones) free_aligned(z.p);
@@ -430,6 +452,49 @@ Sched& sched() {
     t_sched = t_sched_owner.get();
   }
   return *t_sched;
+}
+
+// ---- global-memory traffic ----------------------------------------------------------------------
+std::mutex g_traffic_mu;
+std::map<std::string, KernelTraffic> g_traffic_by_kernel;
+
+void Sched::fold_traffic() {
+  KernelTraffic k;
+  std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
+  std::vector<uintptr_t> sectors;
+  for (auto& [instr, acc] : accesses) {
+    ranges.clear();
+    sectors.clear();
+    for (const auto& [a, n] : acc) {
+      ranges.push_back({a, a + n});
+      for (uintptr_t sct = a >> 5; sct <= (a + n - 1) >> 5; ++sct) sectors.push_back(sct);
+    }
+    std::sort(ranges.begin(), ranges.end());
+    uint64_t needed = 0;
+    uintptr_t end = 0;
+    for (const auto& [a, b] : ranges) {  // the union of the lanes' byte ranges
+      if (b <= end) continue;
+      needed += b - std::max(a, end);
+      end = b;
+    }
+    std::sort(sectors.begin(), sectors.end());
+    const uint64_t distinct = uint64_t(std::unique(sectors.begin(), sectors.end()) - sectors.begin());
+    TrafficStats& t = instr.store ? k.store : k.load;
+    t.requests += 1;
+    t.sectors += distinct;
+    t.ideal_sectors += (needed + 31) / 32;
+    t.bytes += needed;
+  }
+  accesses.clear();
+  std::lock_guard<std::mutex> lock(g_traffic_mu);
+  KernelTraffic& g = g_traffic_by_kernel[spec->name];
+  g.kernel = spec->name;
+  for (auto [dst, src] : {std::make_pair(&g.load, &k.load), std::make_pair(&g.store, &k.store)}) {
+    dst->requests += src->requests;
+    dst->sectors += src->sectors;
+    dst->ideal_sectors += src->ideal_sectors;
+    dst->bytes += src->bytes;
+  }
 }
 
 void fiber_main(Fiber* f) {
@@ -449,6 +514,34 @@ Fiber& current(const char* what) {
 }
 
 }  // namespace
+
+// Global-memory traffic (cuda_runtime.h): the interface the intrinsics and the hook call.
+bool g_traffic = false;
+
+void traffic_access(const void* p, unsigned bytes, bool store) {
+  const void* site = __builtin_return_address(0);
+  Sched* s = t_sched;
+  if (!s || !s->cur) return;  // host code touching device memory: not a kernel's access
+  Fiber& f = *s->cur;
+  const uint32_t nth = f.reached[site]++;
+  s->accesses[Sched::Instr{site, f.warp, nth, store}].push_back({uintptr_t(p), bytes});
+}
+
+void traffic_start() {
+  std::lock_guard<std::mutex> lock(g_traffic_mu);
+  g_traffic_by_kernel.clear();
+  g_traffic = true;
+}
+
+std::vector<KernelTraffic> traffic_stop() {
+  std::lock_guard<std::mutex> lock(g_traffic_mu);
+  g_traffic = false;
+  std::vector<KernelTraffic> out;
+  for (auto& [name, k] : g_traffic_by_kernel) out.push_back(k);
+  g_traffic_by_kernel.clear();
+  return out;
+}
+
 
 // ---- device built-ins ----------------------------------------------------------------------------
 void syncthreads(const char* site) {

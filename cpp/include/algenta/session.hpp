@@ -144,6 +144,19 @@ double cuda_copy_bandwidth(int64_t bytes, int reps);
 // copy, memset, synchronization, graph launch) fails with cudaErrorLaunchFailure; 0 turns it
 // off. Returns false, doing nothing, in every other build.
 bool cuda_emulator_fail_after(int64_t n);
+// Measurement hook of the emulation build: global-memory traffic per kernel, counted in 32-byte
+// sectors per warp instruction (cuda/emu/cuda_runtime.h, "global-memory traffic") for the
+// accesses the kernels spell with the cache-hinted intrinsics. start=true clears the counts and
+// turns counting on; start=false turns it off and fills *out. Returns false, doing nothing, in
+// every other build.
+struct KernelTraffic {
+  std::string kernel;
+  // loads, then stores: warp instructions, sectors touched, ceil(bytes needed / 32) summed over
+  // the instructions, bytes needed (the union of the lanes' byte ranges)
+  int64_t load[4] = {0, 0, 0, 0};
+  int64_t store[4] = {0, 0, 0, 0};
+};
+bool cuda_emulator_traffic(bool start, std::vector<KernelTraffic>* out);
 
 }  // namespace residentk
 }  // namespace algenta
