@@ -68,6 +68,16 @@ __device__ __forceinline__ void st(T* p, T v) {
   __stwb(p, v);
 }
 
+// Names what the host thread's following launches are for in the emulator's traffic report
+// (one kernel template serving several jobs); null clears it. Nothing on a device.
+inline void launch_label(const char* label) {
+#ifdef ALGENTA_CUDA_EMU
+  ::algenta_emu::t_launch_label = label;
+#else
+  (void)label;
+#endif
+}
+
 // ---- warp and block reductions ------------------------------------------------------------
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -244,7 +244,7 @@ __device__ void row_stats(const TileArgs<T>& p, Acc* row, int64_t gm, int64_t n0
     z[j] = T(0);
     if (c >= cols) continue;
     T x = T(row[c]);
-    if (bias) x += T(widen(bias[n0 + c]));
+    if (bias) x += T(widen(__ldg(bias + n0 + c)));
     if (p.cap > 0.0) x = dtanh(x * ic) * cap;  // z * (1/cap), as the CPU backend spells it
     else if (tempered) x = x / temp;            // a true division, as the CPU backend's
     z[j] = x;
@@ -265,7 +265,7 @@ __device__ void row_stats(const TileArgs<T>& p, Acc* row, int64_t gm, int64_t n0
     if (z[j] == m && c < arg) arg = c;
     const double e = double(dexp(z[j] - m));
     se += e;
-    sz += p.stats_w ? double(z[j]) * double(p.stats_w[n0 + c]) : double(z[j]);
+    sz += p.stats_w ? double(z[j]) * double(__ldg(p.stats_w + n0 + c)) : double(z[j]);
     if (p.entropy) sd += e * (double(m) - double(z[j]));  // terms >= 0, as the CPU backend's
   }
 #pragma unroll
@@ -284,18 +284,18 @@ __device__ void row_stats(const TileArgs<T>& p, Acc* row, int64_t gm, int64_t n0
     s.sument = sd;
     s.arg = arg < cols ? arg : 0;
     s.pad = 0;
-    p.stats[gm * p.nvb + n0 / BN] = s;
+    p.stats[gm * p.nvb + n0 / BN] = s;  // a 40-byte record: a plain store, not counted
   }
   const int64_t t = p.t0 + gm;
-  if (p.valid[t]) {
-    const int64_t y = p.targets[t + p.shift] - n0;
-    if (y >= 0 && y < cols && (y & 31) == lane) p.ztarget[gm] = double(z[y >> 5]);
+  if (__ldg(p.valid + t)) {
+    const int64_t y = __ldg(p.targets + t + p.shift) - n0;
+    if (y >= 0 && y < cols && (y & 31) == lane) st(p.ztarget + gm, double(z[y >> 5]));
   }
   if (p.logits) {
     T* dst = p.logits + gm * p.N + n0;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
-      if (lane + 32 * j < cols) dst[lane + 32 * j] = z[j];
+      if (lane + 32 * j < cols) st(dst + lane + 32 * j, z[j]);
   }
 }
 
@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(NT) k_tile(TileArgs<typename P::T> p) {
         for (int i = tid; i < ES * BN; i += NT) {
           const int r = i / BN, n = i % BN;
           const int64_t gm = m0 + s * ES + r, gn = n0 + n;
-          Ep[r * LDE + n] = gm < p.M && gn < p.N ? Acc(widen(C[gm * p.ldc + gn])) : Acc(0);
+          Ep[r * LDE + n] = gm < p.M && gn < p.N ? Acc(widen(ld(C + gm * p.ldc + gn))) : Acc(0);
         }
         __syncthreads();
         core.from_smem(Ep, s, ES);
@@ -383,15 +383,17 @@ __global__ void __launch_bounds__(NT) k_tile(TileArgs<typename P::T> p) {
     for (int i = tid; i < BM * BK; i += NT) {
       const int m = A_KM ? i % BM : i / BK, k = A_KM ? i / BM : i % BK;
       const int64_t gm = m0 + m, gk = k0 + k;
-      const S v = gm < p.M && gk < p.K ? stage<MMA, T>(A[A_KM ? gk * p.lda + gm : gm * p.lda + gk])
-                                       : stage<MMA, T>(0.0f);
+      const S v = gm < p.M && gk < p.K
+                      ? stage<MMA, T>(__ldg(A + (A_KM ? gk * p.lda + gm : gm * p.lda + gk)))
+                      : stage<MMA, T>(0.0f);
       As[simt ? k * BM + m : m * L + k] = v;
     }
     for (int i = tid; i < BN * BK; i += NT) {
       const int n = B_KN ? i % BN : i / BK, k = B_KN ? i / BN : i % BK;
       const int64_t gn = n0 + n, gk = k0 + k;
-      const S v = gn < p.N && gk < p.K ? stage<MMA, T>(B[B_KN ? gk * p.ldb + gn : gn * p.ldb + gk])
-                                       : stage<MMA, T>(0.0f);
+      const S v = gn < p.N && gk < p.K
+                      ? stage<MMA, T>(__ldg(B + (B_KN ? gk * p.ldb + gn : gn * p.ldb + gk)))
+                      : stage<MMA, T>(0.0f);
       Bs[simt ? k * BN + n : n * L + k] = v;
     }
     __syncthreads();
@@ -425,7 +427,9 @@ void launch_tile(const TileArgs<typename P::T>& p, cudaStream_t s) {
   constexpr int bytes = tile_smem_bytes<P::MMA, typename P::T>();
   static_assert(bytes <= 48 * 1024, "a tile fits the default shared-memory limit");
   const dim3 grid(unsigned(ceil_div(p.M, BM)), unsigned(ceil_div(p.N, BN)));
+  gpu::launch_label(P::EPI == EPI_STATS ? "logits" : P::A_KM ? "d_weight" : "d_hidden");
   k_tile<P><<<grid, NT, bytes, s>>>(p);
+  gpu::launch_label(nullptr);
   CK(cudaGetLastError());
 }
 

@@ -181,21 +181,23 @@ __global__ void k_softmax_grad(T* g, int64_t c, int64_t V, const double* lse_c, 
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < c * V;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / V, v = i % V;
-    const double* k = coef + 6 * r;
+    const double* kr = coef + 6 * r;
+    double k[6];
+    for (int j = 0; j < 6; ++j) k[j] = __ldg(kr + j);
     if (k[0] == 0.0 && k[1] == 0.0 && k[2] == 0.0 && k[4] == 0.0) {
-      g[i] = T(0);
+      st(g + i, T(0));
       continue;
     }
-    const T x = g[i];
+    const T x = ld(g + i);
     // with the entropy's share p (a + e (z - max)), as the CPU backend's softmax_grad
     const T pa = k[4] != 0.0 ? T(k[0]) + T(k[4]) * (x - T(k[5])) : T(k[0]);
-    T d = dexp(x - T(lse_c[r])) * pa - T(k[1]) * (w ? w[v] : T(1));
+    T d = dexp(x - T(__ldg(lse_c + r))) * pa - T(k[1]) * (w ? __ldg(w + v) : T(1));
     if (cap > 0.0) {
       const T tz = x * ic;
       d *= (T(1) - tz) * (T(1) + tz);
     }
     if (double(v) == k[3]) d -= T(k[2]);
-    g[i] = d;
+    st(g + i, d);
   }
 }
 
@@ -204,16 +206,16 @@ template <class T>
 __global__ void k_bias_grad(const T* g, int64_t c, int64_t V, T* db) {
   const int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (v >= V) return;
-  T acc = db[v];
-  for (int64_t r = 0; r < c; ++r) acc += g[r * V + v];
-  db[v] = acc;
+  T acc = ld(db + v);
+  for (int64_t r = 0; r < c; ++r) acc += __ldg(g + r * V + v);
+  st(db + v, acc);
 }
 
 template <class T, class XO>
 __global__ void k_narrow(const T* src, XO* dst, int64_t n) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
-    put(dst + i, float(src[i]));
+    put(dst + i, float(__ldg(src + i)));
 }
 
 // Token-order results in one block over a fixed partition of [0, N): LossSum's (total, first,

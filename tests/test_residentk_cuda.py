@@ -371,7 +371,7 @@ def test_decode_kernels_are_coalesced(weights, kv):
     # more).
     if not EMULATED:
         pytest.skip("the traffic count is the CUDA emulator's")
-    from algenta.residentk.traffic import DECODE_KERNELS, decode_traffic, weight_bytes
+    from algenta.traffic import DECODE_KERNELS, decode_traffic, weight_bytes
 
     cfg = dict(d_model=256, h_q=4, h_kv=2, d_head=64, d_ff=768, n_layers=1, vocab=1000)
     s = ResidentSession.random(**cfg, max_ctx=64, device="cuda", weights=weights, kv=kv)

@@ -290,7 +290,11 @@ struct LaunchSpec {
   dim3 grid, block;
   size_t smem;
   cudaStream_t stream;
+  const char* label;  // launch_label's at the launch, or null (the traffic report's key)
 };
+// What the host thread's next launches are for (a kernel template launched for several jobs),
+// for the traffic report: gpu::launch_label sets it in an emulation build.
+extern __thread const char* t_launch_label;
 // body() runs one CUDA thread of the kernel (t_thread / t_block set by the caller).
 cudaError_t enqueue_launch(const LaunchSpec& spec, std::shared_ptr<const std::function<void()>> body);
 
@@ -313,7 +317,7 @@ template <class... P>
 inline Launcher<P...> launch(const char* name, void (*fn)(P...), dim3 grid, dim3 block,
                              size_t smem = 0, cudaStream_t stream = 0) {
   return Launcher<P...>{LaunchSpec{name, reinterpret_cast<const void*>(fn), grid, block, smem,
-                                   stream},
+                                   stream, t_launch_label},
                         fn};
 }
 

@@ -94,6 +94,7 @@ algenta_emu_trampoline:
 namespace algenta_emu {
 
 __thread Thread* t_thread = nullptr;
+__thread const char* t_launch_label = nullptr;
 __thread BlockInfo* t_block = nullptr;
 
 void fatal(const char* fmt, ...) {
@@ -486,9 +487,11 @@ void Sched::fold_traffic() {
     t.bytes += needed;
   }
   accesses.clear();
+  const std::string name =
+      std::string(spec->name) + (spec->label ? std::string("[") + spec->label + "]" : "");
   std::lock_guard<std::mutex> lock(g_traffic_mu);
-  KernelTraffic& g = g_traffic_by_kernel[spec->name];
-  g.kernel = spec->name;
+  KernelTraffic& g = g_traffic_by_kernel[name];
+  g.kernel = name;
   for (auto [dst, src] : {std::make_pair(&g.load, &k.load), std::make_pair(&g.store, &k.store)}) {
     dst->requests += src->requests;
     dst->sectors += src->sectors;

@@ -1,16 +1,21 @@
-"""Global-memory traffic of the CUDA session's decode kernels, counted on the CUDA emulator.
+"""Global-memory traffic of the CUDA kernels, counted on the CUDA emulator.
 
 Decode is bound by the bytes it moves, and that can be counted without a GPU: in the emulation
 build (``-Ccmake.define.ALGENTA_CUDA_EMU=ON``) every global load and store the kernels spell with
 CUDA's cache-hint intrinsics is recorded, grouped into warp instructions, and each instruction's
 32-byte sectors are counted against the fewest sectors its bytes could occupy (Nsight Compute's
-sectors per request; see cuda/emu/cuda_runtime.h). ``decode_traffic`` runs one decode step of a
-session under that count; ``perf/cuda_traffic.py`` prints it per kernel and format, and
-tests/test_residentk_cuda.py keeps every decode kernel coalesced.
+sectors per request; see cuda/emu/cuda_runtime.h). ``count`` runs any call under that count;
+``decode_traffic`` one decode step of a session. ``perf/cuda_traffic.py`` prints both the
+session's decode kernels and lossk's per kernel and format; tests/test_residentk_cuda.py and
+tests/test_lossk_cuda.py keep them coalesced.
 
-What the count is not: a device's DRAM traffic. Sectors are what the SMs request from L1/L2; a
-vector every block of a matvec stages (the normed input, re-read from L2 by each block) counts
-once per block here, and is served from L2 on a device. ``weight_bytes`` says what the format
+What is counted: every global access of the session's decode kernels, and of lossk's tile GEMM
+(k_tile, labelled logits / d_hidden / d_weight), k_softmax_grad, k_bias_grad and k_narrow but for
+the tile's 40-byte per-block statistics records; lossk's per-token kernels (k_prepare, k_merge,
+k_finish: O(tokens) bytes) read through the shared lossk_math.hpp and are not counted. What the
+count is not: a device's DRAM traffic. Sectors are what the SMs request from L1/L2; a vector
+every block of a matvec stages (the normed input, re-read from L2 by each block) counts once per
+block here, and is served from L2 on a device. ``weight_bytes`` says what a session's format
 itself must stream.
 """
 
@@ -18,8 +23,8 @@ from __future__ import annotations
 
 import re
 
-from .. import _core
-from ..errors import ResidentUnavailableError
+from . import _core
+from .errors import ResidentUnavailableError
 
 # The decode kernels, by the name their launch has in the emulator's report (template arguments
 # and the session's "_" suffix of a kernel chosen at open stripped).
@@ -28,22 +33,23 @@ DECODE_KERNELS = ("k_embed", "k_norm_qkv", "k_qk_norm_rope", "k_attn_partial", "
 
 
 def _kernel(name: str) -> str:
-    return re.sub(r"<.*>$", "", name).rstrip("_")
+    """k_tile<P>[logits] -> k_tile[logits]; k_attn_partial_ (chosen at open) -> k_attn_partial."""
+    m = re.fullmatch(r"([^<\[]*)(<.*>)?(\[.*\])?", name)
+    return m.group(1).rstrip("_") + (m.group(3) or "")
 
 
-def decode_traffic(session, token: int) -> dict:
-    """One decode step of ``session`` (a CUDA session on the emulator) with its global accesses
-    counted: ``{kernel: {"requests", "sectors", "ideal_sectors", "bytes", "efficiency"}}`` over
-    loads and stores together, plus ``"total"``. ``efficiency`` is ideal / moved sectors (1.0:
-    every warp instruction touched the fewest sectors its bytes allow). Refuses (605) outside
-    the emulation build, where nothing is counted."""
-    if session.device != "cuda" or _core.session.cuda_backend()["kind"] != "emulator":
+def count(fn) -> dict:
+    """Runs ``fn()`` with the emulator counting global-memory traffic: ``{kernel: {"requests",
+    "sectors", "ideal_sectors", "bytes", "efficiency"}}`` over loads and stores together, plus
+    ``"total"``. ``efficiency`` is ideal / moved sectors (1.0: every warp instruction touched the
+    fewest sectors its bytes allow). Refuses (605) outside the emulation build, where nothing is
+    counted."""
+    if _core.session.cuda_backend()["kind"] != "emulator":
         raise ResidentUnavailableError(
-            "decode_traffic counts on the CUDA emulator only (an ALGENTA_CUDA_EMU=ON build, "
-            "device='cuda')", 605)
+            "the traffic count is the CUDA emulator's (an ALGENTA_CUDA_EMU=ON build)", 605)
     _core.session.cuda_emulator_traffic(True)
     try:
-        session.step(token)
+        fn()
     finally:
         raw = _core.session.cuda_emulator_traffic(False)
     out = {}
@@ -63,10 +69,17 @@ def decode_traffic(session, token: int) -> dict:
     return out
 
 
+def decode_traffic(session, token: int) -> dict:
+    """:func:`count` of one decode step of ``session``, a CUDA session on the emulator."""
+    if session.device != "cuda":
+        raise ResidentUnavailableError("decode_traffic needs a device='cuda' session", 605)
+    return count(lambda: session.step(token))
+
+
 def weight_bytes(session) -> int:
     """Bytes of weights one decode token must read in the session's format: every matrix once
     (the head included; of the embedding one row), and the norms."""
-    from .contract import residentk_footprint, residentk_matrix_bytes
+    from .residentk.contract import residentk_footprint, residentk_matrix_bytes
 
     c = session.config
     fp = residentk_footprint(c.d_model, c.h_q, c.h_kv, c.d_head, c.d_ff, c.n_layers, c.vocab,
