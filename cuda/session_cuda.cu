@@ -76,6 +76,7 @@
 #include "algenta/session_base.hpp"
 #include "algenta/session_weights.hpp"
 #include "algenta/status_error.hpp"
+#include "lossk_tile.cuh"  // the tile GEMM on tensor cores, for the bf16 prefill
 #include "session_kernels.cuh"
 
 namespace algenta {
@@ -366,6 +367,12 @@ class CudaSession final : public SessionBase {
       default: return fn(Format<Dtype::F32>{});  // f32 (session_open_status refused the rest)
     }
   }
+  // Y (M, N) (+)= X (M, K) . W (N, K)^T in lossk's tile GEMM: bf16 wmma steps on X (float32
+  // values staged as bf16) and W (bf16 rows), float32 accumulators continuing from Y.
+  using Bf16PrefillTile =
+      lossk::TileProduct<lossk::WMMA_BF16, float, float, lossk::ALayout::MK, __nv_bfloat16,
+                         lossk::BLayout::NK, lossk::EPI_STORE, float>;
+
   template <Dtype F>
   void load_format_kernels(int optin) {
     load_kernel(k_embed<F>, "k_embed", 0);
@@ -376,6 +383,7 @@ class CudaSession final : public SessionBase {
     load_kernel(k_gemm_narrow<F>, "k_gemm_narrow", 0);
     load_kernel(k_gemm_wide<F>, "k_gemm_wide", 0);
     if (F == Dtype::BF16 || F == Dtype::Int8) load_kernel(k_as_consumed<F>, "k_as_consumed", 0);
+    if (F == Dtype::BF16) load_kernel(lossk::k_tile<Bf16PrefillTile>, "k_tile(prefill)", 0);
   }
 
   template <Dtype KV>
@@ -441,11 +449,31 @@ class CudaSession final : public SessionBase {
     launched("k_as_consumed");
   }
 
-  // Y (M, N) (+)= X (M, K) W^T, tile chosen by residentk_prefill_gemm_use_narrow_tile(M).
+  // Y (M, N) (+)= X (M, K) W^T, tile chosen by residentk_prefill_gemm_use_narrow_tile(M). bf16
+  // weights on the wide tile multiply on tensor cores: lossk's tile GEMM (bf16 wmma steps,
+  // float32 accumulators) on X's values, which as_consumed made bf16 (so staging them as bf16
+  // is exact) and the resident bf16 rows: the products decode multiplies, summed in float32.
   template <Dtype F>
   void gemm(const float* X, int64_t M, int64_t K, DevMat Wt, int64_t N, float* Y,
             bool accumulate) {
     const GemmGrid g = prefill_gemm_grid(M, N, plan_.sms);
+    if (F == Dtype::BF16 && !g.narrow) {
+      using Tile = Bf16PrefillTile;
+      lossk::TileArgs<float> p;
+      p.M = M, p.N = N, p.K = K;
+      p.A = X, p.lda = K;
+      p.B = Wt.w, p.ldb = K;
+      p.C = Y, p.ldc = N;
+      p.accumulate = accumulate;
+      constexpr int bytes = lossk::tile_smem_bytes<Tile::MMA, float>();
+      static_assert(bytes <= 48 * 1024, "a tile fits the default shared-memory limit");
+      const dim3 grid(unsigned(ceil_div(M, lossk::BM)), unsigned(ceil_div(N, lossk::BN)));
+      gpu::launch_label("prefill");
+      lossk::k_tile<Tile><<<grid, lossk::NT, bytes, stream_>>>(p);
+      gpu::launch_label(nullptr);
+      launched("k_tile(prefill)");
+      return;
+    }
     if (g.narrow) {
       k_gemm_narrow<F><<<unsigned(g.gx), MATVEC_THREADS, 0, stream_>>>(
           X, Wt, Y, M, N, K, g.rows_per_block, accumulate);

@@ -156,6 +156,22 @@ def test_weight_formats_against_the_cpu_engine(name, weights):
     _formats_against_cpu(SMALL[name], weights, "f32")
 
 
+@pytest.mark.parametrize("weights", ["bf16", "f16", "int8"])
+def test_wide_prefill_in_each_format(weights):
+    # 70 prompt rows take the wide prefill GEMM (bf16: lossk's tile GEMM on tensor cores, its
+    # edges cut at K 52 and 84), then steps over the cache the prefill wrote.
+    cfg = SMALL["gqa2_untied"]
+    cpu, gpu = _pair(cfg, seed=4, weights=weights)
+    ids = [int(i) for i in np.random.default_rng(0).integers(0, cfg["vocab"], 70)]
+    a, b = [cpu.prefill(ids)], [gpu.prefill(ids)]
+    for t in (3, 1, 4):
+        a.append(cpu.step(t))
+        b.append(gpu.step(t))
+    scale = max(1.0, max(float(np.abs(x).max()) for x in a))
+    dev = max(float(np.abs(x - y).max()) for x, y in zip(a, b))
+    assert dev <= FORMAT_TOL[weights] * scale, (weights, dev, scale)
+
+
 @pytest.mark.parametrize("kv", ["bf16", "f16"])
 @pytest.mark.parametrize("weights", ["f32", "bf16", "f16", "int8"])
 def test_kv_formats_against_the_cpu_engine(weights, kv):
