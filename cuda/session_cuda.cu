@@ -382,8 +382,14 @@ class CudaSession final : public SessionBase {
     load_kernel(k_head_argmax<F>, "k_head_argmax", optin);
     load_kernel(k_gemm_narrow<F>, "k_gemm_narrow", 0);
     load_kernel(k_gemm_wide<F>, "k_gemm_wide", 0);
-    if (F == Dtype::BF16 || F == Dtype::Int8) load_kernel(k_as_consumed<F>, "k_as_consumed", 0);
-    if (F == Dtype::BF16) load_kernel(lossk::k_tile<Bf16PrefillTile>, "k_tile(prefill)", 0);
+    if (F == Dtype::BF16) {
+      load_kernel(k_round_bf16, "k_round_bf16", 0);
+      load_kernel(lossk::k_tile<Bf16PrefillTile>, "k_tile(prefill)", 0);
+    }
+    if (F == Dtype::Int8) {
+      load_kernel(k_quantize_rows, "k_quantize_rows", 0);
+      load_kernel(k_gemm_q8, "k_gemm_q8", 0);
+    }
   }
 
   template <Dtype KV>
@@ -438,24 +444,50 @@ class CudaSession final : public SessionBase {
                        stream_));
   }
 
-  // X (M, K) in place as F's products consume it (k_as_consumed; bf16 and int8 only), once
-  // before the projections that read it, as the CPU engine's prefill.
+  // An activation matrix (M, K) as F's prefill GEMMs take it: its float32 values, and for int8
+  // its codes (M, ldq) and block scales (M, ldq / 32).
+  struct Act {
+    const float* x;
+    const int8_t* q = nullptr;
+    const float* s = nullptr;
+    int64_t ldq = 0;
+  };
+  // X (M, K) as F's products consume it, once before the projections that read it, as the CPU
+  // engine's prefill: bf16 rounds X in place (k_round_bf16); int8 quantizes it into the plan's
+  // scratch (k_quantize_rows; X is left as it is); f32 and f16 take it as it is. The returned
+  // Act is valid until the next as_consumed.
   template <Dtype F>
-  void as_consumed(float* X, int64_t M, int64_t K) {
-    if (F != Dtype::BF16 && F != Dtype::Int8) return;
-    const int64_t blocks = ceil_div(K, RESIDENT_INT8_BLOCK);
-    k_as_consumed<F><<<dim3(unsigned(ceil_div(blocks, ROW_THREADS)), unsigned(M)), ROW_THREADS, 0,
-                       stream_>>>(X, K);
-    launched("k_as_consumed");
+  Act as_consumed(float* X, int64_t M, int64_t K) {
+    if (F == Dtype::BF16) {
+      k_round_bf16<<<dim3(unsigned(ceil_div(K, ROW_THREADS)), unsigned(M)), ROW_THREADS, 0,
+                     stream_>>>(X, K);
+      launched("k_round_bf16");
+    }
+    if (F != Dtype::Int8) return Act{X};
+    const int64_t ldq = ceil_div(K, RESIDENT_INT8_BLOCK) * RESIDENT_INT8_BLOCK;  // <= plan_.q8_ld
+    int8_t* q = reinterpret_cast<int8_t*>(P(plan_.p_q8_codes));
+    float* s = P(plan_.p_q8_scales);
+    k_quantize_rows<<<dim3(unsigned(ceil_div(ldq / RESIDENT_INT8_BLOCK, ROW_THREADS)),
+                           unsigned(M)),
+                      ROW_THREADS, 0, stream_>>>(X, K, ldq, q, s);
+    launched("k_quantize_rows");
+    return Act{X, q, s, ldq};
   }
 
-  // Y (M, N) (+)= X (M, K) W^T, tile chosen by residentk_prefill_gemm_use_narrow_tile(M). bf16
-  // weights on the wide tile multiply on tensor cores: lossk's tile GEMM (bf16 wmma steps,
-  // float32 accumulators) on X's values, which as_consumed made bf16 (so staging them as bf16
-  // is exact) and the resident bf16 rows: the products decode multiplies, summed in float32.
+  // Y (M, N) (+)= X (M, K) W^T, tile chosen by residentk_prefill_gemm_use_narrow_tile(M), but
+  // for two formats: int8 multiplies X's blocks in integers at every M (k_gemm_q8, decode's
+  // products); bf16 on the wide tile multiplies on tensor cores: lossk's tile GEMM (bf16 wmma
+  // steps, float32 accumulators) on X's values, which as_consumed made bf16 (so staging them as
+  // bf16 is exact), and the resident bf16 rows: decode's products, summed in float32.
   template <Dtype F>
-  void gemm(const float* X, int64_t M, int64_t K, DevMat Wt, int64_t N, float* Y,
-            bool accumulate) {
+  void gemm(const Act& A, int64_t M, int64_t K, DevMat Wt, int64_t N, float* Y, bool accumulate) {
+    const float* X = A.x;
+    if (F == Dtype::Int8) {
+      k_gemm_q8<<<dim3(unsigned(ceil_div(N, GEMM_BN)), unsigned(ceil_div(M, GEMM_BM))),
+                  GEMM_THREADS, 0, stream_>>>(A.q, A.ldq, A.s, Wt, Y, M, N, K, accumulate);
+      launched("k_gemm_q8");
+      return;
+    }
     const GemmGrid g = prefill_gemm_grid(M, N, plan_.sms);
     if (F == Dtype::BF16 && !g.narrow) {
       using Tile = Bf16PrefillTile;
@@ -619,22 +651,19 @@ class CudaSession final : public SessionBase {
       const LayerOffsets& l = plan_.layers[size_t(li)];
       k_rmsnorm_rows<<<unsigned(M), ROW_THREADS, 0, stream_>>>(X, W(l.in_norm), D, c_.rms_eps, Xn);
       launched("k_rmsnorm_rows(input)");
-      as_consumed<Fw>(Xn, M, D);
-      gemm<Fw>(Xn, M, D, mat(l.wqkv), Q, QKV, false);
+      gemm<Fw>(as_consumed<Fw>(Xn, M, D), M, D, mat(l.wqkv), Q, QKV, false);
       norm_rope(l, li, QKV, M);
       attention(li, QKV, M, 1, false, true, At);
-      as_consumed<Fw>(At, M, Aw);
-      gemm<Fw>(At, M, Aw, mat(l.wo), D, X, true);
+      gemm<Fw>(as_consumed<Fw>(At, M, Aw), M, Aw, mat(l.wo), D, X, true);
       k_rmsnorm_rows<<<unsigned(M), ROW_THREADS, 0, stream_>>>(X, W(l.post_norm), D, c_.rms_eps,
                                                                Xn);
       launched("k_rmsnorm_rows(post)");
-      as_consumed<Fw>(Xn, M, D);
-      gemm<Fw>(Xn, M, D, mat(l.wg), F, Gt, false);
-      gemm<Fw>(Xn, M, D, mat(l.wu), F, U, false);
+      const Act xn = as_consumed<Fw>(Xn, M, D);
+      gemm<Fw>(xn, M, D, mat(l.wg), F, Gt, false);
+      gemm<Fw>(xn, M, D, mat(l.wu), F, U, false);
       k_silu_mul<<<unsigned(ceil_div(M * F, ROW_THREADS)), ROW_THREADS, 0, stream_>>>(Gt, U, M * F);
       launched("k_silu_mul");
-      as_consumed<Fw>(Gt, M, F);
-      gemm<Fw>(Gt, M, F, mat(l.wd), D, X, true);
+      gemm<Fw>(as_consumed<Fw>(Gt, M, F), M, F, mat(l.wd), D, X, true);
     }
     if (logits) {
       head<Fw>(X + (M - 1) * D);

@@ -11,8 +11,10 @@
 // engine's rule (session_cpu.cpp, ActScratch::prepare): float32 for f32 and f16, rounded to bf16
 // for bf16 (a product of two bf16 values is exact in float32), quantized to int8 blocks for int8
 // (Q8_0 x Q8_0: each block's 32 products summed exactly in int32 by dp4a, then entering float32
-// once times the two block scales). Prefill rounds or quantizes its activation rows the same way
-// (k_as_consumed) and multiplies them with the weights widened to float32 (int8: code * scale).
+// once times the two block scales). Prefill rounds or quantizes its activation rows the same way:
+// bf16 rows (k_round_bf16) multiply the bf16 weights on tensor cores (lossk's tile GEMM) or,
+// below 32 rows, widened to float32; int8 rows quantized by the same rule (k_quantize_rows)
+// multiply the int8 weights in integers block by block (k_gemm_q8, dp4a), decode's products.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -587,7 +589,7 @@ __global__ void k_head_argmax(DevMat H, const float* __restrict__ xf, int64_t D,
 
 // Y (M, N) (+)= X (M, K) . W (N, K)^T for M < 32: one weight row per warp, read once per
 // NARROW_ROWS activation rows (<= 4 passes), the accumulators a compile-time-indexed array; W's
-// elements widened to float32 (w_at), X already as consumed (k_as_consumed).
+// elements widened to float32 (w_at), X already as consumed (k_round_bf16 for bf16).
 // grid plan matvec launch over N rows.
 template <Dtype F>
 __global__ void k_gemm_narrow(const float* __restrict__ X, DevMat W, float* __restrict__ Y,
@@ -621,7 +623,7 @@ __global__ void k_gemm_narrow(const float* __restrict__ X, DevMat W, float* __re
 
 // Y (M, N) (+)= X (M, K) . W (N, K)^T, 64 x 64 tiles through shared memory, 4 x 4 outputs per
 // thread, K in BK = 16 slices; out-of-range cells load zeros and are not stored. W's elements
-// widened to float32 as they are staged (w_at), X already as consumed (k_as_consumed).
+// widened to float32 as they are staged (w_at), X already as consumed (k_round_bf16 for bf16).
 // grid (ceil(N / 64), ceil(M / 64)), GEMM_THREADS.
 template <Dtype F>
 __global__ void __launch_bounds__(GEMM_THREADS)
@@ -670,25 +672,104 @@ k_gemm_wide(const float* __restrict__ X, DevMat W, float* __restrict__ Y, int64_
     }
 }
 
-// X (M, K), in place, as a decode step's products consume a vector (consume<F>), so a prompt
-// multiplies the same values whether prefilled or stepped: bf16 rounds each value; int8 replaces
-// each block of 32 by its codes times its scale (quant::q8_block). grid (ceil(nb / ROW_THREADS),
-// M), nb = ceil(K / 32) blocks a row, one thread a block (bf16: its 32 values). Not launched for
-// f32 and f16, whose products take the float32 values as they are.
-template <Dtype F>
-__global__ void k_as_consumed(float* __restrict__ X, int64_t K) {
+// X (M, K), in place, rounded to bf16 as a decode step's products consume a vector
+// (consume<BF16>), so a prompt multiplies the same values whether prefilled or stepped.
+// grid (ceil(K / ROW_THREADS), M).
+__global__ void k_round_bf16(float* __restrict__ X, int64_t K) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= K) return;
+  float* x = X + int64_t(blockIdx.y) * K + i;
+  st(x, half::bf16_to_f32(half::f32_to_bf16(ld(x))));
+}
+
+// X (M, K) quantized as decode's consume<Int8> quantizes a vector: each block of 32 of a row by
+// quant::q8_block into its codes Xq (M, ldq; bytes past K zero) and scale Xs (M, ldq / 32).
+// grid (ceil(ldq / 32 / ROW_THREADS), M), one thread a block.
+__global__ void k_quantize_rows(const float* __restrict__ X, int64_t K, int64_t ldq,
+                                int8_t* __restrict__ Xq, float* __restrict__ Xs) {
   const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t k0 = b * RESIDENT_INT8_BLOCK;
-  if (k0 >= K) return;
-  float* x = X + int64_t(blockIdx.y) * K + k0;
-  const int64_t n = min(RESIDENT_INT8_BLOCK, K - k0);
-  if (F == Dtype::BF16) {
-    for (int64_t i = 0; i < n; ++i) x[i] = half::bf16_to_f32(half::f32_to_bf16(x[i]));
-  } else if (F == Dtype::Int8) {
-    int8_t q[RESIDENT_INT8_BLOCK];
-    const float sc = quant::q8_block(x, n, q);
-    for (int64_t i = 0; i < n; ++i) x[i] = float(q[i]) * sc;
+  const int64_t nb = ldq / RESIDENT_INT8_BLOCK, r = blockIdx.y, k0 = b * RESIDENT_INT8_BLOCK;
+  if (b >= nb) return;
+  const int64_t n = k0 < K ? min(RESIDENT_INT8_BLOCK, K - k0) : 0;
+  float x[RESIDENT_INT8_BLOCK];
+  int8_t q[RESIDENT_INT8_BLOCK];
+  for (int64_t i = 0; i < n; ++i) x[i] = ld(X + r * K + k0 + i);
+  for (int64_t i = n; i < RESIDENT_INT8_BLOCK; ++i) q[i] = 0;
+  const float s = n > 0 ? quant::q8_block(x, n, q) : 0.f;
+  int* dst = reinterpret_cast<int*>(Xq + r * ldq + k0);  // ldq % 32 == 0: word-aligned
+  for (int w = 0; w < RESIDENT_INT8_BLOCK / 4; ++w) {
+    int v;
+    memcpy(&v, q + 4 * w, 4);
+    st(dst + w, v);
   }
+  st(Xs + r * nb + b, s);
+}
+
+// Y (M, N) (+)= Q8_0 x Q8_0 of X (codes Xq (M, ldq), scales Xs (M, ldq / 32): k_quantize_rows)
+// and W (int8 rows (N, K), scales (N, ceil(K / 32))): per output, each block's 32 products summed
+// exactly in int32 (dp4a), entering float32 once as float(sum) * (sw * sx), blocks in order; the
+// products decode's warp_dot<Int8> forms. 64 x 64 tiles, 4 x 4 outputs a thread, a block of 32
+// along K a step. grid (ceil(N / 64), ceil(M / 64)), GEMM_THREADS.
+__global__ void __launch_bounds__(GEMM_THREADS)
+k_gemm_q8(const int8_t* __restrict__ Xq, int64_t ldq, const float* __restrict__ Xs, DevMat W,
+          float* __restrict__ Y, int64_t M, int64_t N, int64_t K, bool accumulate) {
+  constexpr int WORDS = RESIDENT_INT8_BLOCK / 4;  // 8 words of 4 codes a row's block
+  __shared__ int As[GEMM_BM][WORDS + 1];  // +1: a row's words spread over the banks
+  __shared__ int Bs[GEMM_BN][WORDS + 1];
+  __shared__ float sa[GEMM_BM];
+  __shared__ float sb[GEMM_BN];
+  const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
+  const int64_t m0 = int64_t(blockIdx.y) * GEMM_BM, n0 = int64_t(blockIdx.x) * GEMM_BN;
+  const int8_t* Wq = static_cast<const int8_t*>(W.w);
+  const int64_t nb = ceil_div(K, RESIDENT_INT8_BLOCK), nbx = ldq / RESIDENT_INT8_BLOCK;
+  float acc[4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t k0 = b * RESIDENT_INT8_BLOCK;
+    for (int t = tid; t < GEMM_BM * WORDS; t += GEMM_THREADS) {
+      const int r = t / WORDS, w = t % WORDS;
+      const int64_t m = m0 + r, n = n0 + r, k = k0 + 4 * w;
+      As[r][w] = m < M ? ld(reinterpret_cast<const int*>(Xq + m * ldq + k0) + w) : 0;
+      int v = 0;  // W's rows are K bytes apart: a word load only where it is aligned and whole
+      if (n < N && k < K) {
+        const int8_t* p = Wq + n * K + k;
+        if ((K & 3) == 0) {
+          v = __ldg(reinterpret_cast<const int*>(p));
+        } else {
+          for (int e = 0; e < 4 && k + e < K; ++e) v |= int(uint8_t(__ldg(p + e))) << (8 * e);
+        }
+      }
+      Bs[r][w] = v;
+    }
+    if (tid < GEMM_BM)
+      sa[tid] = m0 + tid < M ? ld(Xs + (m0 + tid) * nbx + b) : 0.f;
+    else if (tid < GEMM_BM + GEMM_BN)
+      sb[tid - GEMM_BM] = n0 + tid - GEMM_BM < N ? __ldg(W.s + (n0 + tid - GEMM_BM) * nb + b) : 0.f;
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        int isum = 0;
+#pragma unroll
+        for (int w = 0; w < WORDS; ++w) isum = __dp4a(As[ty * 4 + i][w], Bs[tx * 4 + j][w], isum);
+        acc[i][j] = fmaf(float(isum), sb[tx * 4 + j] * sa[ty * 4 + i], acc[i][j]);
+      }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t m = m0 + ty * 4 + i, n = n0 + tx * 4 + j;
+      if (m < M && n < N) {
+        float* y = Y + m * N + n;
+        st(y, accumulate ? ld(y) + acc[i][j] : acc[i][j]);
+      }
+    }
 }
 
 // g (n) = silu(g) * u, elementwise (prefill's MLP activation).

@@ -159,7 +159,8 @@ def test_weight_formats_against_the_cpu_engine(name, weights):
 @pytest.mark.parametrize("weights", ["bf16", "f16", "int8"])
 def test_wide_prefill_in_each_format(weights):
     # 70 prompt rows take the wide prefill GEMM (bf16: lossk's tile GEMM on tensor cores, its
-    # edges cut at K 52 and 84), then steps over the cache the prefill wrote.
+    # edges cut at K 52 and 84; int8: the dp4a block GEMM, as at every row count), then steps
+    # over the cache the prefill wrote.
     cfg = SMALL["gqa2_untied"]
     cpu, gpu = _pair(cfg, seed=4, weights=weights)
     ids = [int(i) for i in np.random.default_rng(0).integers(0, cfg["vocab"], 70)]

@@ -191,6 +191,14 @@ def test_cache_activation_and_prefill_arenas(shape, max_ctx, sms):
          (p["p_attn"], M * A, "p_attn"), (p["p_gate"], M * F, "p_gate"),
          (p["p_up"], M * F, "p_up")],
         p["prefill_floats"])
+    assert p["q8_ld"] == 0  # f32 weights: no quantized activations
+    pq = CP.make_plan(D, Hq, Hkv, Dh, F, L, V, 1e-6, 1e6, True, max_ctx, sms, weights="int8")
+    ld = math.ceil(max(D, F, A) / 32) * 32
+    assert pq["q8_ld"] == ld
+    _regions_disjoint_aligned(
+        [(pq["p_x"], M * D, "p_x"), (pq["p_up"], M * F, "p_up"),
+         (pq["p_q8_codes"], math.ceil(M * ld / 4), "codes"),
+         (pq["p_q8_scales"], M * ld // 32, "scales")], pq["prefill_floats"])
     assert p["staged_floats"] == max(D, F, A)
     assert p["attn_smem_bytes"] == 4 * (Dh + CP.ATTN_WARPS * Dh + 2 * CP.ATTN_WARPS)
     nrt = p["norm_rope_threads"]

@@ -169,7 +169,8 @@ void bind_session_cuda(py::module_& s) {
                                  "part_acc", "part_ml", "argmax_val", "act_floats", "max_splits",
                                  "prefill_rows", "p_x", "p_xn", "p_qkv", "p_attn", "p_gate",
                                  "p_up", "prefill_floats", "staged_floats", "attn_smem_bytes",
-                                 "norm_rope_threads", "staged_bytes", "kv_elem_bytes"};
+                                 "norm_rope_threads", "staged_bytes", "kv_elem_bytes", "q8_ld",
+                                 "p_q8_codes", "p_q8_scales"};
         const int64_t vals[] = {pl.sms, pl.capacity, pl.q_rows, pl.attn_width, pl.elem_bytes,
                                 pl.final_norm, pl.weight_bytes, pl.kv_elems, pl.kv_layer_stride,
                                 pl.rope_floats, pl.x, pl.xf, pl.qkv, pl.attn, pl.act, pl.logits,
@@ -177,7 +178,8 @@ void bind_session_cuda(py::module_& s) {
                                 pl.max_splits, pl.prefill_rows, pl.p_x, pl.p_xn, pl.p_qkv,
                                 pl.p_attn, pl.p_gate, pl.p_up, pl.prefill_floats,
                                 pl.staged_floats, pl.attn_smem_bytes, pl.norm_rope_threads,
-                                pl.staged_bytes, pl.kv_elem_bytes};
+                                pl.staged_bytes, pl.kv_elem_bytes, pl.q8_ld, pl.p_q8_codes,
+                                pl.p_q8_scales};
         static_assert(sizeof(scalars) / sizeof(scalars[0]) == sizeof(vals) / sizeof(vals[0]),
                       "every plan field named once");
         for (size_t i = 0; i < sizeof(vals) / sizeof(vals[0]); ++i) d[scalars[i]] = vals[i];

@@ -135,6 +135,11 @@ Plan make_plan(const SessionConfig& c, int64_t max_ctx, int64_t sms) {
   p.p_attn = take(M * A);
   p.p_gate = take(M * F);
   p.p_up = take(M * F);
+  if (c.weights == Dtype::Int8) {
+    p.q8_ld = ceil_div(std::max({D, A, F}), RESIDENT_INT8_BLOCK) * RESIDENT_INT8_BLOCK;
+    p.p_q8_codes = take(ceil_div(M * p.q8_ld, 4));
+    p.p_q8_scales = take(M * (p.q8_ld / RESIDENT_INT8_BLOCK));
+  }
   p.prefill_floats = at;
 
   p.status = RESIDENT_OK;

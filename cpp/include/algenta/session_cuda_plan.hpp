@@ -153,6 +153,12 @@ struct Plan {
   int64_t p_attn = 0;  // (M, A)
   int64_t p_gate = 0;  // (M, F)
   int64_t p_up = 0;    // (M, F)
+  // int8 weights only (else 0 and 0): one activation matrix quantized for the integer GEMM,
+  // codes (M, q8_ld) bytes (q8_ld = max(D, A, F) rounded up to 32) and block scales
+  // (M, q8_ld / 32) floats
+  int64_t q8_ld = 0;
+  int64_t p_q8_codes = 0;
+  int64_t p_q8_scales = 0;
   int64_t prefill_floats = 0;
 
   // Decode launches.
