@@ -181,22 +181,21 @@ __global__ void k_softmax_grad(T* g, int64_t c, int64_t V, const double* lse_c, 
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < c * V;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / V, v = i % V;
-    const double* kr = coef + 6 * r;
-    double k[6];
-    for (int j = 0; j < 6; ++j) k[j] = __ldg(kr + j);
-    if (k[0] == 0.0 && k[1] == 0.0 && k[2] == 0.0 && k[4] == 0.0) {
+    const double* k = coef + 6 * r;  // a, b, the target's term, target, e, max
+    const double ka = __ldg(k), kb = __ldg(k + 1), kt = __ldg(k + 2), ke = __ldg(k + 4);
+    if (ka == 0.0 && kb == 0.0 && kt == 0.0 && ke == 0.0) {
       st(g + i, T(0));
       continue;
     }
     const T x = ld(g + i);
     // with the entropy's share p (a + e (z - max)), as the CPU backend's softmax_grad
-    const T pa = k[4] != 0.0 ? T(k[0]) + T(k[4]) * (x - T(k[5])) : T(k[0]);
-    T d = dexp(x - T(__ldg(lse_c + r))) * pa - T(k[1]) * (w ? __ldg(w + v) : T(1));
+    const T pa = ke != 0.0 ? T(ka) + T(ke) * (x - T(__ldg(k + 5))) : T(ka);
+    T d = dexp(x - T(__ldg(lse_c + r))) * pa - T(kb) * (w ? __ldg(w + v) : T(1));
     if (cap > 0.0) {
       const T tz = x * ic;
       d *= (T(1) - tz) * (T(1) + tz);
     }
-    if (double(v) == k[3]) d -= T(k[2]);
+    if (double(v) == __ldg(k + 3)) d -= T(kt);
     st(g + i, d);
   }
 }
