@@ -621,6 +621,21 @@ __global__ void k_gemm_narrow(const float* __restrict__ X, DevMat W, float* __re
   }
 }
 
+// A thread's 4 x 4 outputs of a prefill GEMM tile, rows m.., columns n.., into Y (M, N) (added
+// to what Y holds with accumulate); cells outside Y are not stored.
+__device__ __forceinline__ void store_tile(const float (&acc)[4][4], float* __restrict__ Y,
+                                           int64_t M, int64_t N, int64_t m, int64_t n,
+                                           bool accumulate) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (m + i < M && n + j < N) {
+        float* y = Y + (m + i) * N + n + j;
+        st(y, accumulate ? ld(y) + acc[i][j] : acc[i][j]);
+      }
+}
+
 // Y (M, N) (+)= X (M, K) . W (N, K)^T, 64 x 64 tiles through shared memory, 4 x 4 outputs per
 // thread, K in BK = 16 slices; out-of-range cells load zeros and are not stored. W's elements
 // widened to float32 as they are staged (w_at), X already as consumed (k_round_bf16 for bf16).
@@ -660,16 +675,7 @@ k_gemm_wide(const float* __restrict__ X, DevMat W, float* __restrict__ Y, int64_
     }
     __syncthreads();
   }
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t m = m0 + ty * 4 + i, n = n0 + tx * 4 + j;
-      if (m < M && n < N) {
-        float* y = Y + m * N + n;
-        *y = accumulate ? *y + acc[i][j] : acc[i][j];
-      }
-    }
+  store_tile(acc, Y, M, N, m0 + ty * 4, n0 + tx * 4, accumulate);
 }
 
 // X (M, K), in place, rounded to bf16 as a decode step's products consume a vector
@@ -760,16 +766,7 @@ k_gemm_q8(const int8_t* __restrict__ Xq, int64_t ldq, const float* __restrict__ 
       }
     __syncthreads();
   }
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t m = m0 + ty * 4 + i, n = n0 + tx * 4 + j;
-      if (m < M && n < N) {
-        float* y = Y + m * N + n;
-        st(y, accumulate ? ld(y) + acc[i][j] : acc[i][j]);
-      }
-    }
+  store_tile(acc, Y, M, N, m0 + ty * 4, n0 + tx * 4, accumulate);
 }
 
 // g (n) = silu(g) * u, elementwise (prefill's MLP activation).
