@@ -33,8 +33,9 @@
 //
 // Prefill runs blocks of M <= PREFILL_BLOCK tokens as GEMMs: k_gemm_narrow (one weight row per
 // warp, NARROW_ROWS activation rows per pass, for M < 32) or k_gemm_wide (64 x 64 shared-memory
-// tiles), as residentk_prefill_gemm_use_narrow_tile decides; attention is k_attn_partial with one
-// split per (head, row), causal through n_keys = P + row + 1.
+// tiles), as residentk_prefill_gemm_use_narrow_tile decides; bf16 weights take lossk's tile GEMM
+// on tensor cores instead of k_gemm_wide, int8 weights k_gemm_q8 (dp4a) at every M. Attention
+// is k_attn_partial with one split per (head, row), causal through n_keys = P + row + 1.
 //
 // Numerics: float32 activations; RMSNorm sums squares in double and rounds the inverse once, as
 // the CPU engine; RoPE uses the same host-built table. Each weight format multiplies what the
