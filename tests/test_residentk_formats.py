@@ -448,12 +448,12 @@ def test_generate_cli_takes_weights(tmp_path):
         num_attention_heads=cfg["h_q"], num_key_value_heads=cfg["h_kv"], head_dim=cfg["d_head"],
         rms_norm_eps=cfg["rms_eps"], rope_theta=cfg["rope_theta"], tie_word_embeddings=True)))
     r = subprocess.run([sys.executable, "-m", "algenta", "generate", "--model", str(tmp_path),
-                        "--ids", "1,2,3", "--max-new", "4", "--weights", "int8"],
+                        "--ids", "1,2,3", "--max-new", "4", "--weights", "int8", "--kv", "bf16"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "weights int8" in r.stderr
+    assert "weights int8, kv bf16" in r.stderr
     ids = [int(x) for x in r.stdout.split()]
-    assert ids == ResidentSession(cfg, w, weights="int8").generate([1, 2, 3], 4)
+    assert ids == ResidentSession(cfg, w, weights="int8", kv="bf16").generate([1, 2, 3], 4)
 
 
 def test_resident_bytes_count_the_format():
