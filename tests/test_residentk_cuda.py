@@ -31,7 +31,7 @@ boundary: that value then differs by one unit of the format (one bf16 ulp, 2^-8 
 magnitude; one int8 quantum, 1/127 of its block's largest), which reaches a logit through weights
 of order 1/sqrt(width), a few such flips a token. The bound is one unit of the format (2^-7 for
 bf16, 1/127 for int8) times max(1, max |logit|); measured on the emulator (two-layer models,
-7-token prefill, 40-63 steps) the largest deviation was 1.1e-3 x max |logit| for bf16 (one flip)
+7-token prefill, 30-63 steps) the largest deviation was 1.1e-3 x max |logit| for bf16 (one flip)
 and 2.8e-7 for int8, and greedy tokens agreed on every step. A wrong block scale, row offset or
 widening moves logits by O(1) of their scale, 10-100x past these bounds. A bf16 or f16 KV cache
 rounds each key and value once, on both engines by one rule (session_math's kv_narrow); the same
@@ -130,7 +130,7 @@ def test_golden_two_layer(name):
 
 def _formats_against_cpu(cfg, weights, kv):
     # The CPU engine at the same formats is the reference (it is pinned to float64 models of
-    # each format in test_residentk_formats.py). Prefill, then 63 steps fed the CPU's greedy
+    # each format in test_residentk_formats.py). Prefill, then 30 steps fed the CPU's greedy
     # tokens (crossing 32 keys: both attention paths), then 64 greedy tokens with the device's
     # argmax.
     cpu, gpu = _pair(cfg, seed=3, weights=weights, kv=kv)
@@ -139,7 +139,7 @@ def _formats_against_cpu(cfg, weights, kv):
     want = cpu.generate(prompt, 64)
     cpu.reset()
     a, b = [cpu.prefill(prompt)], [gpu.prefill(prompt)]
-    for t in want[:-1]:
+    for t in want[:30]:
         a.append(cpu.step(t))
         b.append(gpu.step(t))
     scale = max(1.0, max(float(np.abs(x).max()) for x in a))
@@ -149,10 +149,10 @@ def _formats_against_cpu(cfg, weights, kv):
 
 
 @pytest.mark.parametrize("weights", ["bf16", "f16", "int8"])
-@pytest.mark.parametrize("name", sorted(SMALL))
+@pytest.mark.parametrize("name", ["gqa2_untied", "mha_tied_dh128"])
 def test_weight_formats_against_the_cpu_engine(name, weights):
-    # Every SMALL shape: widths that take the 16-byte loads (64, 96: whole int8 blocks) and
-    # widths that do not (52, 84), with a float32 cache.
+    # Widths that take the 16-byte loads (64, 96, 256: whole int8 blocks; d_head 128) and
+    # widths that do not (52, 84, 130), with a float32 cache.
     _formats_against_cpu(SMALL[name], weights, "f32")
 
 
