@@ -382,10 +382,9 @@ def test_decode_kernels_are_coalesced(weights, kv):
     # lane its own three consecutive 16-byte pieces of a 768-wide row instead of every 32nd),
     # k_matvec_residual measured 0.64 and this test failed for bf16 and f16 (checked once, then
     # the lane-interleaved loads restored). And the count sees the whole weight stream: the
-    # sectors moved are at least
-    # the weight bytes the format must read (their ratio at the 0.6B shape, 1.04-1.13, is
-    # perf/cuda_traffic.py's; at this small width the staged vectors each block re-reads weigh
-    # more).
+    # sectors moved are at least the weight bytes the format must read (their ratio at the 0.6B
+    # widths, 1.06-1.20, is perf/cuda_traffic.py's; at this small width the staged vectors each
+    # block re-reads weigh more).
     if not EMULATED:
         pytest.skip("the traffic count is the CUDA emulator's")
     from algenta.traffic import DECODE_KERNELS, decode_traffic, weight_bytes
