@@ -10,8 +10,8 @@ occupancy at the same SM limits, no estimate).
 
     python perf/cuda_static.py [--arch sm_90,sm_80] [--json]
 
-Needs nvcc and cuobjdump (the toolkit's, or the PyPI package nvidia-cuda-cuobjdump, which
-.ci/run installs); without them it says so and exits 0.
+Needs nvcc, cuobjdump and nvdisasm (the toolkit's, or the PyPI packages nvidia-cuda-cuobjdump
+and nvidia-cuda-nvdisasm, which .ci/run installs); without them it says so and exits 0.
 
 The model (assumptions, all stated; figures are estimates, never measurements):
 
@@ -79,6 +79,9 @@ FORMATS = {"0": "f32", "2": "bf16", "3": "f16", "4": "int8"}  # algenta::Dtype's
 COMPUTE_KERNELS = ("k_tile", "k_gemm_wide", "k_gemm_q8")
 
 
+TOOLS = ("nvcc", "cuobjdump", "nvdisasm")  # cuobjdump -sass disassembles with nvdisasm
+
+
 def tool(name: str):
     path = shutil.which(name)
     if path:
@@ -129,8 +132,13 @@ _INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^
 
 def sass(cubin: str) -> dict:
     """{mangled name: [(address, opcode, operands)]}."""
+    # cuobjdump -sass runs nvdisasm, which it looks for on PATH
+    nvdisasm_dir = os.path.dirname(tool("nvdisasm"))
+    env = dict(os.environ, PATH=nvdisasm_dir + os.pathsep + os.environ.get("PATH", ""))
     r = subprocess.run([tool("cuobjdump"), "-sass", cubin], capture_output=True, text=True,
-                       check=True)
+                       env=env)
+    if r.returncode != 0:
+        raise RuntimeError(f"cuobjdump -sass failed on {cubin}: {r.stderr.strip()}")
     out, cur = {}, None
     for line in r.stdout.splitlines():
         m = re.search(r"Function : (\S+)", line)
@@ -345,10 +353,10 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", default="sm_90,sm_80")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    missing = [t for t in ("nvcc", "cuobjdump") if tool(t) is None]
+    missing = [t for t in TOOLS if tool(t) is None]
     if missing:
         print(f"cuda_static: {', '.join(missing)} not found (pip install nvidia-cuda-cuobjdump "
-              f"for cuobjdump; nvcc is the CUDA toolkit's): nothing estimated")
+              f"nvidia-cuda-nvdisasm; nvcc is the CUDA toolkit's): nothing estimated")
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         rows = [r for arch in a.arch.split(",") for r in analyze(arch, tmp)]

@@ -5,8 +5,9 @@ enough of them in flight for the H200's bandwidth in the model; attention's load
 rows; the bf16 prefill tile's main loop issues at most 50 instructions per tensor-core MMA
 (today 45.6: the staging the CUDA performance-model issue rewrites).
 
-Needs nvcc and cuobjdump (the PyPI package nvidia-cuda-cuobjdump; .ci/run installs it) and
-compiles cuda/session_cuda.cu for sm_90 (about ten seconds); skipped, not faked, without them.
+Needs nvcc, cuobjdump and nvdisasm (the PyPI packages nvidia-cuda-cuobjdump and
+nvidia-cuda-nvdisasm; .ci/run installs them) and compiles cuda/session_cuda.cu for sm_90 (about
+ten seconds); skipped, not faked, without them.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 "perf"))
 cuda_static = pytest.importorskip("cuda_static")
 
-if cuda_static.tool("nvcc") is None or cuda_static.tool("cuobjdump") is None:
-    pytest.skip("nvcc and cuobjdump are needed to read the kernels' SASS",
+if any(cuda_static.tool(t) is None for t in cuda_static.TOOLS):
+    pytest.skip("nvcc, cuobjdump and nvdisasm are needed to read the kernels' SASS",
                 allow_module_level=True)
 
 MATVECS = ("k_norm_qkv", "k_norm_gateup", "k_matvec_residual", "k_head_argmax")
