@@ -99,13 +99,23 @@ def tool(name: str):
 
 
 # ---- compile and read --------------------------------------------------------------------------
+def tool_env(**extra) -> dict:
+    """The environment the toolkit's programs run in: this one without a preloaded sanitizer
+    runtime (tools/sanitize-test preloads ASan into the test process, and nvcc's own binaries
+    crash under it), plus extra."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS")}
+    env.update(extra)
+    return env
+
+
 def compile_cubin(src: str, arch: str, out_dir: str):
     """(cubin path, {mangled name: {regs, smem, spill}}) of one .cu for one arch."""
     cubin = os.path.join(out_dir, os.path.basename(src).replace(".cu", f"_{arch}.cubin"))
     cmd = [tool("nvcc"), "-std=c++17", f"-arch={arch}", "-cubin", "--resource-usage",
            "-I" + os.path.join(ROOT, "cpp", "include"), "-I" + os.path.join(ROOT, "cuda"),
            "-DALGENTA_SMEM_TIER_BYTES=49152", os.path.join(ROOT, src), "-o", cubin]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=tool_env())
     if r.returncode != 0:
         raise RuntimeError(f"nvcc failed on {src}:\n{r.stderr[-2000:]}")
     res, cur = {}, None
@@ -134,7 +144,7 @@ def sass(cubin: str) -> dict:
     """{mangled name: [(address, opcode, operands)]}."""
     # cuobjdump -sass runs nvdisasm, which it looks for on PATH
     nvdisasm_dir = os.path.dirname(tool("nvdisasm"))
-    env = dict(os.environ, PATH=nvdisasm_dir + os.pathsep + os.environ.get("PATH", ""))
+    env = tool_env(PATH=nvdisasm_dir + os.pathsep + os.environ.get("PATH", ""))
     r = subprocess.run([tool("cuobjdump"), "-sass", cubin], capture_output=True, text=True,
                        env=env)
     if r.returncode != 0:
