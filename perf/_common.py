@@ -34,15 +34,20 @@ def cpu_flags() -> str:
     return "unknown"
 
 
-def add_model_shape_args(ap, *, new_default: int, reps_default: int) -> None:
-    """The Qwen3-0.6B decode shape (the defaults) and the run lengths, as CLI options."""
+def add_model_dims_args(ap, *, layers_default: int = 28) -> None:
+    """The Qwen3-0.6B model dimensions (the defaults) as CLI options."""
     ap.add_argument("--d-model", type=int, default=1024)
     ap.add_argument("--h-q", type=int, default=16)
     ap.add_argument("--h-kv", type=int, default=8)
     ap.add_argument("--d-head", type=int, default=128)
     ap.add_argument("--d-ff", type=int, default=3072)
-    ap.add_argument("--layers", type=int, default=28)
+    ap.add_argument("--layers", type=int, default=layers_default)
     ap.add_argument("--vocab", type=int, default=151936)
+
+
+def add_model_shape_args(ap, *, new_default: int, reps_default: int) -> None:
+    """The Qwen3-0.6B decode shape (the defaults) and the run lengths, as CLI options."""
+    add_model_dims_args(ap)
     ap.add_argument("--prompt", type=int, default=8, help="prompt tokens")
     ap.add_argument("--new", type=int, default=new_default, help="new tokens per timed run")
     ap.add_argument("--reps", type=int, default=reps_default)

@@ -31,6 +31,7 @@ import sys
 import numpy as np
 
 import algenta
+from _common import add_model_dims_args
 from algenta import _core
 from algenta._dtypes import Bf16Bits
 from algenta.residentk.session import ResidentSession
@@ -66,13 +67,7 @@ def loss_traffic(n: int, d: int, v: int, dtype: str) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--d-model", type=int, default=1024)
-    ap.add_argument("--h-q", type=int, default=16)
-    ap.add_argument("--h-kv", type=int, default=8)
-    ap.add_argument("--d-head", type=int, default=128)
-    ap.add_argument("--d-ff", type=int, default=3072)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--vocab", type=int, default=151936)
+    add_model_dims_args(ap, layers_default=2)
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--formats", default=FORMATS, help="weights:kv pairs, comma-separated")
     ap.add_argument("--loss", default="256,1024,8192", metavar="N,D,V",
