@@ -10,12 +10,15 @@
 // Limits: dimensions must fit int64 products (the lossk ceilings guarantee it).
 #include <array>
 #include <cmath>
+#include <type_traits>
 #include <utility>
 #include <cstring>
 #include <limits>
 
 #include "algenta/half.hpp"
 #include "algenta/kernels.hpp"
+#include "panels.hpp"
+#include "simd_halves.hpp"
 
 #if defined(__F16C__) || defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -225,11 +228,28 @@ void pack_b(int64_t kc, int64_t nc, const S* B, int64_t rsb, int64_t csb, T* Bp)
   }
 }
 
+// One vector of a packed B panel: T itself, or (the session's resident weight panels) halves
+// widened exactly as they are loaded, so a half panel multiplies the values a float32 panel
+// packed from the same bits would hold.
+template <class VT, class T>
+inline VT ldp(const T* p) {
+  return loadu<VT>(p);
+}
+template <>
+inline vf ldp<vf, F16>(const F16* p) {
+  return halves::ld_f16(reinterpret_cast<const uint16_t*>(p));
+}
+template <>
+inline vf ldp<vf, BF16>(const BF16* p) {
+  return halves::ld_bf16(reinterpret_cast<const uint16_t*>(p));
+}
+
 // R x NR tile (R <= MR rows of an MR-row panel): C = (load ? C : 0) + sum_k a[k][:] b[k][:],
 // one chain per cell in k order. Every R runs the same per-cell multiply-add sequence, so a row's
 // bits do not depend on how many rows share its tile; edge rows just skip the padded work.
-template <class T, int R>
-void ukernel_rows(int64_t kc, const T* __restrict a, const T* __restrict b, T* c, int64_t ldc,
+// PB: the packed B's element type (T, or a half type widened by ldp).
+template <class T, int R, class PB = T>
+void ukernel_rows(int64_t kc, const T* __restrict a, const PB* __restrict b, T* c, int64_t ldc,
                   bool load) {
   typedef typename V<T>::type VT;
   constexpr int L = lanes<T>();
@@ -244,7 +264,7 @@ void ukernel_rows(int64_t kc, const T* __restrict a, const T* __restrict b, T* c
   }
   for (int64_t k = 0; k < kc; ++k) {
     VT bv[NV<T>];
-    for (int j = 0; j < NV<T>; ++j) bv[j] = loadu<VT>(b + k * NR + j * L);
+    for (int j = 0; j < NV<T>; ++j) bv[j] = ldp<VT>(b + k * NR + j * L);
     for (int i = 0; i < R; ++i) {
       const T ai = a[k * MR<T> + i];
       for (int j = 0; j < NV<T>; ++j) acc[i][j] += bv[j] * ai;
@@ -254,19 +274,20 @@ void ukernel_rows(int64_t kc, const T* __restrict a, const T* __restrict b, T* c
     for (int j = 0; j < NV<T>; ++j) storeu(c + i * ldc + j * L, acc[i][j]);
 }
 
-template <class T>
-using UkernelFn = void (*)(int64_t, const T*, const T*, T*, int64_t, bool);
+template <class T, class PB = T>
+using UkernelFn = void (*)(int64_t, const T*, const PB*, T*, int64_t, bool);
 
-template <class T, int... Rs>
-constexpr std::array<UkernelFn<T>, sizeof...(Rs)> ukernel_table(std::integer_sequence<int, Rs...>) {
-  return {{&ukernel_rows<T, Rs + 1>...}};
+template <class T, class PB, int... Rs>
+constexpr std::array<UkernelFn<T, PB>, sizeof...(Rs)> ukernel_table(
+    std::integer_sequence<int, Rs...>) {
+  return {{&ukernel_rows<T, Rs + 1, PB>...}};
 }
 
 // ukernels<T>()[r - 1] computes r rows.
-template <class T>
-const std::array<UkernelFn<T>, MR<T>>& ukernels() {
-  static constexpr std::array<UkernelFn<T>, MR<T>> table =
-      ukernel_table<T>(std::make_integer_sequence<int, MR<T>>{});
+template <class T, class PB = T>
+const std::array<UkernelFn<T, PB>, MR<T>>& ukernels() {
+  static constexpr std::array<UkernelFn<T, PB>, MR<T>> table =
+      ukernel_table<T, PB>(std::make_integer_sequence<int, MR<T>>{});
   return table;
 }
 
@@ -421,9 +442,199 @@ int64_t row_quantum() {
   return MR<T>;
 }
 
+// ---- the resident session's weight panels (float32 and halves) -------------------------------
+// A session weight matrix (N rows of K) is resident as blocks of PANEL_ROWS rows, each held the
+// way pack_b_full holds B = the block's rows transposed (K x PANEL_ROWS): k blocks of KC, each
+// NR-column panel's kc rows contiguous. Prefill multiplies such blocks with the GEMM's own
+// micro-kernel and never packs a weight; a decode step multiplies them in fpanel_gemv, which runs
+// the micro-kernel's chain for one row (acc += b[k] * x[k], k increasing, from 0 or from y)
+// without packing x. So each output cell has one multiply-add sequence for any number of
+// activation rows: a prompt's logits are the same whether it is prefilled at once, in pieces or
+// stepped. Half panels (bf16, f16 bits, same layout) are widened exactly as they are loaded.
+template <class PB>
+struct PanelOf;
+template <>
+struct PanelOf<float> {
+  static constexpr int kind = PANEL_F32;
+};
+template <>
+struct PanelOf<BF16> {
+  static constexpr int kind = PANEL_BF16;
+};
+template <>
+struct PanelOf<F16> {
+  static constexpr int kind = PANEL_F16;
+};
+
+int64_t fpanel_block_elems(int64_t K) { return K * PANEL_ROWS; }
+
+// Element (k, c) of a block: pack_b's panel layout with npad = PANEL_ROWS.
+inline int64_t fpanel_at(int64_t K, int64_t k, int64_t c) {
+  constexpr int64_t NR = nr<float>();
+  static_assert(PANEL_ROWS % NR == 0, "a block holds whole panels");
+  const int64_t pc = k / KC * KC, kc = K - pc < KC ? K - pc : KC;
+  return pc * PANEL_ROWS + (c / NR) * NR * kc + (k - pc) * NR + c % NR;
+}
+
+template <class PB>
+void fpanel_put_row_t(PB* blk, int64_t K, int64_t c, const PB* row) {
+  for (int64_t k = 0; k < K; ++k) blk[fpanel_at(K, k, c)] = row[k];
+}
+
+void fpanel_put_row(int kind, void* blk, int64_t K, int64_t c, const void* row) {
+  if (kind == PANEL_F32)
+    fpanel_put_row_t(static_cast<float*>(blk), K, c, static_cast<const float*>(row));
+  else
+    fpanel_put_row_t(static_cast<uint16_t*>(blk), K, c, static_cast<const uint16_t*>(row));
+}
+
+void fpanel_get_row(int kind, const void* blk, int64_t K, int64_t c, float* dst) {
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t at = fpanel_at(K, k, c);
+    if (kind == PANEL_F32)
+      dst[k] = static_cast<const float*>(blk)[at];
+    else if (kind == PANEL_BF16)
+      dst[k] = widen(static_cast<const BF16*>(blk)[at]);
+    else
+      dst[k] = widen(static_cast<const F16*>(blk)[at]);
+  }
+}
+
+// The micro-tiles of one (k block, row block, panel block): C (mc, nb of ldc) from packed A
+// rows Ap and the block's k slice Bk (kc x PANEL_ROWS, PB elements), gemm_core's inner loops.
+template <class PB>
+void fpanel_tiles(int64_t mc, int64_t nb, int64_t kc, const float* Ap, const PB* Bk, float* C,
+                  int64_t ldc, bool load, float* tile) {
+  constexpr int64_t NR = nr<float>();
+  for (int64_t jr = 0; jr < nb; jr += NR) {
+    const int64_t nr_ = nb - jr < NR ? nb - jr : NR;
+    for (int64_t ir = 0; ir < mc; ir += MR<float>) {
+      const int64_t mr_ = mc - ir < MR<float> ? mc - ir : MR<float>;
+      float* c = C + ir * ldc + jr;
+      const UkernelFn<float, PB> uk = ukernels<float, PB>()[size_t(mr_ - 1)];
+      if (nr_ == NR) {
+        uk(kc, Ap + ir * kc, Bk + jr * kc, c, ldc, load);
+      } else {  // as gemm_core's column edge
+        if (load)
+          for (int64_t i = 0; i < mr_; ++i)
+            for (int64_t j = 0; j < nr_; ++j) tile[i * NR + j] = c[i * ldc + j];
+        uk(kc, Ap + ir * kc, Bk + jr * kc, tile, NR, load);
+        for (int64_t i = 0; i < mr_; ++i)
+          for (int64_t j = 0; j < nr_; ++j) c[i * ldc + j] = tile[i * NR + j];
+      }
+    }
+  }
+}
+
+// Y (M, ldy) (+)= X (M, K; rows ldx apart) times the first N rows of the blocks at W: gemm_core's
+// loop over already packed B blocks, A packed once per (k block, row block) for all of them.
+template <class PB>
+void fpanel_gemm_t(int64_t M, int64_t N, int64_t K, const float* X, int64_t ldx, const PB* W,
+                   float* Y, int64_t ldy, bool accumulate, float* ws) {
+  float* Ap = align64(ws);
+  float* tile = align64(Ap + MC * KC);
+  float* wide = align64(tile + MR<float> * nr<float>());
+  for (int64_t pc = 0; pc < K; pc += KC) {
+    const int64_t kc = K - pc < KC ? K - pc : KC;
+    const bool load = accumulate || pc > 0;  // later k blocks continue the same chain
+    for (int64_t ic = 0; ic < M; ic += MC) {
+      const int64_t mc = M - ic < MC ? M - ic : MC;
+      pack_a<float, float>(mc, kc, X + ic * ldx + pc, ldx, 1, Ap);
+      for (int64_t jb = 0; jb < N; jb += PANEL_ROWS) {
+        const PB* Bk = W + (jb / PANEL_ROWS) * K * PANEL_ROWS + pc * PANEL_ROWS;
+        const int64_t nb = N - jb < PANEL_ROWS ? N - jb : PANEL_ROWS;
+        if (!std::is_same<PB, float>::value && mc > MR<float>) {
+          // Several micro-tiles will read this half block: widen it once (exact, the values
+          // ldp gives) and run the float32 kernel on it: the same multiply-adds, without a
+          // conversion per load (8% of a 512-token f16 prefill on Zen 4).
+          for (int64_t i = 0; i < kc * PANEL_ROWS; i += lanes<float>())
+            storeu(wide + i, ldp<vf>(Bk + i));
+          fpanel_tiles(mc, nb, kc, Ap, wide, Y + ic * ldy + jb, ldy, load, tile);
+        } else {
+          fpanel_tiles(mc, nb, kc, Ap, Bk, Y + ic * ldy + jb, ldy, load, tile);
+        }
+      }
+    }
+  }
+}
+
+// y (N) (+)= x (K) times the first N rows of the blocks at W: ukernel_rows<float, 1>'s chain per
+// cell (the partial sums it stores between k blocks are float32 either way), two panels at a
+// time so four chains hide the multiply-add latency. Memory-bound at decode's sizes.
+template <class PB>
+void fpanel_gemv_t(int64_t N, int64_t K, const float* x, const PB* W, float* y, bool accumulate) {
+  constexpr int L = lanes<float>();
+  constexpr int64_t NR = nr<float>();
+  constexpr int NVF = NV<float>;
+  for (int64_t jb = 0; jb < N; jb += PANEL_ROWS) {
+    const PB* blk = W + (jb / PANEL_ROWS) * K * PANEL_ROWS;
+    const int64_t nb = N - jb < PANEL_ROWS ? N - jb : PANEL_ROWS;
+    for (int64_t jr = 0; jr < nb; jr += 2 * NR) {
+      const int np = jr + NR < nb ? 2 : 1;  // panels this pass
+      vf acc[2][NVF];
+      float edge[2 * NR];
+      for (int p = 0; p < 2; ++p)
+        for (int j = 0; j < NVF; ++j) acc[p][j] = vf{};
+      if (accumulate) {
+        const int64_t w = nb - jr < 2 * NR ? nb - jr : 2 * NR;
+        for (int64_t i = 0; i < 2 * NR; ++i) edge[i] = i < w ? y[jb + jr + i] : 0.f;
+        for (int p = 0; p < np; ++p)
+          for (int j = 0; j < NVF; ++j) acc[p][j] = loadu<vf>(edge + p * NR + j * L);
+      }
+      for (int64_t pc = 0; pc < K; pc += KC) {
+        const int64_t kc = K - pc < KC ? K - pc : KC;
+        const PB* b0 = blk + pc * PANEL_ROWS + jr * kc;
+        const float* xk = x + pc;
+        if (np == 2) {
+          const PB* b1 = b0 + NR * kc;
+          for (int64_t k = 0; k < kc; ++k) {
+            const float xv = xk[k];
+            for (int j = 0; j < NVF; ++j) {
+              acc[0][j] += ldp<vf>(b0 + k * NR + j * L) * xv;
+              acc[1][j] += ldp<vf>(b1 + k * NR + j * L) * xv;
+            }
+          }
+        } else {
+          for (int64_t k = 0; k < kc; ++k) {
+            const float xv = xk[k];
+            for (int j = 0; j < NVF; ++j) acc[0][j] += ldp<vf>(b0 + k * NR + j * L) * xv;
+          }
+        }
+      }
+      for (int p = 0; p < np; ++p)
+        for (int j = 0; j < NVF; ++j) storeu(edge + p * NR + j * L, acc[p][j]);
+      const int64_t w = nb - jr < 2 * NR ? nb - jr : 2 * NR;
+      for (int64_t i = 0; i < w; ++i) y[jb + jr + i] = edge[i];
+    }
+  }
+}
+
+void fpanel_gemm(int kind, int64_t M, int64_t N, int64_t K, const float* X, int64_t ldx,
+                 const void* W, float* Y, int64_t ldy, bool accumulate, float* ws) {
+  if (M <= 0 || N <= 0) return;
+  if (M == 1) {  // the same cells' chains, without packing the row
+    if (kind == PANEL_F32)
+      return fpanel_gemv_t(N, K, X, static_cast<const float*>(W), Y, accumulate);
+    if (kind == PANEL_BF16)
+      return fpanel_gemv_t(N, K, X, static_cast<const BF16*>(W), Y, accumulate);
+    return fpanel_gemv_t(N, K, X, static_cast<const F16*>(W), Y, accumulate);
+  }
+  if (kind == PANEL_F32)
+    return fpanel_gemm_t(M, N, K, X, ldx, static_cast<const float*>(W), Y, ldy, accumulate, ws);
+  if (kind == PANEL_BF16)
+    return fpanel_gemm_t(M, N, K, X, ldx, static_cast<const BF16*>(W), Y, ldy, accumulate, ws);
+  fpanel_gemm_t(M, N, K, X, ldx, static_cast<const F16*>(W), Y, ldy, accumulate, ws);
+}
+
+// packed A (MC x KC), one edge tile and a widened half block, 64-byte aligned: the blocks are B,
+// already packed
+int64_t fpanel_ws_elems() {
+  return MC * KC + MR<float> * nr<float>() + KC * PANEL_ROWS + 4 * 64;
+}
+
 #if defined(__AMX_BF16__)
-// The amx instruction set multiplies bf16 on tiles (kernels_amx.cpp) and does not compile the
-// vdpbf16ps kernels below.
+// The amx instruction set multiplies lossk's bf16 on tiles (kernels_amx.cpp); the vdpbf16ps
+// kernels below serve its session's weight panels (see dpanel_gemm).
 int64_t amx_packed_a_elems(int64_t M, int64_t K);
 void amx_pack_a_rows(int64_t M, int64_t K, int64_t r0, int64_t r1, const uint16_t* A, int64_t rsa,
                      int64_t csa, uint32_t* Afull);
@@ -440,10 +651,9 @@ void amx_gemm_bb(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t rsa
 void amx_gemm_bpb(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t rsa, int64_t csa,
                   const uint32_t* Bfull, float* C, int64_t ldc, bool accumulate, float* ws);
 int64_t amx_row_quantum();
-constexpr Bf16DotOps kBf16Dot = {amx_packed_a_elems, amx_pack_a_rows, amx_packed_b_elems,
-                                 amx_packed_b_max_cols, amx_pack_b_full, amx_gemm_papb,
-                                 amx_gemm_bb, amx_gemm_bpb, amx_row_quantum, 32, "amx"};
-#elif defined(__AVX512BF16__)
+#endif
+
+#if defined(__AVX512BF16__)
 // ---- bfloat16 dot products (AVX512-BF16: vdpbf16ps) --------------------------------------------
 // Operands are packed as k-pairs: one uint32 holds the bf16 values of k = 2p (low half) and
 // 2p + 1 (high half), the unit vdpbf16ps multiplies: per float32 lane, acc += a[2p] b[2p] +
@@ -713,6 +923,129 @@ void dp_gemm_bpb(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t rsa
 
 int64_t dp_row_quantum() { return DP_MR; }
 
+// ---- the resident session's bf16 weight panels on vdpbf16ps -----------------------------------
+// A block of PANEL_ROWS weight rows held as dp_pack_b_full holds B = the rows transposed (k
+// blocks of DP_KC, pair-packed DP_NR-column panels), multiplied by the pair GEMM's micro-kernel
+// in prefill and by dpanel_gemv (dp_ukernel<1>'s chain, x not packed) in a decode step: one
+// chain per cell whatever the number of rows, as the float32 panels above. Also on amx hosts: a
+// decode step cannot reproduce a tile's internal order, so the session's bf16 stays on vdpbf16ps
+// there and lossk alone takes the tiles.
+int64_t dpanel_block_u32(int64_t K) { return dp_pairs(K) * PANEL_ROWS; }
+static_assert(MC * (DP_KC / 2) + DP_MR * DP_NR <= MC * KC + MR<float> * nr<float>(),
+              "dpanel_gemm's packed rows and edge tile fit fpanel_ws_elems()");
+
+void dpanel_put_row(uint32_t* blk, int64_t K, int64_t c, const uint16_t* row) {
+  static_assert(PANEL_ROWS % DP_NR == 0 && DP_KC % 2 == 0, "whole panels, whole pairs");
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t pc = k / DP_KC * DP_KC, kc = K - pc < DP_KC ? K - pc : DP_KC;
+    const int64_t at = (pc / 2) * PANEL_ROWS + (c / DP_NR) * DP_NR * dp_pairs(kc) +
+                       ((k - pc) / 2) * DP_NR + c % DP_NR;
+    uint16_t* halves = reinterpret_cast<uint16_t*>(blk + at);  // little-endian: even k low
+    halves[k % 2] = row[k];
+  }
+}
+
+void dpanel_get_row(const uint32_t* blk, int64_t K, int64_t c, float* dst) {
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t pc = k / DP_KC * DP_KC, kc = K - pc < DP_KC ? K - pc : DP_KC;
+    const int64_t at = (pc / 2) * PANEL_ROWS + (c / DP_NR) * DP_NR * dp_pairs(kc) +
+                       ((k - pc) / 2) * DP_NR + c % DP_NR;
+    dst[k] = half::bf16_to_f32(reinterpret_cast<const uint16_t*>(blk + at)[k % 2]);
+  }
+}
+
+// y (N) (+)= x (K bf16 bits, zero past K up to an even count) times the blocks at W.
+void dpanel_gemv(int64_t N, int64_t K, const uint16_t* x, const uint32_t* W, float* y,
+                 bool accumulate) {
+  const int64_t bu = dpanel_block_u32(K);
+  for (int64_t jb = 0; jb < N; jb += PANEL_ROWS) {
+    const uint32_t* blk = W + (jb / PANEL_ROWS) * bu;
+    const int64_t nb = N - jb < PANEL_ROWS ? N - jb : PANEL_ROWS;
+    for (int64_t jr = 0; jr < nb; jr += 2 * DP_NR) {
+      const int np = jr + DP_NR < nb ? 2 : 1;
+      const int64_t w = nb - jr < 2 * DP_NR ? nb - jr : 2 * DP_NR;
+      __m512 acc[2][DP_NV];
+      for (int p = 0; p < 2; ++p)
+        for (int j = 0; j < DP_NV; ++j) {
+          const int64_t lo = p * DP_NR + j * 16;
+          const __mmask16 m = lo >= w ? 0 : w - lo >= 16 ? 0xffff : __mmask16((1u << (w - lo)) - 1);
+          acc[p][j] = accumulate ? _mm512_maskz_loadu_ps(m, y + jb + jr + lo) : _mm512_setzero_ps();
+        }
+      for (int64_t pc = 0; pc < K; pc += DP_KC) {
+        const int64_t kc = K - pc < DP_KC ? K - pc : DP_KC, kp = dp_pairs(kc);
+        const uint32_t* b0 = blk + (pc / 2) * PANEL_ROWS + jr * kp;
+        const uint32_t* b1 = b0 + DP_NR * kp;
+        for (int64_t q = 0; q < kp; ++q) {
+          uint32_t pr;
+          std::memcpy(&pr, x + pc + 2 * q, 4);
+          const __m512bh ai = (__m512bh)_mm512_set1_epi32(int(pr));
+          for (int j = 0; j < DP_NV; ++j) {
+            acc[0][j] = _mm512_dpbf16_ps(
+                acc[0][j], ai, (__m512bh)_mm512_loadu_si512(static_cast<const void*>(b0 + q * DP_NR + j * 16)));
+            if (np == 2)
+              acc[1][j] = _mm512_dpbf16_ps(
+                  acc[1][j], ai, (__m512bh)_mm512_loadu_si512(static_cast<const void*>(b1 + q * DP_NR + j * 16)));
+          }
+        }
+      }
+      for (int p = 0; p < np; ++p)
+        for (int j = 0; j < DP_NV; ++j) {
+          const int64_t lo = p * DP_NR + j * 16;
+          if (lo >= w) continue;
+          const __mmask16 m = w - lo >= 16 ? 0xffff : __mmask16((1u << (w - lo)) - 1);
+          _mm512_mask_storeu_ps(y + jb + jr + lo, m, acc[p][j]);
+        }
+    }
+  }
+}
+
+// Y (M, ldy) (+)= X (M rows of K bf16 bits, ldx apart) times the first N rows of the blocks at W.
+void dpanel_gemm(int64_t M, int64_t N, int64_t K, const uint16_t* X, int64_t ldx,
+                 const uint32_t* W, float* Y, int64_t ldy, bool accumulate, float* ws) {
+  if (M <= 0 || N <= 0) return;
+  if (M == 1) return dpanel_gemv(N, K, X, W, Y, accumulate);
+  const BF16* A = reinterpret_cast<const BF16*>(X);
+  const int64_t bu = dpanel_block_u32(K);
+  uint32_t* Ap = reinterpret_cast<uint32_t*>(align64(ws));
+  float* tile = reinterpret_cast<float*>(align64(Ap + MC * (DP_KC / 2)));
+  for (int64_t pc = 0; pc < K; pc += DP_KC) {
+    const int64_t kc = K - pc < DP_KC ? K - pc : DP_KC, kp = dp_pairs(kc);
+    const bool load = accumulate || pc > 0;
+    for (int64_t ic = 0; ic < M; ic += MC) {
+      const int64_t mc = M - ic < MC ? M - ic : MC;
+      dp_pack_a(mc, kc, A + ic * ldx + pc, ldx, 1, Ap);
+      for (int64_t jb = 0; jb < N; jb += PANEL_ROWS) {
+        const uint32_t* Bk = W + (jb / PANEL_ROWS) * bu + (pc / 2) * PANEL_ROWS;
+        const int64_t nb = N - jb < PANEL_ROWS ? N - jb : PANEL_ROWS;
+        for (int64_t jr = 0; jr < nb; jr += DP_NR) {
+          const int64_t nr_ = nb - jr < DP_NR ? nb - jr : DP_NR;
+          for (int64_t ir = 0; ir < mc; ir += DP_MR) {
+            const int64_t mr_ = mc - ir < DP_MR ? mc - ir : DP_MR;
+            float* c = Y + (ic + ir) * ldy + jb + jr;
+            const DpUkernelFn uk = dp_ukernels()[size_t(mr_ - 1)];
+            if (nr_ == DP_NR) {
+              uk(kp, Ap + ir * kp, Bk + jr * kp, c, ldy, load);
+            } else {
+              if (load)
+                for (int64_t i = 0; i < mr_; ++i)
+                  for (int64_t j = 0; j < nr_; ++j) tile[i * DP_NR + j] = c[i * ldy + j];
+              uk(kp, Ap + ir * kp, Bk + jr * kp, tile, DP_NR, load);
+              for (int64_t i = 0; i < mr_; ++i)
+                for (int64_t j = 0; j < nr_; ++j) c[i * ldy + j] = tile[i * DP_NR + j];
+            }
+          }
+        }
+      }
+    }
+  }
+}
+#endif  // __AVX512BF16__
+
+#if defined(__AMX_BF16__)
+constexpr Bf16DotOps kBf16Dot = {amx_packed_a_elems, amx_pack_a_rows, amx_packed_b_elems,
+                                 amx_packed_b_max_cols, amx_pack_b_full, amx_gemm_papb,
+                                 amx_gemm_bb, amx_gemm_bpb, amx_row_quantum, 32, "amx"};
+#elif defined(__AVX512BF16__)
 constexpr Bf16DotOps kBf16Dot = {dp_packed_a_elems, dp_pack_a_rows, dp_packed_b_elems,
                                  dp_packed_b_max_cols, dp_pack_b_full, dp_gemm_papb,
                                  dp_gemm_bb, dp_gemm_bpb, dp_row_quantum, 2, "vdpbf16ps"};

@@ -1,7 +1,8 @@
 // The CPU resident decode engine: Qwen3 with float32 activations, OpenMP across cores, SIMD
 // within one; weight matrices resident in float32, bfloat16, float16 or int8 (SessionConfig::
-// weights), widened to float32 in registers as they stream (int8: multiplied as integers); the
-// KV cache in float32, bfloat16 or float16 (SessionConfig::kv, see KvCache).
+// weights) as the instruction set's weight panels (kernels.hpp: PanelOps), widened to float32
+// in registers as they stream or multiplied on bf16 / int8 dot products; the KV cache in
+// float32, bfloat16 or float16 (SessionConfig::kv, see KvCache).
 //
 // Dimension legend: D d_model, Hq query heads, Hkv key/value heads, G = Hq/Hkv group size,
 // Dh d_head, Q = (Hq + 2*Hkv)*Dh fused q/k/v rows, F d_ff, L layers, V vocab, T capacity,
@@ -23,26 +24,26 @@
 // Every weight element is read exactly once per token, by the thread that owns its row.
 //
 // Prefill runs blocks of M <= PREFILL_BLOCK tokens through each layer as matrix-matrix
-// products: the packed GEMM (kern::ops<float>().gemm; bf16/f16 rows widened as it packs them)
-// for M >= 32 rows, the narrow tile (weight row read once, reused from L1 across M activation
-// rows) below that, as residentk_prefill_gemm_use_narrow_tile decides; bf16 with AVX512-BF16
-// and int8 with AVX512-VNNI run their dot-product GEMMs (lossk's gemm_bb, gemm_q8) at every M.
-// Only the last row's logits are formed.
+// products on the same panels (PanelOps::gemm, which never packs a weight: the panels are the
+// GEMM's packed layout, written once at load). Only the last row's logits are formed.
 //
 // Numerics: every output cell has one owning thread and a fixed reduction order, so logits are
-// bit-identical for every thread count, in every weight format. RMSNorm sums squares in double.
-// The RoPE table is the shared one (session_weights.hpp: double angles rounded once).
-// Conversion happens once, at load: bf16 and f16 round to nearest even (a value past float16's
-// range is refused, 609); int8 stores round(w / s) per block of 32 with s = amax / 127
-// (quant.hpp). What each format multiplies:
+// bit-identical for every thread count, in every weight format. And a product's cell is computed
+// by one multiply-add sequence whether one token is multiplied or M (a decode step runs the
+// panels' GEMM for one row), every other stage runs the same code per token, and prefill rounds
+// its activation rows as a step does, so a prompt's logits are bit-identical whether it is
+// prefilled at once, in any split, or stepped (tests/test_residentk_split.py), on each
+// instruction set. RMSNorm sums squares in double. The RoPE table is the shared one
+// (session_weights.hpp: double angles rounded once). Conversion happens once, at load: bf16 and
+// f16 round to nearest even (a value past float16's range is refused, 609); int8 stores
+// round(w / s) per block of 32 with s = amax / 127 (quant.hpp). What each format multiplies:
 //   f16   float32 activations; weight vectors widened in registers right after their load.
 //   bf16  bf16 activations (each vector entering a matrix rounded once, half.hpp), as
 //         transformers' and llama.cpp's bf16 matmuls: vdpbf16ps where the host has it, else the
 //         widening kernels on the rounded values (products of two bf16 are exact in float32).
 //   int8  int8 activations (Q8_0 x Q8_0, as llama.cpp): each vector quantized once per product
-//         by the weights' rule, block products summed exactly in int32 (vpdpbusd / vpmaddubsw).
-// Prefill rounds its activation rows the same way (as_consumed, or the dot-product GEMMs from
-// the float32 rows), so a prompt computes the same products whether prefilled or stepped.
+//         by the weights' rule, block products summed exactly in int32 (vpdpbusd / vpmaddubsw),
+//         each block's sum entering float32 once.
 //
 // The registry, the refusals and the position are SessionBase's; this file is the compute and
 // the layout of the resident buffers (stage_weight says where each tensor's rows go).
@@ -147,24 +148,12 @@ struct Arena {
   }
 };
 
-// An activation vector as a matrix-vector product consumes it: float32 x for float32 and f16
-// weights; for bf16 weights x rounded to bf16 (b: the bits, x: their float32 values); for int8
-// weights x's int8 blocks (q, a = |q|, s). Prepared once per product by the thread that runs
-// it, into that thread's ActScratch.
-struct In {
-  const float* x = nullptr;
-  const uint16_t* b = nullptr;
-  const int8_t* q = nullptr;
-  const uint8_t* a = nullptr;
-  const float* s = nullptr;
-};
-
-// Per-thread room for one prepared activation vector of up to `widest` values.
+// Per-thread room for one activation vector prepared as the weight format's panels multiply it
+// (SessionOps::round_bf16 / quantize_q8), up to `widest` values.
 struct ActScratch {
   Dtype f = Dtype::F32;
   int64_t stride = 0;  // elements per thread (widest rounded up to Q8_ACT_PAD)
   ABuf<int8_t> q;
-  ABuf<uint8_t> a;
   ABuf<uint16_t> b;
   Buf s, r;
   ActScratch() = default;
@@ -172,105 +161,66 @@ struct ActScratch {
       : f(fmt), stride((widest + kern::Q8_ACT_PAD - 1) / kern::Q8_ACT_PAD * kern::Q8_ACT_PAD) {
     if (f == Dtype::Int8) {
       q = ABuf<int8_t>(nt * stride);
-      a = ABuf<uint8_t>(nt * stride);
       s = Buf(nt * (stride / RESIDENT_INT8_BLOCK));
     } else if (f == Dtype::BF16) {
       b = ABuf<uint16_t>(nt * stride);
       r = Buf(nt * stride);
     }
   }
-  In prepare(const Simd& S, const float* x, int64_t n, int t) const {
+  kern::PanelAct prepare(const Simd& S, const float* x, int64_t n, int t) const {
+    kern::PanelAct a;
+    a.ld = stride, a.lds = stride / RESIDENT_INT8_BLOCK;
     if (f == Dtype::BF16) {
       uint16_t* bt = b.p + t * stride;
       float* rt = r.p + t * stride;
       S.round_bf16(x, n, bt, rt);
-      return In{rt, bt};
+      a.f = rt, a.b = bt;
+    } else if (f == Dtype::Int8) {
+      int8_t* qt = q.p + t * stride;
+      float* st = s.p + t * (stride / RESIDENT_INT8_BLOCK);
+      S.quantize_q8(x, n, qt, st);
+      a.q = qt, a.s = st;
+    } else {
+      a.f = x;
     }
-    if (f != Dtype::Int8) return In{x};
-    int8_t* qt = q.p + t * stride;
-    uint8_t* at = a.p + t * stride;
-    float* st = s.p + t * (stride / RESIDENT_INT8_BLOCK);
-    S.quantize_q8(x, n, qt, at, st);
-    return In{x, nullptr, qt, at, st};
+    return a;
   }
 };
 
-// gemm_q8's activation operand: the M rows of X (M, K) quantized by decode's rule into xq, then
-// xu = xq + 128 (the unsigned operand; padding 0 becomes 128), rows of ldx bytes, and their
-// block scales xs (rows of ldxs).
-void q8_gemm_rows(const Simd& S, const float* X, int64_t M, int64_t K, int64_t ldx, int64_t ldxs,
-                  int8_t* xq, uint8_t* xu, float* xs, int nt) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t r = 0; r < M; ++r) {
-    int8_t* q = xq + r * ldx;
-    uint8_t* u = xu + r * ldx;
-    S.quantize_q8(X + r * K, K, q, u, xs + r * ldxs);
-    for (int64_t i = 0; i < ldx; ++i) u[i] = uint8_t(int(q[i]) + 128);
-  }
-}
-
-// One resident weight matrix (rows, cols) in the session's format: float32, bf16/f16 bit
-// patterns, or int8 values with one float32 scale per block of RESIDENT_INT8_BLOCK in each row.
+// One resident weight matrix (rows, cols) in the session's format, as the instruction set's
+// panels (kernels.hpp): ceil(rows / PANEL_ROWS) blocks carved out of the weight arena, each
+// row put into its place once at load, and every product of it, prefill's and decode's, run
+// by the same PanelOps::gemm, so a cell's bits never depend on how many tokens are multiplied.
 struct WMat {
   Dtype f = Dtype::F32;
-  int64_t rows = 0, cols = 0, blocks = 0;  // blocks: int8 scale blocks per row
-  Buf w32;
-  ABuf<uint16_t> w16;
-  ABuf<int8_t> w8;
-  Buf scales;  // (rows, blocks)
+  int64_t rows = 0, cols = 0, block_bytes = 0;
+  char* p = nullptr;
   WMat() = default;
-  // rows of the matrix carved out of the arena (arena null: only count its bytes into *need)
+  // (arena null: only count its bytes into *need)
   WMat(Dtype fmt, int64_t r, int64_t c, Arena* arena, size_t* need = nullptr)
-      : f(fmt), rows(r), cols(c) {
-    const int64_t nb = (c + RESIDENT_INT8_BLOCK - 1) / RESIDENT_INT8_BLOCK;
+      : f(fmt), rows(r), cols(c), block_bytes(ops().block_bytes(c)) {
+    const int64_t bytes = (r + kern::PANEL_ROWS - 1) / kern::PANEL_ROWS * block_bytes;
     if (need) {
-      *need += f == Dtype::F32   ? Arena::span(size_t(r * c) * 4)
-               : f == Dtype::Int8 ? Arena::span(size_t(r * c)) + Arena::span(size_t(r * nb) * 4)
-                                         : Arena::span(size_t(r * c) * 2);
+      *need += Arena::span(size_t(bytes));
       return;
     }
-    switch (f) {
-      case Dtype::F32: w32 = arena->take<float>(r * c); break;
-      case Dtype::BF16:
-      case Dtype::F16: w16 = arena->take<uint16_t>(r * c); break;
-      case Dtype::Int8:
-        blocks = nb;
-        w8 = arena->take<int8_t>(r * c);
-        scales = arena->take<float>(r * blocks);
-        break;
-      case Dtype::F64: break;  // not a weight format: session_open_status refuses it (601)
-    }
+    p = arena->take<char>(bytes).p;
   }
-  // row o . x (cols); int8 rows multiply x's int8 blocks
-  float dot(const Simd& S, int64_t o, const In& x) const {
-    switch (f) {
-      case Dtype::F32: return S.dot(w32.p + o * cols, x.x, cols);
-      case Dtype::BF16: return S.dot_bf16_bf16(w16.p + o * cols, x.b, x.x, cols);
-      case Dtype::F16: return S.dot_f16(w16.p + o * cols, x.x, cols);
-      case Dtype::Int8:
-        return S.dot_q8q8(w8.p + o * cols, scales.p + o * blocks, x.q, x.a, x.s, cols);
-      case Dtype::F64: break;  // refused at open
-    }
-    return 0.f;
+  const kern::PanelOps& ops() const { return simd().panels[kern::panel_index(f)]; }
+  char* block(int64_t o) const { return p + (o / kern::PANEL_ROWS) * block_bytes; }
+  // row o from its format's storage (float32, half bits, or int8 codes with block scales)
+  void put_row(int64_t o, const void* row, const float* scales) {
+    ops().put_row(block(o), cols, o % kern::PANEL_ROWS, row, scales);
   }
   // row o widened to float32 in d (cols)
-  void widen(const Simd& S, int64_t o, float* d) const {
-    switch (f) {
-      case Dtype::F32: std::memcpy(d, w32.p + o * cols, size_t(cols) * sizeof(float)); break;
-      case Dtype::BF16: S.widen_bf16(w16.p + o * cols, d, cols); break;
-      case Dtype::F16: S.widen_f16(w16.p + o * cols, d, cols); break;
-      case Dtype::Int8: S.widen_q8(w8.p + o * cols, scales.p + o * blocks, d, cols); break;
-      case Dtype::F64: break;  // refused at open
-    }
+  void get_row(int64_t o, float* d) const {
+    ops().get_row(block(o), cols, o % kern::PANEL_ROWS, d);
   }
-  // y[o] (+)= row o . x for o in [r0, r1)
-  void matvec(const Simd& S, const In& x, int64_t r0, int64_t r1, float* y,
-              bool accumulate) const {
-    if (f == Dtype::F32) return S.matvec_rows(w32.p, x.x, cols, r0, r1, y, accumulate);
-    for (int64_t o = r0; o < r1; ++o) {
-      const float d = dot(S, o, x);
-      y[o] = accumulate ? y[o] + d : d;
-    }
+  // Y[m, o - r0] (+)= row o . X[m] for M activation rows and o in [r0, r1), r0 a multiple of
+  // PANEL_ROWS; Y rows ldy apart. ws: the thread's ws_bytes(cols) bytes.
+  void gemm(int64_t M, const kern::PanelAct& X, int64_t r0, int64_t r1, float* Y, int64_t ldy,
+            bool accumulate, void* ws) const {
+    ops().gemm(M, r1 - r0, cols, X, block(r0), Y, ldy, accumulate, ws);
   }
 };
 
@@ -315,22 +265,31 @@ struct KvCache {
 };
 
 // float32 rows (n, cols) -> rows [row0, row0 + n) of m, in m's format (narrow_row, the
-// conversion the CUDA engine stores with too). Returns the flat index (within src) of the first
-// value the format cannot hold (it would round to infinity), or -1.
-int64_t store_rows(WMat& m, int64_t row0, const float* src, int64_t n) {
-  const int64_t cols = m.cols;
+// conversion the CUDA engine stores with too), each put into its panel. tmp: per thread, room
+// for one converted row and its int8 scales (row_tmp_bytes). Returns the flat index (within
+// src) of the first value the format cannot hold (it would round to infinity), or -1.
+int64_t row_tmp_bytes(int64_t cols) {
+  return Arena::span(size_t(cols) * 4) + Arena::span(size_t(cols / RESIDENT_INT8_BLOCK + 1) * 4);
+}
+int64_t store_rows(WMat& m, int64_t row0, const float* src, int64_t n, char* tmp, int nt) {
+  const int64_t cols = m.cols, tb = row_tmp_bytes(cols);
   int64_t first = -1;  // the smallest row's offender: the same index for every thread count
-#pragma omp parallel for schedule(static) if (n * cols > (int64_t(1) << 16))
+#pragma omp parallel for num_threads(nt) schedule(static) if (n * cols > (int64_t(1) << 16))
   for (int64_t r = 0; r < n; ++r) {
-    const int64_t o = row0 + r;
-    void* dst = m.f == Dtype::F32   ? static_cast<void*>(m.w32.p + o * cols)
-                : m.f == Dtype::Int8 ? static_cast<void*>(m.w8.p + o * cols)
-                                     : static_cast<void*>(m.w16.p + o * cols);
-    const int64_t bad = narrow_row(m.f, src + r * cols, cols, dst, m.scales.p + o * m.blocks);
+    const float* x = src + r * cols;
+    if (m.f == Dtype::F32) {
+      m.put_row(row0 + r, x, nullptr);
+      continue;
+    }
+    char* row = tmp + omp_get_thread_num() * tb;
+    float* scales = reinterpret_cast<float*>(row + Arena::span(size_t(cols) * 4));
+    const int64_t bad = narrow_row(m.f, x, cols, row, scales);
     if (bad >= 0) {
 #pragma omp critical(algenta_store_rows)
       if (first < 0 || r * cols + bad < first) first = r * cols + bad;
+      continue;
     }
+    m.put_row(row0 + r, row, scales);
   }
   return first;
 }
@@ -342,11 +301,11 @@ inline void split(int64_t rows, int t, int nt, int64_t& r0, int64_t& r1) {
   r1 = r0 + base + (t < extra ? 1 : 0);
 }
 
-// Inside a parallel region: fn(r0, r1) over [0, rows) in chunks of ROWS_PER_TASK handed out
-// dynamically. Each row still has exactly one owner and one reduction order (bits never depend
-// on the schedule), but a thread that the OS deschedules on a shared machine no longer holds a
-// fixed half of every matvec hostage: the running ones take its chunks.
-constexpr int64_t ROWS_PER_TASK = 32;
+// Inside a parallel region: fn(r0, r1) over [0, rows) in chunks of ROWS_PER_TASK (one panel
+// block) handed out dynamically. Each row still has exactly one owner and one reduction order
+// (bits never depend on the schedule), but a thread that the OS deschedules on a shared machine
+// no longer holds a fixed half of every matvec hostage: the running ones take its chunks.
+constexpr int64_t ROWS_PER_TASK = kern::PANEL_ROWS;
 template <class Fn>
 inline void rows_dynamic(int64_t rows, Fn&& fn) {
   const int64_t tasks = (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
@@ -375,11 +334,8 @@ struct Layer {
 };
 
 constexpr int64_t PREFILL_BLOCK = 256;
-// float32 elements of the staging buffer a narrow-format tensor is converted through at load
-// (at least one row); and the weight rows a prefill task widens into float32 at once.
+// float32 elements of the staging buffer a tensor's rows arrive in at load (at least one row)
 constexpr int64_t STAGE_ELEMS = int64_t(1) << 20;
-constexpr int64_t WIDEN_ROWS = 64;
-constexpr int64_t TILE_ROWS = 8;  // the narrow tile's widened rows per pass (<= WIDEN_ROWS)
 // 256 KiB of float32: what one core streams in the few microseconds a fork/join costs.
 constexpr int64_t PARALLEL_MIN_FLOATS = int64_t(1) << 16;
 
@@ -416,18 +372,18 @@ class CpuSession final : public SessionBase {
     }
     const int64_t widest = std::max({D, F, c.h_q * Dh});
     act_scratch_ = ActScratch(wf, nt_, widest);
-    if (wf == Dtype::BF16 && kern::ops<float>().bf16dot.gemm_bb)
-      xb_ = ABuf<uint16_t>(PREFILL_BLOCK * widest);
-    if (wf == Dtype::Int8 && simd().gemm_q8) {
-      const int64_t ldx = (widest + kern::Q8_ACT_PAD - 1) / kern::Q8_ACT_PAD * kern::Q8_ACT_PAD;
-      xq_ = ABuf<int8_t>(PREFILL_BLOCK * ldx);
-      xu_ = ABuf<uint8_t>(PREFILL_BLOCK * ldx);
-      xs_ = Buf(PREFILL_BLOCK * (ldx / RESIDENT_INT8_BLOCK));
+    // prefill's activation rows as the panels multiply them (act_rows)
+    ldx_ = (widest + kern::Q8_ACT_PAD - 1) / kern::Q8_ACT_PAD * kern::Q8_ACT_PAD;
+    const kern::PanelOps& P = simd().panels[kern::panel_index(wf)];
+    if (P.act == kern::ACT_BF16_BITS) xb_ = ABuf<uint16_t>(PREFILL_BLOCK * ldx_);
+    if (P.act == kern::ACT_Q8) {
+      xq_ = ABuf<int8_t>(PREFILL_BLOCK * ldx_);
+      xs_ = Buf(PREFILL_BLOCK * (ldx_ / RESIDENT_INT8_BLOCK));
     }
-    if (wf != Dtype::F32) {
-      staging_ = Buf(std::max(STAGE_ELEMS, widest));
-      wtile_ = Buf(int64_t(nt_) * WIDEN_ROWS * widest);  // prefill's widened weight rows
-    }
+    ws_bytes_ = (P.ws_bytes(widest) + 63) / 64 * 64;
+    ws_ = ABuf<char>(ws_bytes_ * nt_);
+    staging_ = Buf(std::max(STAGE_ELEMS, widest));
+    row_tmp_ = ABuf<char>(row_tmp_bytes(widest) * nt_);
     kv_ = KvCache(c.kv, residentk_cache_elements(c.n_layers, c.h_kv, Dh, cap_));
 
     // RoPE table: cos (T, hw) then sin (T, hw), rotate-half pairing (i, i + Dh/2).
@@ -449,24 +405,19 @@ class CpuSession final : public SessionBase {
   const char* device() const override { return "cpu"; }
 
  protected:
-  // Norms and float32 matrices: rows go straight into their resident buffer, one run. Narrow
-  // formats: rows are staged as float32 a bounded run at a time and converted into place.
-  float* stage_weight(const TensorSpec& t, int64_t r0, int64_t) override {
+  // Norms: straight into their resident buffer. Matrices: rows staged as float32 a bounded run
+  // at a time, then converted and put into their panels.
+  float* stage_weight(const TensorSpec& t, int64_t, int64_t) override {
     if (float* v = vec_dest(t)) return v;
-    const MatDest d = mat_dest(t);
-    if (d.m->f == Dtype::F32) return d.m->w32.p + (d.row0 + r0) * t.cols();
     return staging_.p;
   }
   void commit_weight(const TensorSpec& t, int64_t r0, int64_t r1) override {
     if (vec_dest(t)) return;
     const MatDest d = mat_dest(t);
-    if (d.m->f == Dtype::F32) return;
-    const int64_t bad = store_rows(*d.m, d.row0 + r0, staging_.p, r1 - r0);
+    const int64_t bad = store_rows(*d.m, d.row0 + r0, staging_.p, r1 - r0, row_tmp_.p, nt_);
     if (bad >= 0) refuse_past_range(t.name, d.m->f, staging_.p[bad], r0 * t.cols() + bad);
   }
-  int64_t weight_chunk_elems() const override {
-    return c_.weights == Dtype::F32 ? std::numeric_limits<int64_t>::max() : STAGE_ELEMS;
-  }
+  int64_t weight_chunk_elems() const override { return STAGE_ELEMS; }
 
   void run_prefill(const int64_t* ids, int64_t n, float* logits) override {
     for (int64_t b = 0; b < n; b += PREFILL_BLOCK) {
@@ -601,9 +552,11 @@ class CpuSession final : public SessionBase {
   int team(int64_t work) const { return work >= PARALLEL_MIN_FLOATS ? cur_nt_ : 1; }
 
   // x (n) as this session's matrices consume it, prepared by thread t for its own products.
-  In input(const Simd& S, const float* x, int64_t n, int t) const {
+  kern::PanelAct input(const Simd& S, const float* x, int64_t n, int t) const {
     return act_scratch_.prepare(S, x, n, t);
   }
+  // Thread t's scratch for a panel product.
+  void* ws(int t) const { return ws_.p + int64_t(t) * ws_bytes_; }
 
   void decode(int64_t id, float* logits) {
     const Simd& S = simd();
@@ -611,7 +564,7 @@ class CpuSession final : public SessionBase {
     const int64_t G = Hq / Hkv, HD = Hq * Dh, p = pos_;
     int64_t stages = 0;
 
-    embed_.widen(S, id, x_.p);  // one row: D values, no team
+    embed_.get_row(id, x_.p);  // one row: D values, no team
     ++stages;
 
     for (int64_t li = 0; li < c_.n_layers; ++li) {
@@ -622,9 +575,9 @@ class CpuSession final : public SessionBase {
         const int t = omp_get_thread_num();
         float* xn = scratch_.p + int64_t(t) * std::max(D, F);
         rmsnorm(x_.p, L.in_norm.p, D, c_.rms_eps, xn);
-        const In in = input(S, xn, D, t);
+        const kern::PanelAct in = input(S, xn, D, t);
         rows_dynamic(q_rows_, [&](int64_t r0, int64_t r1) {
-          L.wqkv.matvec(S, in, r0, r1, qkv_.p, false);
+          L.wqkv.gemm(1, in, r0, r1, qkv_.p + r0, 0, false, ws(t));
         });
       }
       ++stages;
@@ -642,9 +595,10 @@ class CpuSession final : public SessionBase {
       ++stages;
 #pragma omp parallel num_threads(team(D * HD))
       {
-        const In in = input(S, attn_.p, HD, omp_get_thread_num());
+        const int t = omp_get_thread_num();
+        const kern::PanelAct in = input(S, attn_.p, HD, t);
         rows_dynamic(D, [&](int64_t r0, int64_t r1) {
-          L.wo.matvec(S, in, r0, r1, x_.p, true);
+          L.wo.gemm(1, in, r0, r1, x_.p + r0, 0, true, ws(t));
         });
       }
       ++stages;
@@ -653,18 +607,21 @@ class CpuSession final : public SessionBase {
         const int t = omp_get_thread_num();
         float* xn = scratch_.p + int64_t(t) * std::max(D, F);
         rmsnorm(x_.p, L.post_norm.p, D, c_.rms_eps, xn);
-        const In in = input(S, xn, D, t);
+        const kern::PanelAct in = input(S, xn, D, t);
         rows_dynamic(F, [&](int64_t r0, int64_t r1) {
-          for (int64_t j = r0; j < r1; ++j)
-            act_.p[j] = session_math::silu_mul(L.wg.dot(S, j, in), L.wu.dot(S, j, in));
+          float g[ROWS_PER_TASK], u[ROWS_PER_TASK];  // this task's gate and up rows, never stored
+          L.wg.gemm(1, in, r0, r1, g, 0, false, ws(t));
+          L.wu.gemm(1, in, r0, r1, u, 0, false, ws(t));
+          for (int64_t j = r0; j < r1; ++j) act_.p[j] = session_math::silu_mul(g[j - r0], u[j - r0]);
         });
       }
       ++stages;
 #pragma omp parallel num_threads(team(D * F))
       {
-        const In in = input(S, act_.p, F, omp_get_thread_num());
+        const int t = omp_get_thread_num();
+        const kern::PanelAct in = input(S, act_.p, F, t);
         rows_dynamic(D, [&](int64_t r0, int64_t r1) {
-          L.wd.matvec(S, in, r0, r1, x_.p, true);
+          L.wd.gemm(1, in, r0, r1, x_.p + r0, 0, true, ws(t));
         });
       }
       ++stages;
@@ -683,155 +640,91 @@ class CpuSession final : public SessionBase {
         xf_.p[i] = session_math::rms_apply(x_.p[i], final_norm_.p[i], inv);
     }
     ++stages;
-#pragma omp parallel num_threads(team(c_.vocab * D))
-    {
-      const In in = input(S, xf_.p, D, omp_get_thread_num());
-      rows_dynamic(c_.vocab, [&](int64_t r0, int64_t r1) {
-        head().matvec(S, in, r0, r1, logits, false);
-      });
-    }
+    head_logits(S, team(c_.vocab * D), logits);
     ++stages;
     dispatches_ = stages;
   }
 
-  // Output columns per task of a prefill projection over N columns, a multiple of quantum:
-  // packing A costs <1% of the FLOPs at 256, but a narrow matrix needs about four tasks a
-  // thread or one thread finishes a task behind the other (the tail of a 768-column projection
-  // on 2 threads is a third of it). Column blocking never changes a cell's bits.
-  int64_t task_cols(int64_t N, int64_t quantum) const {
-    const int64_t per_task = ((N + 4 * nt_ - 1) / (4 * nt_) + quantum - 1) / quantum * quantum;
-    return std::clamp<int64_t>(per_task, quantum, 256);
-  }
-
-  // project() for bf16 weights where the host multiplies bf16 pairs (vdpbf16ps): X's rows
-  // (already bf16 values, as_consumed) narrowed to bf16 bits once, then the bf16 dot-product
-  // GEMM on X and the resident rows themselves, with no float32 copy of either. Exact
-  // narrowing: X holds bf16 values, so the products are the ones the widening path computes.
-  void project_bf16_dot(const float* X, int64_t M, const WMat& W, float* Y, bool accumulate) {
-    const auto& ops = kern::ops<float>();
-    const kern::Bf16DotOps& dp = ops.bf16dot;
-    const int64_t K = W.cols, N = W.rows, ws_elems = ops.gemm_ws_elems();
-    if (gemm_ws_.n < ws_elems * nt_) gemm_ws_ = Buf(ws_elems * nt_);
-    ops.narrow_h[kern::HALF_BF16](X, xb_.p, M * K);
-    const int64_t NB = task_cols(N, 16);
-    const int64_t tasks = (N + NB - 1) / NB;
-#pragma omp parallel for num_threads(nt_) schedule(dynamic)
-    for (int64_t tk = 0; tk < tasks; ++tk) {
-      const int tid = omp_get_thread_num();
-      const int64_t j0 = tk * NB, nb = std::min(NB, N - j0);
-      dp.gemm_bb(M, nb, K, xb_.p, K, 1, W.w16.p + j0 * K, 1, K, Y + j0, N, accumulate,
-                 gemm_ws_.p + tid * ws_elems);
+  // logits = head . xf_ (the final norm's output), by a team of nt: the one head product decode
+  // and prefill's last row share.
+  void head_logits(const Simd& S, int nt, float* logits) {
+#pragma omp parallel num_threads(nt)
+    {
+      const int t = omp_get_thread_num();
+      const kern::PanelAct in = input(S, xf_.p, c_.d_model, t);
+      rows_dynamic(c_.vocab, [&](int64_t r0, int64_t r1) {
+        head().gemm(1, in, r0, r1, logits + r0, 0, false, ws(t));
+      });
     }
   }
 
-  // project() for int8 weights where the host has integer dot products (AVX512-VNNI): X's rows
-  // quantized by decode's rule (quantize_q8, from the float32 values: as_consumed leaves them
-  // alone on this path), then the int8 GEMM (gemm_q8) on them and the resident rows.
-  void project_int8_dot(const Simd& S, const float* X, int64_t M, const WMat& W, float* Y,
-                        bool accumulate) {
-    const int64_t K = W.cols, N = W.rows;
-    const int64_t ldx = (K + kern::Q8_ACT_PAD - 1) / kern::Q8_ACT_PAD * kern::Q8_ACT_PAD;
-    const int64_t ldxs = ldx / RESIDENT_INT8_BLOCK;
-    const int64_t NB = task_cols(N, 32);  // whole micro-tiles of gemm_q8
-    const int64_t ws_bytes = (S.gemm_q8_ws_bytes(NB, K) + 63) / 64 * 64;
-    if (q8ws_.n < ws_bytes * nt_) q8ws_ = ABuf<int8_t>(ws_bytes * nt_);
-    q8_gemm_rows(S, X, M, K, ldx, ldxs, xq_.p, xu_.p, xs_.p, nt_);
-    const int64_t tasks = (N + NB - 1) / NB;
-#pragma omp parallel for num_threads(nt_) schedule(dynamic)
-    for (int64_t tk = 0; tk < tasks; ++tk) {
-      const int tid = omp_get_thread_num();
-      const int64_t j0 = tk * NB, nb = std::min(NB, N - j0);
-      S.gemm_q8(M, nb, K, xu_.p, ldx, xs_.p, ldxs, W.w8.p + j0 * K, W.scales.p + j0 * W.blocks,
-                Y + j0, N, accumulate, q8ws_.p + tid * ws_bytes);
-    }
+  // Weight rows per task of a prefill projection over N rows, whole panel blocks: packing the
+  // activation rows costs <1% of the FLOPs at 256, but a narrow matrix needs about four tasks a
+  // thread or one thread finishes a task behind the other. Task bounds never change a cell's
+  // bits.
+  int64_t task_rows(int64_t N) const {
+    const int64_t q = kern::PANEL_ROWS;
+    const int64_t per_task = ((N + 4 * nt_ - 1) / (4 * nt_) + q - 1) / q * q;
+    return std::clamp<int64_t>(per_task, q, 256);
   }
 
-  // Y (M, N) (+)= X (M, K) @ W^T, W (N, K) row-major: the prefill projection. Narrow formats
-  // widen WIDEN_ROWS weight rows at a time into the thread's float32 tile and run the float32
-  // tile or GEMM on it: the widening is paid once per weight row, not once per token.
+  // X's M rows (n values each) as this session's panels multiply them, in the prefill buffers:
+  // float32 rows as they are (f32, f16; bf16 widening panels: as_consumed rounded them), bf16
+  // bits (exact: as_consumed rounded them) or int8 codes and block scales (quantize_q8, decode's
+  // rule, row by row).
+  kern::PanelAct act_rows(const Simd& S, const float* X, int64_t M, int64_t n) {
+    kern::PanelAct a;
+    const kern::PanelOps& P = simd().panels[kern::panel_index(c_.weights)];
+    if (P.act == kern::ACT_F32) {
+      a.f = X, a.ld = n;
+    } else if (P.act == kern::ACT_BF16_BITS) {
+#pragma omp parallel for num_threads(nt_) schedule(static)
+      for (int64_t r = 0; r < M; ++r) {
+        uint16_t* b = xb_.p + r * ldx_;
+        for (int64_t i = 0; i < n; ++i) b[i] = half::f32_to_bf16(X[r * n + i]);
+        for (int64_t i = n; i < ldx_; ++i) b[i] = 0;
+      }
+      a.b = xb_.p, a.ld = ldx_;
+    } else {
+      const int64_t lds = ldx_ / RESIDENT_INT8_BLOCK;
+#pragma omp parallel for num_threads(nt_) schedule(static)
+      for (int64_t r = 0; r < M; ++r) S.quantize_q8(X + r * n, n, xq_.p + r * ldx_, xs_.p + r * lds);
+      a.q = xq_.p, a.s = xs_.p, a.ld = ldx_, a.lds = lds;
+    }
+    return a;
+  }
+
+  // Y (M, N) (+)= X (M, K) @ W^T, W (N, K): the prefill projection, tasks of whole panel blocks
+  // over the threads; each cell computed as a decode step computes it (PanelOps::gemm).
   void project(const Simd& S, const float* X, int64_t M, const WMat& W, float* Y,
                bool accumulate) {
-    if (W.f == Dtype::BF16 && xb_.p) return project_bf16_dot(X, M, W, Y, accumulate);
-    if (W.f == Dtype::Int8 && S.gemm_q8) return project_int8_dot(S, X, M, W, Y, accumulate);
-    const int64_t K = W.cols, N = W.rows;
-    const bool narrow_w = W.f != Dtype::F32;
-    if (residentk_prefill_gemm_use_narrow_tile(M)) {
-#pragma omp parallel num_threads(nt_)
-      {
-        int64_t r0, r1;
-        split(N, omp_get_thread_num(), omp_get_num_threads(), r0, r1);
-        if (!narrow_w) {
-          S.matmat_rows_narrow(W.w32.p, X, M, K, r0, r1, Y, N, accumulate);
-        } else {
-          // a few rows at a time: they stay in L1/L2 while every token row passes over them
-          float* tile = wtile_.p + int64_t(omp_get_thread_num()) * WIDEN_ROWS * K;
-          for (int64_t o = r0; o < r1; o += TILE_ROWS) {
-            const int64_t nr = std::min(TILE_ROWS, r1 - o);
-            for (int64_t k = 0; k < nr; ++k) W.widen(S, o + k, tile + k * K);
-            S.matmat_rows_narrow(tile, X, M, K, 0, nr, Y + o, N, accumulate);  // columns o..
-          }
-        }
-      }
-      return;
-    }
-    const auto& ops = kern::ops<float>();
-    const int64_t ws_elems = ops.gemm_ws_elems();
-    if (gemm_ws_.n < ws_elems * nt_) gemm_ws_ = Buf(ws_elems * nt_);
-    // a narrow format's widened tile stays within L2 at WIDEN_ROWS columns
-    const bool half_w = W.f == Dtype::BF16 || W.f == Dtype::F16;
-    const int hk = W.f == Dtype::BF16 ? kern::HALF_BF16 : kern::HALF_F16;
-    const int64_t NB = narrow_w && !half_w ? WIDEN_ROWS : task_cols(N, 16);
-    const int64_t tasks = (N + NB - 1) / NB;
+    const kern::PanelAct a = act_rows(S, X, M, W.cols);
+    const int64_t N = W.rows, NB = task_rows(N), tasks = (N + NB - 1) / NB;
 #pragma omp parallel for num_threads(nt_) schedule(dynamic)
     for (int64_t tk = 0; tk < tasks; ++tk) {
-      const int tid = omp_get_thread_num();
-      const int64_t j0 = tk * NB, nb = std::min(NB, N - j0);
-      const float* wt = W.w32.p + j0 * K;
-      if (half_w) {  // bf16/f16 rows widened as the GEMM packs them: no float32 tile
-        ops.gemm_bh[hk](M, nb, K, X, K, 1, W.w16.p + j0 * K, 1, K, Y + j0, N, accumulate,
-                        gemm_ws_.p + tid * ws_elems);
-        continue;
-      }
-      if (narrow_w) {
-        float* tile = wtile_.p + int64_t(tid) * WIDEN_ROWS * K;
-        for (int64_t o = 0; o < nb; ++o) W.widen(S, j0 + o, tile + o * K);
-        wt = tile;
-      }
-      ops.gemm(M, nb, K, X, K, 1, wt, 1, K, Y + j0, N, accumulate, gemm_ws_.p + tid * ws_elems);
+      const int64_t j0 = tk * NB, j1 = std::min(N, j0 + NB);
+      W.gemm(M, a, j0, j1, Y + j0, N, accumulate, ws(omp_get_thread_num()));
     }
   }
 
   // Prefill's activation rows X (M, n), in place, as a decode step's products consume them: for
-  // int8 weights each row becomes its int8 blocks times their scales (quant::q8_block, the
-  // rule decode's quantize_q8 applies), so the float32 GEMM over widened weights computes the
-  // same Q8_0 x Q8_0 products as decode's integer dots, up to float32 rounding; for bf16 weights
-  // each value is rounded to bf16 (half.hpp, as decode's round_bf16). Other formats: nothing.
+  // bf16 weights each value rounded to bf16 (half.hpp, as decode's round_bf16). int8 rows are
+  // quantized by act_rows, by decode's rule; other formats multiply X as it is.
   void as_consumed(float* X, int64_t M, int64_t n) const {
-    if (c_.weights == Dtype::BF16) {
+    if (c_.weights != Dtype::BF16) return;
 #pragma omp parallel for num_threads(nt_) schedule(static)
-      for (int64_t i = 0; i < M * n; ++i) X[i] = half::bf16_to_f32(half::f32_to_bf16(X[i]));
-      return;
-    }
-    if (c_.weights != Dtype::Int8 || simd().gemm_q8) return;  // gemm_q8 quantizes X itself
-#pragma omp parallel for num_threads(nt_) schedule(static)
-    for (int64_t r = 0; r < M; ++r) {
-      float* x = X + r * n;
-      for (int64_t i = 0; i < n; i += RESIDENT_INT8_BLOCK) {
-        const int64_t len = std::min(RESIDENT_INT8_BLOCK, n - i);
-        int8_t q[RESIDENT_INT8_BLOCK];
-        const float sc = quant::q8_block(x + i, len, q);
-        for (int64_t k = 0; k < len; ++k) x[i + k] = float(q[k]) * sc;
-      }
-    }
+    for (int64_t i = 0; i < M * n; ++i) X[i] = half::bf16_to_f32(half::f32_to_bf16(X[i]));
   }
 
   // M tokens at positions p0..p0+M-1 through every layer; logits of the last one when asked.
+  // Every stage computes each token's values as a decode step would (the same norms, RoPE,
+  // attention and panel products), so a prompt's logits do not depend on how it was split.
   void prefill_block(const int64_t* ids, int64_t M, int64_t p0, float* logits) {
     const Simd& S = simd();
     const int64_t D = c_.d_model, Dh = c_.d_head, F = c_.d_ff, Hq = c_.h_q, Hkv = c_.h_kv;
     const int64_t G = Hq / Hkv, HD = Hq * Dh;
     Buf X(M * D), Xn(M * D), QKV(M * q_rows_), A(M * HD), Gt(M * F), U(M * F);
-    for (int64_t r = 0; r < M; ++r) embed_.widen(S, ids[r], X.p + r * D);
+    for (int64_t r = 0; r < M; ++r) embed_.get_row(ids[r], X.p + r * D);
 
     std::vector<float> spare(nt_ > Hq ? size_t(nt_) * size_t(cap_) : 0);
     for (int64_t li = 0; li < c_.n_layers; ++li) {
@@ -878,13 +771,7 @@ class CpuSession final : public SessionBase {
     }
     if (!logits) return;
     rmsnorm(X.p + (M - 1) * D, final_norm_.p, D, c_.rms_eps, xf_.p);
-#pragma omp parallel num_threads(nt_)
-    {
-      const In in = input(S, xf_.p, D, omp_get_thread_num());
-      rows_dynamic(c_.vocab, [&](int64_t r0, int64_t r1) {
-        head().matvec(S, in, r0, r1, logits, false);
-      });
-    }
+    head_logits(S, nt_, logits);
   }
 
   int64_t q_rows_ = 0, rope_hw_ = 1;
@@ -898,15 +785,16 @@ class CpuSession final : public SessionBase {
   Buf final_norm_, rope_;
   KvCache kv_;
   std::vector<Layer> layers_;
-  Buf x_, xf_, qkv_, attn_, act_, logits_, scratch_, scores_, gemm_ws_;
-  Buf staging_;  // a narrow format's float32 rows on their way in (load)
-  Buf wtile_;    // (nt, WIDEN_ROWS, widest row) a narrow format's widened prefill weight rows
-  ActScratch act_scratch_;  // bf16, int8: each thread's prepared activation vector
-  ABuf<uint16_t> xb_;       // bf16 on the dot-product path: prefill's activation rows as bf16
-  ABuf<int8_t> xq_;         // int8 on the dot-product path: prefill's rows quantized,
-  ABuf<uint8_t> xu_;        //   the same plus 128 (the unsigned operand),
-  Buf xs_;                  //   their block scales,
-  ABuf<int8_t> q8ws_;       //   and each thread's packed weight panels
+  Buf x_, xf_, qkv_, attn_, act_, logits_, scratch_, scores_;
+  Buf staging_;             // a tensor's float32 rows on their way into the panels (load)
+  ABuf<char> row_tmp_;      // each thread's converted row on its way (load)
+  ActScratch act_scratch_;  // bf16, int8: each thread's prepared activation vector (decode)
+  int64_t ldx_ = 0;         // elements a prefill activation row takes in xb_ / xq_
+  ABuf<uint16_t> xb_;       // bf16 on vdpbf16ps panels: prefill's activation rows as bits
+  ABuf<int8_t> xq_;         // int8: prefill's activation rows quantized,
+  Buf xs_;                  //   their block scales
+  int64_t ws_bytes_ = 0;    // each thread's panel-product scratch, in ws_
+  ABuf<char> ws_;
 };
 
 }  // namespace
@@ -915,14 +803,31 @@ std::unique_ptr<Session> make_cpu_session(const SessionConfig& cfg, int64_t max_
   return std::unique_ptr<Session>(new CpuSession(cfg, max_ctx));
 }
 
+namespace {
+// rows (rows, n) of format f as a WMat in an arena of its own: the test hooks' products run the
+// session's own panels and kernels.
+struct HookMat {
+  Arena arena;
+  WMat m;
+  HookMat(Dtype f, int64_t rows, int64_t n) {
+    size_t need = 0;
+    WMat(f, rows, n, &arena, &need);
+    arena.open(need);
+    m = WMat(f, rows, n, &arena);
+  }
+  ABuf<char> ws() const { return ABuf<char>(m.ops().ws_bytes(m.cols)); }
+};
+}  // namespace
+
 void cpu_int8_products(const int8_t* q, const float* sc, int64_t rows, int64_t n, const float* x,
                        float* y, int8_t* xq, float* xs) {
   const Simd& S = simd();
   const int64_t blocks = (n + RESIDENT_INT8_BLOCK - 1) / RESIDENT_INT8_BLOCK;
+  HookMat h(Dtype::Int8, rows, n);
+  for (int64_t o = 0; o < rows; ++o) h.m.put_row(o, q + o * n, sc + o * blocks);
   const ActScratch scratch(Dtype::Int8, 1, n);
-  const In in = scratch.prepare(S, x, n, 0);
-  for (int64_t o = 0; o < rows; ++o)
-    y[o] = S.dot_q8q8(q + o * n, sc + o * blocks, in.q, in.a, in.s, n);
+  const kern::PanelAct in = scratch.prepare(S, x, n, 0);
+  h.m.gemm(1, in, 0, rows, y, 0, false, h.ws().p);
   std::memcpy(xq, in.q, size_t(n));
   std::memcpy(xs, in.s, size_t(blocks) * sizeof(float));
 }
@@ -930,23 +835,28 @@ void cpu_int8_products(const int8_t* q, const float* sc, int64_t rows, int64_t n
 bool cpu_int8_gemm(const int8_t* q, const float* sc, int64_t rows, int64_t n, const float* X,
                    int64_t M, float* Y) {
   const Simd& S = simd();
-  if (!S.gemm_q8) return false;
+  const int64_t blocks = (n + RESIDENT_INT8_BLOCK - 1) / RESIDENT_INT8_BLOCK;
   const int64_t ldx = (n + kern::Q8_ACT_PAD - 1) / kern::Q8_ACT_PAD * kern::Q8_ACT_PAD;
-  const int64_t ldxs = ldx / RESIDENT_INT8_BLOCK;
-  ABuf<int8_t> xq(M * ldx), ws(S.gemm_q8_ws_bytes(rows, n));
-  ABuf<uint8_t> xu(M * ldx);
-  Buf xs(M * ldxs);
-  q8_gemm_rows(S, X, M, n, ldx, ldxs, xq.p, xu.p, xs.p, 1);
-  S.gemm_q8(M, rows, n, xu.p, ldx, xs.p, ldxs, q, sc, Y, rows, false, ws.p);
+  HookMat h(Dtype::Int8, rows, n);
+  for (int64_t o = 0; o < rows; ++o) h.m.put_row(o, q + o * n, sc + o * blocks);
+  ABuf<int8_t> xq(M * ldx);
+  Buf xs(M * (ldx / RESIDENT_INT8_BLOCK));
+  for (int64_t r = 0; r < M; ++r)
+    S.quantize_q8(X + r * n, n, xq.p + r * ldx, xs.p + r * (ldx / RESIDENT_INT8_BLOCK));
+  kern::PanelAct a;
+  a.q = xq.p, a.s = xs.p, a.ld = ldx, a.lds = ldx / RESIDENT_INT8_BLOCK;
+  h.m.gemm(M, a, 0, rows, Y, rows, false, h.ws().p);
   return true;
 }
 
 void cpu_bf16_products(const uint16_t* w, int64_t rows, int64_t n, const float* x, float* y,
                        uint16_t* xb) {
   const Simd& S = simd();
+  HookMat h(Dtype::BF16, rows, n);
+  for (int64_t o = 0; o < rows; ++o) h.m.put_row(o, w + o * n, nullptr);
   const ActScratch scratch(Dtype::BF16, 1, n);
-  const In in = scratch.prepare(S, x, n, 0);
-  for (int64_t o = 0; o < rows; ++o) y[o] = S.dot_bf16_bf16(w + o * n, in.b, in.x, n);
+  const kern::PanelAct in = scratch.prepare(S, x, n, 0);
+  h.m.gemm(1, in, 0, rows, y, 0, false, h.ws().p);
   std::memcpy(xb, in.b, size_t(n) * sizeof(uint16_t));
 }
 

@@ -13,6 +13,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "algenta/dtype.hpp"
+
 namespace algenta {
 namespace kern {
 
@@ -126,48 +128,72 @@ struct IsaOps {
   Bf16DotOps bf16dot;
 };
 
-constexpr int64_t Q8_ACT_PAD = 64;  // elements a prepared activation vector is padded to
+// ---- the resident session's weight panels -----------------------------------------------------
+// A session weight matrix (N rows of K) is resident as ceil(N / PANEL_ROWS) blocks of
+// block_bytes(K) bytes each, rows past N zero, in the layout the instruction set's GEMM
+// micro-kernel reads without packing (PanelOps says whose), so prefill never packs a weight. One
+// gemm serves prefill (M rows) and a decode step (M = 1) with ONE multiply-add sequence per output
+// cell for every M, every N and every first block: a prompt's logits are bit-identical whether it
+// is prefilled at once, in pieces, or stepped, and so would a sequence's be in any batch.
+constexpr int64_t PANEL_ROWS = 64;
 
-// The resident session's decode primitives: float32 activations against weight rows held in
-// float32, or as bf16/f16 bit patterns or int8 blocks (RESIDENT_INT8_BLOCK values, one float32
-// scale each) widened in registers. A row's result depends only on its data and n (fixed
-// accumulator layout and combination order), never on the thread computing it.
+// The activation rows a format's panels multiply (act says which field): float32 values (f32,
+// f16, and bf16 where the panels widen: values already rounded to bf16), bf16 bits (bf16 on
+// vdpbf16ps; rows zero-padded to an even count), or int8 codes and block scales (quantize_q8's;
+// rows zero-padded to a whole block). ld: elements between rows, lds: scales between rows.
+enum : int { ACT_F32 = 0, ACT_BF16_BITS = 1, ACT_Q8 = 2 };
+struct PanelAct {
+  const float* f = nullptr;
+  const uint16_t* b = nullptr;
+  const int8_t* q = nullptr;
+  const float* s = nullptr;
+  int64_t ld = 0, lds = 0;
+};
+
+struct PanelOps {
+  int64_t (*block_bytes)(int64_t K);
+  // One row into its block (blk: the block's first byte; c = the row's index within it): K
+  // values in the format (float32, bf16/f16 bits, or int8 codes with their block scales).
+  void (*put_row)(void* blk, int64_t K, int64_t c, const void* row, const float* scales);
+  // Row c of a block widened exactly to float32 (int8: codes times their scales).
+  void (*get_row)(const void* blk, int64_t K, int64_t c, float* dst);
+  // Y (M rows, ldy apart) (+)= X times the first N rows of the blocks at W (transposed).
+  // accumulate: each cell's chain starts from Y's value (f32, f16, bf16) or its sum is added to
+  // it (int8); either way the same for every M. ws: ws_bytes(K) bytes, 64-byte aligned.
+  void (*gemm)(int64_t M, int64_t N, int64_t K, const PanelAct& X, const void* W, float* Y,
+               int64_t ldy, bool accumulate, void* ws);
+  int64_t (*ws_bytes)(int64_t K);
+  int act;           // ACT_*: what X must hold
+  const char* path;  // what multiplies, for reports: "fma", "vdpbf16ps", "vpdpbusd", ...
+};
+
+constexpr int64_t Q8_ACT_PAD = 64;  // elements a prepared activation row is padded to
+
+// The resident session's primitives besides its panels: the KV cache's dot products and
+// updates (float32 queries against float32, bf16 or f16 keys and values), the activation
+// preparation each weight format multiplies, and the read-bandwidth probe. A dot product's
+// result depends only on its data and n (fixed accumulator layout and combination order).
 struct SessionOps {
   float (*dot)(const float* a, const float* b, int64_t n);
-  // y[o] (+)= Wt[o, :] . x for o in [r0, r1); Wt (rows, n) row-major.
-  void (*matvec_rows)(const float* Wt, const float* x, int64_t n, int64_t r0, int64_t r1,
-                      float* y, bool accumulate);
-  // Y[r, o] (+)= Wt[o, :] . X[r, :] for r < m, o in [r0, r1): prefill's narrow tile.
-  void (*matmat_rows_narrow)(const float* Wt, const float* X, int64_t m, int64_t n, int64_t r0,
-                             int64_t r1, float* Y, int64_t ldy, bool accumulate);
   void (*axpy)(float p, const float* v, float* y, int64_t n);  // y += p * v
   float (*sum)(const float* a, int64_t n);                     // the read-bandwidth probe
   float (*dot_bf16)(const uint16_t* a, const float* b, int64_t n);
   float (*dot_f16)(const uint16_t* a, const float* b, int64_t n);
-  // bf16 rows against bf16 activations: x (n) rounded to bf16 once per product (xb the bits,
-  // xr their float32 values, each n rounded up to Q8_ACT_PAD and zero-padded), then row . x from
-  // whichever of the two the instruction set multiplies (vdpbf16ps: xb).
-  void (*round_bf16)(const float* x, int64_t n, uint16_t* xb, float* xr);
-  float (*dot_bf16_bf16)(const uint16_t* a, const uint16_t* xb, const float* xr, int64_t n);
-  // int8 rows: the activation x (n) quantized once per matrix-vector product into xq and
-  // xa = |xq| (each n rounded up to Q8_ACT_PAD bytes, zero-padded) and xs (one scale a block);
-  // then row (q, scales) . x from those, block sums exact in int32 (see session_kernels.cpp).
-  void (*quantize_q8)(const float* x, int64_t n, int8_t* xq, uint8_t* xa, float* xs);
-  float (*dot_q8q8)(const int8_t* q, const float* scales, const int8_t* xq, const uint8_t* xa,
-                    const float* xs, int64_t n);
-  // a narrow row widened exactly to float32 (int8: times its block scales)
   void (*widen_bf16)(const uint16_t* a, float* d, int64_t n);
   void (*widen_f16)(const uint16_t* a, float* d, int64_t n);
-  void (*widen_q8)(const int8_t* q, const float* scales, float* d, int64_t n);
-  // int8 prefill GEMM on integer dot products (null without AVX512-VNNI): Y (M, ldy) (+)= the
-  // int8 rows wq (N, K, scales (N, blocks)) times M activation rows given as quantize_q8's
-  // int8 values plus 128 (xu, rows of ldx >= K bytes rounded up to a block, padded with 128)
-  // and block scales (xs, rows of ldxs). ws: gemm_q8_ws_bytes(N, K) bytes, 64-byte aligned.
-  void (*gemm_q8)(int64_t M, int64_t N, int64_t K, const uint8_t* xu, int64_t ldx,
-                  const float* xs, int64_t ldxs, const int8_t* wq, const float* scales, float* Y,
-                  int64_t ldy, bool accumulate, void* ws);
-  int64_t (*gemm_q8_ws_bytes)(int64_t N, int64_t K);
+  // x (n) rounded to bf16 once (xb the bits, xr their float32 values), each zero-padded to a
+  // multiple of Q8_ACT_PAD: what bf16 panels multiply (act says which of the two).
+  void (*round_bf16)(const float* x, int64_t n, uint16_t* xb, float* xr);
+  // x (n) quantized in blocks of RESIDENT_INT8_BLOCK by the weights' rule (quant::q8_block):
+  // codes xq zero-padded to a multiple of Q8_ACT_PAD, one scale a block in xs.
+  void (*quantize_q8)(const float* x, int64_t n, int8_t* xq, float* xs);
+  // indexed by panel_index(weight format)
+  PanelOps panels[4];
 };
+// The index of a session weight format (f32, bf16, f16, int8) in SessionOps::panels.
+constexpr int panel_index(Dtype f) {
+  return f == Dtype::F32 ? 0 : f == Dtype::BF16 ? 1 : f == Dtype::F16 ? 2 : 3;
+}
 
 struct IsaTable {
   const char* name;
