@@ -291,6 +291,35 @@ const std::array<UkernelFn<T, PB>, MR<T>>& ukernels() {
   return table;
 }
 
+// The micro-tiles of one (k block, row block, column block): C (mc x nc, row stride ldc) (+)=
+// packed A rows Ak (mc x kc) times packed B panels Bk (kc x nc; PB elements: T, or halves the
+// kernel widens), continuing each cell's chain from C when load is set.
+template <class T, class PB = T>
+void gemm_tiles(int64_t mc, int64_t nc, int64_t kc, const T* Ak, const PB* Bk, T* C, int64_t ldc,
+                bool load, T* tile) {
+  constexpr int64_t NR = nr<T>();
+  for (int64_t jr = 0; jr < nc; jr += NR) {
+    const int64_t nr_ = nc - jr < NR ? nc - jr : NR;
+    for (int64_t ir = 0; ir < mc; ir += MR<T>) {
+      const int64_t mr_ = mc - ir < MR<T> ? mc - ir : MR<T>;
+      T* c = C + ir * ldc + jr;
+      const UkernelFn<T, PB> uk = ukernels<T, PB>()[size_t(mr_ - 1)];
+      if (nr_ == NR) {
+        uk(kc, Ak + ir * kc, Bk + jr * kc, c, ldc, load);
+      } else {
+        // Column edge: the same micro-kernel on a full-width tile copy (zero-padded B
+        // columns), so edge cells take the same instruction sequence as interior ones.
+        if (load)
+          for (int64_t i = 0; i < mr_; ++i)
+            for (int64_t j = 0; j < nr_; ++j) tile[i * NR + j] = c[i * ldc + j];
+        uk(kc, Ak + ir * kc, Bk + jr * kc, tile, NR, load);
+        for (int64_t i = 0; i < mr_; ++i)
+          for (int64_t j = 0; j < nr_; ++j) c[i * ldc + j] = tile[i * NR + j];
+      }
+    }
+  }
+}
+
 // Shared driver. Bfull, when given, is B already packed by pack_b_full (N <= NC): the k block
 // starting at pc lives at Bfull + pc * round_up(N, NR). Afull, when given, is a larger A packed
 // by pack_a_rows with amp = round_up(its rows, MR<T>); this call's rows start at its row a0.
@@ -332,26 +361,7 @@ void gemm_core(int64_t M, int64_t N, int64_t K, const SA* A, int64_t rsa, int64_
           pack_a(mc, kc, A + ic * rsa + pc * csa, rsa, csa, Ap);
           Ak = Ap;
         }
-        for (int64_t jr = 0; jr < nc; jr += NR) {
-          const int64_t nr_ = nc - jr < NR ? nc - jr : NR;
-          for (int64_t ir = 0; ir < mc; ir += MR<T>) {
-            const int64_t mr_ = mc - ir < MR<T> ? mc - ir : MR<T>;
-            T* c = C + (ic + ir) * ldc + jc + jr;
-            const UkernelFn<T> uk = ukernels<T>()[size_t(mr_ - 1)];
-            if (nr_ == NR) {
-              uk(kc, Ak + ir * kc, Bk + jr * kc, c, ldc, load);
-            } else {
-              // Column edge: the same micro-kernel on a full-width tile copy (zero-padded B
-              // columns), so edge cells take the same instruction sequence as interior ones.
-              if (load)
-                for (int64_t i = 0; i < mr_; ++i)
-                  for (int64_t j = 0; j < nr_; ++j) tile[i * NR + j] = c[i * ldc + j];
-              uk(kc, Ak + ir * kc, Bk + jr * kc, tile, NR, load);
-              for (int64_t i = 0; i < mr_; ++i)
-                for (int64_t j = 0; j < nr_; ++j) c[i * ldc + j] = tile[i * NR + j];
-            }
-          }
-        }
+        gemm_tiles<T>(mc, nc, kc, Ak, Bk, C + ic * ldc + jc, ldc, load, tile);
       }
     }
   }
@@ -500,32 +510,6 @@ void fpanel_get_row(int kind, const void* blk, int64_t K, int64_t c, float* dst)
   }
 }
 
-// The micro-tiles of one (k block, row block, panel block): C (mc, nb of ldc) from packed A
-// rows Ap and the block's k slice Bk (kc x PANEL_ROWS, PB elements), gemm_core's inner loops.
-template <class PB>
-void fpanel_tiles(int64_t mc, int64_t nb, int64_t kc, const float* Ap, const PB* Bk, float* C,
-                  int64_t ldc, bool load, float* tile) {
-  constexpr int64_t NR = nr<float>();
-  for (int64_t jr = 0; jr < nb; jr += NR) {
-    const int64_t nr_ = nb - jr < NR ? nb - jr : NR;
-    for (int64_t ir = 0; ir < mc; ir += MR<float>) {
-      const int64_t mr_ = mc - ir < MR<float> ? mc - ir : MR<float>;
-      float* c = C + ir * ldc + jr;
-      const UkernelFn<float, PB> uk = ukernels<float, PB>()[size_t(mr_ - 1)];
-      if (nr_ == NR) {
-        uk(kc, Ap + ir * kc, Bk + jr * kc, c, ldc, load);
-      } else {  // as gemm_core's column edge
-        if (load)
-          for (int64_t i = 0; i < mr_; ++i)
-            for (int64_t j = 0; j < nr_; ++j) tile[i * NR + j] = c[i * ldc + j];
-        uk(kc, Ap + ir * kc, Bk + jr * kc, tile, NR, load);
-        for (int64_t i = 0; i < mr_; ++i)
-          for (int64_t j = 0; j < nr_; ++j) c[i * ldc + j] = tile[i * NR + j];
-      }
-    }
-  }
-}
-
 // Y (M, ldy) (+)= X (M, K; rows ldx apart) times the first N rows of the blocks at W: gemm_core's
 // loop over already packed B blocks, A packed once per (k block, row block) for all of them.
 template <class PB>
@@ -549,9 +533,9 @@ void fpanel_gemm_t(int64_t M, int64_t N, int64_t K, const float* X, int64_t ldx,
           // conversion per load (8% of a 512-token f16 prefill on Zen 4).
           for (int64_t i = 0; i < kc * PANEL_ROWS; i += lanes<float>())
             storeu(wide + i, ldp<vf>(Bk + i));
-          fpanel_tiles(mc, nb, kc, Ap, wide, Y + ic * ldy + jb, ldy, load, tile);
+          gemm_tiles<float>(mc, nb, kc, Ap, wide, Y + ic * ldy + jb, ldy, load, tile);
         } else {
-          fpanel_tiles(mc, nb, kc, Ap, Bk, Y + ic * ldy + jb, ldy, load, tile);
+          gemm_tiles<float, PB>(mc, nb, kc, Ap, Bk, Y + ic * ldy + jb, ldy, load, tile);
         }
       }
     }
@@ -806,6 +790,30 @@ inline const std::array<DpUkernelFn, DP_MR>& dp_ukernels() {
   return table;
 }
 
+// The micro-tiles of one (k block, row block, column block) of pair-packed panels: C (mc x nc,
+// row stride ldc) (+)= Ak (mc x kp pairs) times Bk (kp pairs x nc), as gemm_tiles.
+inline void dp_tiles(int64_t mc, int64_t nc, int64_t kp, const uint32_t* Ak, const uint32_t* Bk,
+                     float* C, int64_t ldc, bool load, float* tile) {
+  for (int64_t jr = 0; jr < nc; jr += DP_NR) {
+    const int64_t nr_ = nc - jr < DP_NR ? nc - jr : DP_NR;
+    for (int64_t ir = 0; ir < mc; ir += DP_MR) {
+      const int64_t mr_ = mc - ir < DP_MR ? mc - ir : DP_MR;
+      float* c = C + ir * ldc + jr;
+      const DpUkernelFn uk = dp_ukernels()[size_t(mr_ - 1)];
+      if (nr_ == DP_NR) {
+        uk(kp, Ak + ir * kp, Bk + jr * kp, c, ldc, load);
+      } else {  // column edge: the same kernel on a zero-padded full-width tile
+        if (load)
+          for (int64_t i = 0; i < mr_; ++i)
+            for (int64_t j = 0; j < nr_; ++j) tile[i * DP_NR + j] = c[i * ldc + j];
+        uk(kp, Ak + ir * kp, Bk + jr * kp, tile, DP_NR, load);
+        for (int64_t i = 0; i < mr_; ++i)
+          for (int64_t j = 0; j < nr_; ++j) c[i * ldc + j] = tile[i * DP_NR + j];
+      }
+    }
+  }
+}
+
 // gemm_core's driver over pair-packed panels. A: bf16 (packed here, block by block) or Afull
 // (packed by dp_pack_a_rows, amp rows, this call's rows from a0); B: bf16 or Bfull (packed by
 // dp_pack_b_full). ws: the float32 kernels' gemm_ws_elems(), which is larger than needed.
@@ -845,24 +853,7 @@ void dp_gemm_core(int64_t M, int64_t N, int64_t K, const BF16* A, int64_t rsa, i
           dp_pack_a(mc, kc, A + ic * rsa + pc * csa, rsa, csa, Ap);
           Ak = Ap;
         }
-        for (int64_t jr = 0; jr < nc; jr += DP_NR) {
-          const int64_t nr_ = nc - jr < DP_NR ? nc - jr : DP_NR;
-          for (int64_t ir = 0; ir < mc; ir += DP_MR) {
-            const int64_t mr_ = mc - ir < DP_MR ? mc - ir : DP_MR;
-            float* c = C + (ic + ir) * ldc + jc + jr;
-            const DpUkernelFn uk = dp_ukernels()[size_t(mr_ - 1)];
-            if (nr_ == DP_NR) {
-              uk(kp, Ak + ir * kp, Bk + jr * kp, c, ldc, load);
-            } else {  // column edge: the same kernel on a zero-padded full-width tile
-              if (load)
-                for (int64_t i = 0; i < mr_; ++i)
-                  for (int64_t j = 0; j < nr_; ++j) tile[i * DP_NR + j] = c[i * ldc + j];
-              uk(kp, Ak + ir * kp, Bk + jr * kp, tile, DP_NR, load);
-              for (int64_t i = 0; i < mr_; ++i)
-                for (int64_t j = 0; j < nr_; ++j) c[i * ldc + j] = tile[i * DP_NR + j];
-            }
-          }
-        }
+        dp_tiles(mc, nc, kp, Ak, Bk, C + ic * ldc + jc, ldc, load, tile);
       }
     }
   }
@@ -1017,24 +1008,7 @@ void dpanel_gemm(int64_t M, int64_t N, int64_t K, const uint16_t* X, int64_t ldx
       for (int64_t jb = 0; jb < N; jb += PANEL_ROWS) {
         const uint32_t* Bk = W + (jb / PANEL_ROWS) * bu + (pc / 2) * PANEL_ROWS;
         const int64_t nb = N - jb < PANEL_ROWS ? N - jb : PANEL_ROWS;
-        for (int64_t jr = 0; jr < nb; jr += DP_NR) {
-          const int64_t nr_ = nb - jr < DP_NR ? nb - jr : DP_NR;
-          for (int64_t ir = 0; ir < mc; ir += DP_MR) {
-            const int64_t mr_ = mc - ir < DP_MR ? mc - ir : DP_MR;
-            float* c = Y + (ic + ir) * ldy + jb + jr;
-            const DpUkernelFn uk = dp_ukernels()[size_t(mr_ - 1)];
-            if (nr_ == DP_NR) {
-              uk(kp, Ap + ir * kp, Bk + jr * kp, c, ldy, load);
-            } else {
-              if (load)
-                for (int64_t i = 0; i < mr_; ++i)
-                  for (int64_t j = 0; j < nr_; ++j) tile[i * DP_NR + j] = c[i * ldy + j];
-              uk(kp, Ap + ir * kp, Bk + jr * kp, tile, DP_NR, load);
-              for (int64_t i = 0; i < mr_; ++i)
-                for (int64_t j = 0; j < nr_; ++j) c[i * ldy + j] = tile[i * DP_NR + j];
-            }
-          }
-        }
+        dp_tiles(mc, nb, kp, Ap, Bk, Y + ic * ldy + jb, ldy, load, tile);
       }
     }
   }
