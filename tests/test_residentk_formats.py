@@ -238,7 +238,7 @@ def test_bit_identical_for_every_thread_count():
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_every_instruction_set_against_the_float64_reference(isa):
-    """Each ISA's widening loads and dots (the decode steps) and widened prefill tiles, in every
+    """Each ISA's weight panels (decode steps and prefill, one kernel), in every
     format (and a bf16 and an f16 KV cache), against the float64 reference over the values the
     formats hold."""
     ok = subprocess.run([sys.executable, "-c", "import algenta; print(algenta._core.isa_name())"],
@@ -342,9 +342,10 @@ def test_bf16_products_against_exact_products(isa):
 
 
 def test_int8_prefill_gemm_against_exact_integer_sums():
-    """The int8 prefill GEMM (vpdpbusd, where the host has AVX512-VNNI) against NumPy on the
-    activations decode's quantizer gives: every cell the exact block sums times sw * sx, to
-    float32 rounding; partial blocks, partial panels and partial row tiles included."""
+    """The int8 prefill GEMM of the instruction set in use against NumPy on the activations
+    decode's quantizer gives: every cell the exact block sums times sw * sx, to float32
+    rounding; partial blocks, partial panels and partial row tiles included. And every row is
+    bit for bit what a decode step computes for it (one kernel, one sequence per cell)."""
     rng = np.random.default_rng(7)
     for M, N, K in ((1, 16, 32), (5, 33, 52), (40, 84, 100), (7, 64, 128), (3, 40, 1000)):
         nb = -(-K // 32)
@@ -355,7 +356,8 @@ def test_int8_prefill_gemm_against_exact_integer_sums():
         if Y is None:
             pytest.skip(f"no int8 GEMM on {_core.isa_name()}")
         for r in range(M):
-            _, xq, xs = _core.session.cpu_int8_products(q, sc, X[r])  # checked exact above
+            y1, xq, xs = _core.session.cpu_int8_products(q, sc, X[r])  # checked exact above
+            np.testing.assert_array_equal(Y[r], y1, err_msg=f"{M} {N} {K} row {r}")
             prod = q.astype(np.int64) * xq.astype(np.int64)
             isum = np.add.reduceat(prod, np.arange(0, K, 32), axis=1).astype(np.float64)
             c = (sc * xs[None, :]).astype(np.float32).astype(np.float64)

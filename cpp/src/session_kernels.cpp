@@ -51,9 +51,10 @@ typedef float vfu __attribute__((vector_size(VBYTES), aligned(4)));  // unaligne
 constexpr int W = VBYTES / 4;
 constexpr int ACC = 4;
 
-// Weight rows stream back to back (each 1-4 KB); the hardware prefetcher alone left the narrow
-// formats' decode 10-15% short of their read rate on an AMX Xeon (2 threads: bf16 57.6 -> 51.9
-// ms a token with this, at the Qwen3-0.6B shape). Each dot asks for the lines PF_AHEAD bytes past
+// Rows streamed back to back (the KV cache's, the bandwidth probe's): the hardware prefetcher
+// alone left row-by-row weight dots 10-15% short of their read rate on an AMX Xeon (2 threads:
+// bf16 57.6 -> 51.9 ms a token at the Qwen3-0.6B shape, before the weights moved into panels,
+// whose decode streams whole contiguous blocks). Each dot asks for the lines PF_AHEAD bytes past
 // the ones it is reading, across the end of its row into the next; past the last row a prefetch
 // is only a hint (it never faults). Timing only: no result depends on it.
 constexpr int64_t PF_AHEAD = 2048;
@@ -103,7 +104,7 @@ static float sum(const float* a, int64_t n) {
   vf acc[ACC] = {};
   int64_t i = 0;
   for (; i + ACC * W <= n; i += ACC * W) {
-    prefetch_ahead(a + i, lines_of(ACC * W * 4));  // as the dots stream: the same roofline
+    prefetch_ahead(a + i, lines_of(ACC * W * 4));  // the best streaming read: the roofline
     for (int k = 0; k < ACC; ++k) acc[k] += *(const vfu*)(a + i + k * W);
   }
   float s = hsum((acc[0] + acc[1]) + (acc[2] + acc[3]));
@@ -356,7 +357,8 @@ static inline void q8_tile(int64_t nb, const int8_t* const* pw, const Q8Rows& x,
       }
 }
 #else
-// Generic: scalar integer sums, the same float32 steps (a multiply and an add: no FMA here).
+// Generic: scalar integer sums, the same float32 steps (no FMA on this instruction set: the
+// product is rounded before the add, the same way for every M).
 template <int RT, int NP>
 static inline void q8_tile(int64_t nb, const int8_t* const* pw, const Q8Rows& x, const void*,
                            int ncols, bool accumulate) {
@@ -372,9 +374,7 @@ static inline void q8_tile(int64_t nb, const int8_t* const* pw, const Q8Rows& x,
                     int32_t(x.q[r][b * RESIDENT_INT8_BLOCK + i]);
           float sw;
           std::memcpy(&sw, pb + RESIDENT_INT8_BLOCK * Q8_LANES + l * 4, 4);
-          const float c = sw * x.s[r][b];
-          const volatile float prod = float(isum) * c;  // rounded before the add, as stated
-          f = f + prod;
+          f += float(isum) * (sw * x.s[r][b]);
         }
         float& y = x.y[r][v * Q8_LANES + l];
         y = accumulate ? y + f : f;
