@@ -1,7 +1,7 @@
 // Internal: the hot CPU kernels of both families, compiled once per instruction set
-// (kernels_isa.cpp for lossk's GEMMs and per-token math, session_kernels.cpp for the resident
-// session's decode primitives, each with ALGENTA_ISA_NS = isa_generic / isa_avx2 / isa_avx512 /
-// isa_avx512bf16) and chosen at run time by cpu_dispatch.cpp: one dispatch, so a new
+// (kernels_isa.cpp for lossk's GEMMs and per-token math and the session's float and bf16 weight
+// panels, session_kernels.cpp for the session's int8 panels and KV-cache primitives, each with
+// ALGENTA_ISA_NS = isa_generic / isa_avx2 / isa_avx512 / isa_avx512bf16 / isa_amx) and chosen at run time by cpu_dispatch.cpp: one dispatch, so a new
 // instruction set is added in one place. Not part of any family's contract.
 //
 // Exactness: every GEMM output cell is ONE multiply-add chain over k in increasing order,
