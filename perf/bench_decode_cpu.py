@@ -203,6 +203,7 @@ def parent(args):
                 sys.exit(f"threads={T} run failed (exit {out.returncode})")
             runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     res = {"cpu": cpu_name(), "cores": os.cpu_count(), "isa": runs[0]["isa"],
+           "paths": runs[0]["paths"],
            "shape": runs[0]["shape"], "prompt": args.prompt, "new": args.new,
            "reps": args.reps, "prefill": args.prefill, "llama_cpp": llama_note if not with_llama
            else f"llama-cpp-python {llama_note}", "runs": runs}
@@ -225,6 +226,7 @@ def print_table(res, with_llama):
         return na if v is None else f"{100 * v:.1f}%"
 
     print(f"{res['cpu']} ({res['isa']}), {res['cores']} cores; {res['llama_cpp']}")
+    print("algenta multiplies: " + ", ".join(f"{k} {v}" for k, v in res["paths"].items()))
     print(f"Qwen3 shape D={c['d_model']} Hq={c['h_q']} Hkv={c['h_kv']} Dh={c['d_head']} "
           f"F={c['d_ff']} L={c['n_layers']} V={c['vocab']}; prompt {res['prompt']}, "
           f"{res['new']} new tokens, min of {res['reps']} rounds")
@@ -487,7 +489,8 @@ def child(args):
     shape = dict(next(iter(sess.values())).config)
     print(json.dumps({
         "threads": T, "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        "isa": _core.isa_name(), "shape": shape, "read_bandwidth_GBs": bw / 1e9,
+        "isa": _core.isa_name(), "paths": _core.session.cpu_weight_paths(), "shape": shape,
+        "read_bandwidth_GBs": bw / 1e9,
         "max_abs_logit": scale,
         "transformers_tok_s": (new - 1) / min(t_hf) if t_hf else None,
         "formats": res,

@@ -366,6 +366,20 @@ def test_int8_prefill_gemm_against_exact_integer_sums():
             assert np.all(np.abs(Y[r] - want) <= bound), (M, N, K, r)
 
 
+def test_weight_paths_follow_the_instruction_set():
+    """What multiplies each format, as the benchmarks report it, is the active instruction
+    set's: bf16 pairs on vdpbf16ps and int8 on vpdpbusd where the host has them (amx hosts too:
+    the session's bf16 stays off the tiles), the widening and vpmaddubsw paths elsewhere."""
+    paths = _core.session.cpu_weight_paths()
+    isa = _core.isa_name()
+    dot = isa in ("avx512bf16", "amx")
+    assert paths == {
+        "f32": "fp32", "f16": "fp32 on widened f16",
+        "bf16": "vdpbf16ps" if dot else "fp32 on widened bf16",
+        "int8": "vpdpbusd" if dot else "vpmaddubsw" if isa in ("avx512", "avx2") else "scalar",
+    }, (isa, paths)
+
+
 def test_int8_products_refuse_mismatched_shapes():
     with pytest.raises(ResidentError) as e:
         _core.session.cpu_int8_products(np.ones((2, 64), np.int8), np.ones((2, 3), np.float32),

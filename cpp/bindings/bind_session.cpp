@@ -142,6 +142,17 @@ void bind_session(py::module_& m) {
       py::arg("logits"), "The engines' greedy pick: numpy.argmax's order (first NaN wins).");
 
   s.def(
+      "cpu_weight_paths",
+      [] {
+        py::dict d;
+        for (algenta::Dtype f : {algenta::Dtype::F32, algenta::Dtype::BF16, algenta::Dtype::F16,
+                                 algenta::Dtype::Int8})
+          d[algenta::dtype_name(f)] = algenta::residentk::cpu_weight_path(f);
+        return d;
+      },
+      "What multiplies the CPU session's weights in each format on the active instruction set.");
+
+  s.def(
       "cpu_read_bandwidth",
       [](int64_t bytes, int reps) {
         py::gil_scoped_release nogil;

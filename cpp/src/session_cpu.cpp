@@ -819,6 +819,8 @@ struct HookMat {
 };
 }  // namespace
 
+const char* cpu_weight_path(Dtype f) { return simd().panels[kern::panel_index(f)].path; }
+
 void cpu_int8_products(const int8_t* q, const float* sc, int64_t rows, int64_t n, const float* x,
                        float* y, int8_t* xq, float* xs) {
   const Simd& S = simd();

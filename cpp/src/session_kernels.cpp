@@ -470,7 +470,7 @@ static void dp_gemm(int64_t M, int64_t N, int64_t K, const PanelAct& X, const vo
 #else
 #define ALGENTA_BF16_PANELS                                                              \
   {fp_block_bytes<PANEL_BF16>, fp_put_row<PANEL_BF16>, fp_get_row<PANEL_BF16>,           \
-   fp_gemm<PANEL_BF16>, fp_ws_bytes, ACT_F32, "fma on widened bf16"}
+   fp_gemm<PANEL_BF16>, fp_ws_bytes, ACT_F32, "fp32 on widened bf16"}
 #endif
 
 #if VBYTES == 64 && defined(__AVX512VNNI__)
@@ -508,10 +508,10 @@ const SessionOps session_ops = {
     quantize_q8,
     {
         {fp_block_bytes<PANEL_F32>, fp_put_row<PANEL_F32>, fp_get_row<PANEL_F32>,
-         fp_gemm<PANEL_F32>, fp_ws_bytes, ACT_F32, "fma"},
+         fp_gemm<PANEL_F32>, fp_ws_bytes, ACT_F32, "fp32"},
         ALGENTA_BF16_PANELS,
         {fp_block_bytes<PANEL_F16>, fp_put_row<PANEL_F16>, fp_get_row<PANEL_F16>,
-         fp_gemm<PANEL_F16>, fp_ws_bytes, ACT_F32, "fma on widened f16"},
+         fp_gemm<PANEL_F16>, fp_ws_bytes, ACT_F32, "fp32 on widened f16"},
         {q8_block_bytes, q8_put_row, q8_get_row, q8_gemm, q8_ws_bytes, ACT_Q8, ALGENTA_Q8_PATH},
     },
 };

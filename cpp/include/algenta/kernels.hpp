@@ -164,7 +164,7 @@ struct PanelOps {
                int64_t ldy, bool accumulate, void* ws);
   int64_t (*ws_bytes)(int64_t K);
   int act;           // ACT_*: what X must hold
-  const char* path;  // what multiplies, for reports: "fma", "vdpbf16ps", "vpdpbusd", ...
+  const char* path;  // what multiplies, for reports: "fp32", "vdpbf16ps", "vpdpbusd", ...
 };
 
 constexpr int64_t Q8_ACT_PAD = 64;  // elements a prepared activation row is padded to

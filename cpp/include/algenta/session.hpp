@@ -103,6 +103,10 @@ std::unique_ptr<Session> make_cpu_session(const SessionConfig& cfg, int64_t max_
 // repetition. The roofline perf/bench_decode_cpu.py reports decode against.
 double cpu_read_bandwidth(int64_t bytes, int reps);
 
+// What multiplies a CPU session's weights held in format f on the active instruction set
+// ("fp32", "fp32 on widened f16", "vdpbf16ps", "vpdpbusd", ...): the path benchmarks report.
+const char* cpu_weight_path(Dtype f);
+
 // The int8 decode product of the active instruction set, for tests against an independent
 // model: x (n) quantized once (xq (n), xs (ceil(n / 32)) out), then y[o] = row o of q (rows, n)
 // with its block scales sc (rows, ceil(n / 32)) times x, as a decode step computes it.
