@@ -457,10 +457,14 @@ int64_t row_quantum() {
 // way pack_b_full holds B = the block's rows transposed (K x PANEL_ROWS): k blocks of KC, each
 // NR-column panel's kc rows contiguous. Prefill multiplies such blocks with the GEMM's own
 // micro-kernel and never packs a weight; a decode step multiplies them in fpanel_gemv, which runs
-// the micro-kernel's chain for one row (acc += b[k] * x[k], k increasing, from 0 or from y)
-// without packing x. So each output cell has one multiply-add sequence for any number of
-// activation rows: a prompt's logits are the same whether it is prefilled at once, in pieces or
-// stepped. Half panels (bf16, f16 bits, same layout) are widened exactly as they are loaded.
+// the micro-kernel's sequence for one row without packing x. Each output cell sums each k block
+// (KC values) in its own multiply-add chain from 0 (acc += b[k] * x[k], k increasing) and adds
+// the block sums in order to the cell (y + s0 + s1 + ... when accumulating, s0 + s1 + ...
+// otherwise): blocked summation, whose rounding error grows with KC + K / KC terms instead of K
+// (one chain over all of K put the f32 engine 7x further from transformers at d_ff 3072). So each
+// cell has one sequence for any number of activation rows: a prompt's logits are the same
+// whether it is prefilled at once, in pieces or stepped. Half panels (bf16, f16 bits, same
+// layout) are widened exactly as they are loaded.
 template <class PB>
 struct PanelOf;
 template <>
@@ -510,6 +514,25 @@ void fpanel_get_row(int kind, const void* blk, int64_t K, int64_t c, float* dst)
   }
 }
 
+// The micro-tiles of one (k block, row block, panel block): each tile's k-block sums formed from
+// 0 in `tile` by the micro-kernel, then C = first ? sums : C + sums (edge cells included).
+template <class PB>
+void fpanel_tiles(int64_t mc, int64_t nb, int64_t kc, const float* Ap, const PB* Bk, float* C,
+                  int64_t ldc, bool first, float* tile) {
+  constexpr int64_t NR = nr<float>();
+  for (int64_t jr = 0; jr < nb; jr += NR) {
+    const int64_t nr_ = nb - jr < NR ? nb - jr : NR;
+    for (int64_t ir = 0; ir < mc; ir += MR<float>) {
+      const int64_t mr_ = mc - ir < MR<float> ? mc - ir : MR<float>;
+      ukernels<float, PB>()[size_t(mr_ - 1)](kc, Ap + ir * kc, Bk + jr * kc, tile, NR, false);
+      float* c = C + ir * ldc + jr;
+      for (int64_t i = 0; i < mr_; ++i)
+        for (int64_t j = 0; j < nr_; ++j)
+          c[i * ldc + j] = first ? tile[i * NR + j] : c[i * ldc + j] + tile[i * NR + j];
+    }
+  }
+}
+
 // Y (M, ldy) (+)= X (M, K; rows ldx apart) times the first N rows of the blocks at W: gemm_core's
 // loop over already packed B blocks, A packed once per (k block, row block) for all of them.
 template <class PB>
@@ -520,7 +543,7 @@ void fpanel_gemm_t(int64_t M, int64_t N, int64_t K, const float* X, int64_t ldx,
   float* wide = align64(tile + MR<float> * nr<float>());
   for (int64_t pc = 0; pc < K; pc += KC) {
     const int64_t kc = K - pc < KC ? K - pc : KC;
-    const bool load = accumulate || pc > 0;  // later k blocks continue the same chain
+    const bool first = pc == 0 && !accumulate;  // the cell takes its first block's sum as is
     for (int64_t ic = 0; ic < M; ic += MC) {
       const int64_t mc = M - ic < MC ? M - ic : MC;
       pack_a<float, float>(mc, kc, X + ic * ldx + pc, ldx, 1, Ap);
@@ -533,17 +556,17 @@ void fpanel_gemm_t(int64_t M, int64_t N, int64_t K, const float* X, int64_t ldx,
           // conversion per load (8% of a 512-token f16 prefill on Zen 4).
           for (int64_t i = 0; i < kc * PANEL_ROWS; i += lanes<float>())
             storeu(wide + i, ldp<vf>(Bk + i));
-          gemm_tiles<float>(mc, nb, kc, Ap, wide, Y + ic * ldy + jb, ldy, load, tile);
+          fpanel_tiles<float>(mc, nb, kc, Ap, wide, Y + ic * ldy + jb, ldy, first, tile);
         } else {
-          gemm_tiles<float, PB>(mc, nb, kc, Ap, Bk, Y + ic * ldy + jb, ldy, load, tile);
+          fpanel_tiles<PB>(mc, nb, kc, Ap, Bk, Y + ic * ldy + jb, ldy, first, tile);
         }
       }
     }
   }
 }
 
-// y (N) (+)= x (K) times the first N rows of the blocks at W: ukernel_rows<float, 1>'s chain per
-// cell (the partial sums it stores between k blocks are float32 either way), two panels at a
+// y (N) (+)= x (K) times the first N rows of the blocks at W: fpanel_tiles' sequence for one row
+// (ukernel_rows<float, 1>'s chain per k block, the block sums added in order), two panels at a
 // time so four chains hide the multiply-add latency. Memory-bound at decode's sizes.
 template <class PB>
 void fpanel_gemv_t(int64_t N, int64_t K, const float* x, const PB* W, float* y, bool accumulate) {
@@ -555,22 +578,23 @@ void fpanel_gemv_t(int64_t N, int64_t K, const float* x, const PB* W, float* y, 
     const int64_t nb = N - jb < PANEL_ROWS ? N - jb : PANEL_ROWS;
     for (int64_t jr = 0; jr < nb; jr += 2 * NR) {
       const int np = jr + NR < nb ? 2 : 1;  // panels this pass
-      vf acc[2][NVF];
+      const int64_t w = nb - jr < 2 * NR ? nb - jr : 2 * NR;
+      vf tot[2][NVF];
       float edge[2 * NR];
-      for (int p = 0; p < 2; ++p)
-        for (int j = 0; j < NVF; ++j) acc[p][j] = vf{};
       if (accumulate) {
-        const int64_t w = nb - jr < 2 * NR ? nb - jr : 2 * NR;
         for (int64_t i = 0; i < 2 * NR; ++i) edge[i] = i < w ? y[jb + jr + i] : 0.f;
-        for (int p = 0; p < np; ++p)
-          for (int j = 0; j < NVF; ++j) acc[p][j] = loadu<vf>(edge + p * NR + j * L);
+        for (int p = 0; p < 2; ++p)
+          for (int j = 0; j < NVF; ++j) tot[p][j] = loadu<vf>(edge + p * NR + j * L);
       }
       for (int64_t pc = 0; pc < K; pc += KC) {
         const int64_t kc = K - pc < KC ? K - pc : KC;
         const PB* b0 = blk + pc * PANEL_ROWS + jr * kc;
+        const PB* b1 = b0 + NR * kc;
         const float* xk = x + pc;
+        vf acc[2][NVF];
+        for (int p = 0; p < 2; ++p)
+          for (int j = 0; j < NVF; ++j) acc[p][j] = vf{};
         if (np == 2) {
-          const PB* b1 = b0 + NR * kc;
           for (int64_t k = 0; k < kc; ++k) {
             const float xv = xk[k];
             for (int j = 0; j < NVF; ++j) {
@@ -584,10 +608,12 @@ void fpanel_gemv_t(int64_t N, int64_t K, const float* x, const PB* W, float* y, 
             for (int j = 0; j < NVF; ++j) acc[0][j] += ldp<vf>(b0 + k * NR + j * L) * xv;
           }
         }
+        const bool first = pc == 0 && !accumulate;
+        for (int p = 0; p < 2; ++p)
+          for (int j = 0; j < NVF; ++j) tot[p][j] = first ? acc[p][j] : tot[p][j] + acc[p][j];
       }
       for (int p = 0; p < np; ++p)
-        for (int j = 0; j < NVF; ++j) storeu(edge + p * NR + j * L, acc[p][j]);
-      const int64_t w = nb - jr < 2 * NR ? nb - jr : 2 * NR;
+        for (int j = 0; j < NVF; ++j) storeu(edge + p * NR + j * L, tot[p][j]);
       for (int64_t i = 0; i < w; ++i) y[jb + jr + i] = edge[i];
     }
   }
@@ -917,8 +943,9 @@ int64_t dp_row_quantum() { return DP_MR; }
 // ---- the resident session's bf16 weight panels on vdpbf16ps -----------------------------------
 // A block of PANEL_ROWS weight rows held as dp_pack_b_full holds B = the rows transposed (k
 // blocks of DP_KC, pair-packed DP_NR-column panels), multiplied by the pair GEMM's micro-kernel
-// in prefill and by dpanel_gemv (dp_ukernel<1>'s chain, x not packed) in a decode step: one
-// chain per cell whatever the number of rows, as the float32 panels above. Also on amx hosts: a
+// in prefill and by dpanel_gemv (dp_ukernel<1>'s chain, x not packed) in a decode step: per
+// cell one chain per k block and the block sums added in order, whatever the number of rows, as
+// the float32 panels above. Also on amx hosts: a
 // decode step cannot reproduce a tile's internal order, so the session's bf16 stays on vdpbf16ps
 // there and lossk alone takes the tiles.
 int64_t dpanel_block_u32(int64_t K) { return dp_pairs(K) * PANEL_ROWS; }
@@ -955,17 +982,20 @@ void dpanel_gemv(int64_t N, int64_t K, const uint16_t* x, const uint32_t* W, flo
     for (int64_t jr = 0; jr < nb; jr += 2 * DP_NR) {
       const int np = jr + DP_NR < nb ? 2 : 1;
       const int64_t w = nb - jr < 2 * DP_NR ? nb - jr : 2 * DP_NR;
-      __m512 acc[2][DP_NV];
+      __m512 tot[2][DP_NV];
       for (int p = 0; p < 2; ++p)
         for (int j = 0; j < DP_NV; ++j) {
           const int64_t lo = p * DP_NR + j * 16;
           const __mmask16 m = lo >= w ? 0 : w - lo >= 16 ? 0xffff : __mmask16((1u << (w - lo)) - 1);
-          acc[p][j] = accumulate ? _mm512_maskz_loadu_ps(m, y + jb + jr + lo) : _mm512_setzero_ps();
+          tot[p][j] = accumulate ? _mm512_maskz_loadu_ps(m, y + jb + jr + lo) : _mm512_setzero_ps();
         }
       for (int64_t pc = 0; pc < K; pc += DP_KC) {
         const int64_t kc = K - pc < DP_KC ? K - pc : DP_KC, kp = dp_pairs(kc);
         const uint32_t* b0 = blk + (pc / 2) * PANEL_ROWS + jr * kp;
         const uint32_t* b1 = b0 + DP_NR * kp;
+        __m512 acc[2][DP_NV];
+        for (int p = 0; p < 2; ++p)
+          for (int j = 0; j < DP_NV; ++j) acc[p][j] = _mm512_setzero_ps();
         for (int64_t q = 0; q < kp; ++q) {
           uint32_t pr;
           std::memcpy(&pr, x + pc + 2 * q, 4);
@@ -978,13 +1008,17 @@ void dpanel_gemv(int64_t N, int64_t K, const uint16_t* x, const uint32_t* W, flo
                   acc[1][j], ai, (__m512bh)_mm512_loadu_si512(static_cast<const void*>(b1 + q * DP_NR + j * 16)));
           }
         }
+        const bool first = pc == 0 && !accumulate;
+        for (int p = 0; p < 2; ++p)
+          for (int j = 0; j < DP_NV; ++j)
+            tot[p][j] = first ? acc[p][j] : _mm512_add_ps(tot[p][j], acc[p][j]);
       }
       for (int p = 0; p < np; ++p)
         for (int j = 0; j < DP_NV; ++j) {
           const int64_t lo = p * DP_NR + j * 16;
           if (lo >= w) continue;
           const __mmask16 m = w - lo >= 16 ? 0xffff : __mmask16((1u << (w - lo)) - 1);
-          _mm512_mask_storeu_ps(y + jb + jr + lo, m, acc[p][j]);
+          _mm512_mask_storeu_ps(y + jb + jr + lo, m, tot[p][j]);
         }
     }
   }
@@ -1001,14 +1035,25 @@ void dpanel_gemm(int64_t M, int64_t N, int64_t K, const uint16_t* X, int64_t ldx
   float* tile = reinterpret_cast<float*>(align64(Ap + MC * (DP_KC / 2)));
   for (int64_t pc = 0; pc < K; pc += DP_KC) {
     const int64_t kc = K - pc < DP_KC ? K - pc : DP_KC, kp = dp_pairs(kc);
-    const bool load = accumulate || pc > 0;
+    const bool first = pc == 0 && !accumulate;  // as fpanel_gemm_t: block sums added in order
     for (int64_t ic = 0; ic < M; ic += MC) {
       const int64_t mc = M - ic < MC ? M - ic : MC;
       dp_pack_a(mc, kc, A + ic * ldx + pc, ldx, 1, Ap);
       for (int64_t jb = 0; jb < N; jb += PANEL_ROWS) {
         const uint32_t* Bk = W + (jb / PANEL_ROWS) * bu + (pc / 2) * PANEL_ROWS;
         const int64_t nb = N - jb < PANEL_ROWS ? N - jb : PANEL_ROWS;
-        dp_tiles(mc, nb, kp, Ap, Bk, Y + ic * ldy + jb, ldy, load, tile);
+        float* C = Y + ic * ldy + jb;
+        for (int64_t jr = 0; jr < nb; jr += DP_NR) {
+          const int64_t nr_ = nb - jr < DP_NR ? nb - jr : DP_NR;
+          for (int64_t ir = 0; ir < mc; ir += DP_MR) {
+            const int64_t mr_ = mc - ir < DP_MR ? mc - ir : DP_MR;
+            dp_ukernels()[size_t(mr_ - 1)](kp, Ap + ir * kp, Bk + jr * kp, tile, DP_NR, false);
+            float* c = C + ir * ldy + jr;
+            for (int64_t i = 0; i < mr_; ++i)
+              for (int64_t j = 0; j < nr_; ++j)
+                c[i * ldy + j] = first ? tile[i * DP_NR + j] : c[i * ldy + j] + tile[i * DP_NR + j];
+          }
+        }
       }
     }
   }

@@ -132,7 +132,7 @@ struct IsaOps {
 // A session weight matrix (N rows of K) is resident as ceil(N / PANEL_ROWS) blocks of
 // block_bytes(K) bytes each, rows past N zero, in the layout the instruction set's GEMM
 // micro-kernel reads without packing (PanelOps says whose), so prefill never packs a weight. One
-// gemm serves prefill (M rows) and a decode step (M = 1) with ONE multiply-add sequence per output
+// gemm serves prefill (M rows) and a decode step (M = 1) with ONE sequence of roundings per output
 // cell for every M, every N and every first block: a prompt's logits are bit-identical whether it
 // is prefilled at once, in pieces, or stepped, and so would a sequence's be in any batch.
 constexpr int64_t PANEL_ROWS = 64;
@@ -157,9 +157,10 @@ struct PanelOps {
   void (*put_row)(void* blk, int64_t K, int64_t c, const void* row, const float* scales);
   // Row c of a block widened exactly to float32 (int8: codes times their scales).
   void (*get_row)(const void* blk, int64_t K, int64_t c, float* dst);
-  // Y (M rows, ldy apart) (+)= X times the first N rows of the blocks at W (transposed).
-  // accumulate: each cell's chain starts from Y's value (f32, f16, bf16) or its sum is added to
-  // it (int8); either way the same for every M. ws: ws_bytes(K) bytes, 64-byte aligned.
+  // Y (M rows, ldy apart) (+)= X times the first N rows of the blocks at W (transposed). A
+  // cell's sum: f32, f16, bf16: one multiply-add chain per k block of the layout, the block sums
+  // added in order (to Y's value when accumulating); int8: one FMA per 32-value block, then
+  // added to Y. The same sequence for every M. ws: ws_bytes(K) bytes, 64-byte aligned.
   void (*gemm)(int64_t M, int64_t N, int64_t K, const PanelAct& X, const void* W, float* Y,
                int64_t ldy, bool accumulate, void* ws);
   int64_t (*ws_bytes)(int64_t K);
