@@ -292,10 +292,10 @@ const std::array<UkernelFn<T, PB>, MR<T>>& ukernels() {
 }
 
 // The micro-tiles of one (k block, row block, column block): C (mc x nc, row stride ldc) (+)=
-// packed A rows Ak (mc x kc) times packed B panels Bk (kc x nc; PB elements: T, or halves the
-// kernel widens), continuing each cell's chain from C when load is set.
-template <class T, class PB = T>
-void gemm_tiles(int64_t mc, int64_t nc, int64_t kc, const T* Ak, const PB* Bk, T* C, int64_t ldc,
+// packed A rows Ak (mc x kc) times packed B panels Bk (kc x nc), continuing each cell's chain
+// from C when load is set.
+template <class T>
+void gemm_tiles(int64_t mc, int64_t nc, int64_t kc, const T* Ak, const T* Bk, T* C, int64_t ldc,
                 bool load, T* tile) {
   constexpr int64_t NR = nr<T>();
   for (int64_t jr = 0; jr < nc; jr += NR) {
@@ -303,7 +303,7 @@ void gemm_tiles(int64_t mc, int64_t nc, int64_t kc, const T* Ak, const PB* Bk, T
     for (int64_t ir = 0; ir < mc; ir += MR<T>) {
       const int64_t mr_ = mc - ir < MR<T> ? mc - ir : MR<T>;
       T* c = C + ir * ldc + jr;
-      const UkernelFn<T, PB> uk = ukernels<T, PB>()[size_t(mr_ - 1)];
+      const UkernelFn<T> uk = ukernels<T>()[size_t(mr_ - 1)];
       if (nr_ == NR) {
         uk(kc, Ak + ir * kc, Bk + jr * kc, c, ldc, load);
       } else {
