@@ -283,11 +283,12 @@ class CudaSession final : public SessionBase {
   }
   int64_t weight_chunk_elems() const override { return STAGING_FLOATS; }
 
-  void run_prefill(const int64_t* ids, int64_t n, float* logits) override {
+  // One slot (make_cuda_session opens one): slot is 0.
+  void run_prefill(int64_t, const int64_t* ids, int64_t n, float* logits) override {
     use_device();
     for (int64_t b = 0; b < n; b += plan_.prefill_rows) {
       const int64_t m = std::min(plan_.prefill_rows, n - b);
-      prefill_block(ids + b, m, pos_ + b, b + m == n ? logits : nullptr);
+      prefill_block(ids + b, m, pos_[0] + b, b + m == n ? logits : nullptr);
     }
   }
 
@@ -537,12 +538,12 @@ class CudaSession final : public SessionBase {
     launched("k_attn_partial");
   }
 
-  // One decode token at P = pos_: token, position and split count go to the control block,
+  // One decode token at P = pos_[0]: token, position and split count go to the control block,
   // then the step's kernels run, replayed from the graph of its path (standard or split-K;
   // ALGENTA_CUDA_GRAPHS=0 launches them one by one instead). dispatches_ counts kernels.
   void decode(int64_t id) {
-    const SplitPlan sp = splitk_plan(pos_ + 1, plan_.sms, c_.h_q);
-    set_control(id, pos_, sp.n_splits);
+    const SplitPlan sp = splitk_plan(pos_[0] + 1, plan_.sms, c_.h_q);
+    set_control(id, pos_[0], sp.n_splits);
     if (use_graphs_) {
       const Graph& g = sp.split ? deep_ : standard_;
       CK(cudaGraphLaunch(g.exec, stream_));

@@ -93,24 +93,67 @@ void bind_session(py::module_& m) {
            },
            py::arg("id"),
            "step(id), returning only the argmax of its logits (numpy.argmax's order).")
-      .def("reset", &Session::reset);
+      .def("reset", &Session::reset)
+      .def_property_readonly("slots", &Session::slots)
+      .def("slot_position", &Session::slot_position, py::arg("slot"))
+      .def("prefill_slot",
+           [](Session& x, int64_t slot, const I64& ids) {
+             if (ids.ndim() != 1)
+               refuse(algenta::residentk::RESIDENT_ERR_EMPTY_DIMENSION,
+                      "prefill takes a 1-D sequence of token ids");
+             py::array_t<float> out(x.config().vocab);
+             float* o = out.mutable_data();
+             const int64_t* p = ids.data();
+             const int64_t n = ids.shape(0);
+             {
+               py::gil_scoped_release nogil;
+               x.prefill_slot(slot, p, n, o);
+             }
+             return out;
+           },
+           py::arg("slot"), py::arg("ids"))
+      .def("step_slots",
+           [](Session& x, const I64& slots, const I64& ids) {
+             if (slots.ndim() != 1 || ids.ndim() != 1 || slots.shape(0) != ids.shape(0))
+               refuse(algenta::residentk::RESIDENT_ERR_EMPTY_DIMENSION,
+                      "step_slots takes two 1-D sequences of one length: slots and token ids");
+             const int64_t B = slots.shape(0);
+             if (B < 1 || B > x.slots())  // before the (B, V) allocation
+               refuse(algenta::residentk::RESIDENT_ERR_EMPTY_DIMENSION,
+                      "step_slots takes 1 to " + std::to_string(x.slots()) +
+                          " sequences (the session's slots), got " + std::to_string(B));
+             py::array_t<float> out({B, x.config().vocab});
+             float* o = out.mutable_data();
+             const int64_t *ps = slots.data(), *pi = ids.data();
+             {
+               py::gil_scoped_release nogil;
+               x.step_slots(ps, pi, B, o);
+             }
+             return out;
+           },
+           py::arg("slots"), py::arg("ids"),
+           "One decode step of several slots at once -> logits (B, vocab), row b for slots[b].")
+      .def("truncate_slot", &Session::truncate_slot, py::arg("slot"), py::arg("n"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("copy_prefix", &Session::copy_prefix, py::arg("src"), py::arg("dst"), py::arg("n"),
+           py::call_guard<py::gil_scoped_release>());
 
   s.def(
       "cpu_session",
       [](int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
          int64_t n_layers, int64_t vocab, double rms_eps, double rope_theta, bool tied,
-         int64_t max_ctx, const std::string& weights, const std::string& kv) {
+         int64_t max_ctx, const std::string& weights, const std::string& kv, int64_t slots) {
         const SessionConfig c = algenta::residentk::session_config(
             d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, rms_eps, rope_theta, tied, weights,
             kv);
         py::gil_scoped_release nogil;
-        return algenta::residentk::make_cpu_session(c, max_ctx);
+        return algenta::residentk::make_cpu_session(c, max_ctx, slots);
       },
       py::arg("d_model"), py::arg("h_q"), py::arg("h_kv"), py::arg("d_head"), py::arg("d_ff"),
       py::arg("n_layers"), py::arg("vocab"), py::arg("rms_eps"), py::arg("rope_theta"),
       py::arg("tie_word_embeddings"), py::arg("max_ctx"), py::arg("weights") = "f32",
-      py::arg("kv") = "f32",
-      "A CPU session holding its weight matrices in `weights` ('f32', 'bf16', 'f16', 'int8') "
+      py::arg("kv") = "f32", py::arg("slots") = 1,
+      "A CPU session of `slots` sequences holding its weight matrices in `weights` ('f32', 'bf16', 'f16', 'int8') "
       "and its KV cache in `kv` ('f32', 'bf16', 'f16'); weights are set afterwards with "
       "set_weight.");
 

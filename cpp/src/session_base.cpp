@@ -2,6 +2,11 @@
 // session_base.hpp).
 #include "algenta/session_base.hpp"
 
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
 #include "algenta/residentk.hpp"
 #include "algenta/status_error.hpp"
 
@@ -14,8 +19,33 @@ namespace {
 }
 }  // namespace
 
-SessionBase::SessionBase(const SessionConfig& c, int64_t max_ctx)
-    : c_(c), max_ctx_(max_ctx), cap_(session_open_check(c, max_ctx)), weights_(c) {}
+namespace {
+int64_t checked_slots(int64_t slots) {
+  if (slots < 1)
+    refuse(RESIDENT_ERR_EMPTY_DIMENSION,
+           "slots must be >= 1 (sequences the session holds), got " + std::to_string(slots));
+  if (slots > RESIDENT_MAX_SLOTS)
+    refuse(RESIDENT_ERR_DIMENSION_TOO_LARGE, "slots " + std::to_string(slots) +
+                                                 " exceeds RESIDENT_MAX_SLOTS (" +
+                                                 std::to_string(RESIDENT_MAX_SLOTS) + ")");
+  return slots;
+}
+}  // namespace
+
+SessionBase::SessionBase(const SessionConfig& c, int64_t max_ctx, int64_t slots)
+    : c_(c),
+      max_ctx_(max_ctx),
+      cap_(session_open_check(c, max_ctx)),
+      slots_(checked_slots(slots)),
+      pos_(new std::atomic<int64_t>[size_t(slots_)]),
+      weights_(c) {
+  for (int64_t s = 0; s < slots_; ++s) pos_[s] = 0;
+  const int64_t per = residentk_cache_elements(c.n_layers, c.h_kv, c.d_head, cap_);
+  if (per > std::numeric_limits<int64_t>::max() / 8 / slots_)  // bytes of float32 K and V
+    refuse(RESIDENT_ERR_DIMENSION_TOO_LARGE,
+           std::to_string(slots_) + " slots of " + std::to_string(per) +
+               " KV elements each overflow a 64-bit byte count");
+}
 
 int64_t SessionBase::weight_chunk_elems() const { return int64_t(1) << 20; }
 
@@ -37,12 +67,14 @@ std::vector<std::string> SessionBase::missing_weights() const {
   return weights_.missing();
 }
 
-void SessionBase::check_call(int64_t n) const {
+void SessionBase::check_call(int64_t slot, int64_t n) const {
   weights_.check_ready();
-  if (pos_ + n > cap_)
-    refuse(RESIDENT_ERR_CONTEXT_FULL, "position " + std::to_string(pos_.load()) + " + " +
-                                          std::to_string(n) + " tokens exceeds the capacity " +
-                                          std::to_string(cap_) + " of this session's KV cache");
+  const int64_t p = pos_[slot];
+  if (p + n > cap_)
+    refuse(RESIDENT_ERR_CONTEXT_FULL,
+           (slots_ > 1 ? "slot " + std::to_string(slot) + ": " : std::string()) + "position " +
+               std::to_string(p) + " + " + std::to_string(n) + " tokens exceeds the capacity " +
+               std::to_string(cap_) + " of this session's KV cache");
 }
 
 void SessionBase::check_id(int64_t id) const {
@@ -51,36 +83,110 @@ void SessionBase::check_id(int64_t id) const {
                                              std::to_string(c_.vocab) + ")");
 }
 
+void SessionBase::check_slot(int64_t slot, const char* what) const {
+  if (slot < 0 || slot >= slots_)
+    refuse(RESIDENT_ERR_EMPTY_DIMENSION, std::string(what) + ": slot " + std::to_string(slot) +
+                                             " outside [0, " + std::to_string(slots_) + ")");
+}
+
+int64_t SessionBase::slot_position(int64_t slot) const {
+  check_slot(slot, "slot_position");
+  return pos_[slot];
+}
+
 void SessionBase::prefill(const int64_t* ids, int64_t n, float* logits) {
+  prefill_slot(0, ids, n, logits);
+}
+
+void SessionBase::prefill_slot(int64_t slot, const int64_t* ids, int64_t n, float* logits) {
   const std::lock_guard<std::mutex> lock(mu_);
+  check_slot(slot, "prefill");
   if (n < 1) refuse(RESIDENT_ERR_EMPTY_DIMENSION, "prefill needs at least one token");
-  check_call(n);
+  check_call(slot, n);
   for (int64_t i = 0; i < n; ++i) check_id(ids[i]);
-  run_prefill(ids, n, logits);
-  pos_ += n;
+  run_prefill(slot, ids, n, logits);
+  pos_[slot] += n;
 }
 
 void SessionBase::step(int64_t id, float* logits) {
   const std::lock_guard<std::mutex> lock(mu_);
-  check_call(1);
+  check_call(0, 1);
   check_id(id);
   run_step(id, logits);
-  ++pos_;
+  ++pos_[0];
 }
 
 int64_t SessionBase::step_greedy(int64_t id) {
   const std::lock_guard<std::mutex> lock(mu_);
-  check_call(1);
+  check_call(0, 1);
   check_id(id);
   const int64_t t = run_step_greedy(id);
-  ++pos_;
+  ++pos_[0];
   return t;
+}
+
+void SessionBase::step_slots(const int64_t* slots, const int64_t* ids, int64_t B,
+                             float* logits) {
+  const std::lock_guard<std::mutex> lock(mu_);
+  if (B < 1 || B > slots_)
+    refuse(RESIDENT_ERR_EMPTY_DIMENSION, "step_slots takes 1 to " + std::to_string(slots_) +
+                                             " sequences (the session's slots), got " +
+                                             std::to_string(B));
+  // Two rows of one slot would write the same KV position: refuse before any work.
+  std::vector<char> seen(size_t(slots_), 0);
+  for (int64_t b = 0; b < B; ++b) {
+    check_slot(slots[b], "step_slots");
+    if (seen[size_t(slots[b])]++)
+      refuse(RESIDENT_ERR_EMPTY_DIMENSION,
+             "step_slots: slot " + std::to_string(slots[b]) + " named twice in one step");
+    check_call(slots[b], 1);
+    check_id(ids[b]);
+  }
+  run_step_slots(slots, ids, B, logits);
+  for (int64_t b = 0; b < B; ++b) ++pos_[slots[b]];
+}
+
+void SessionBase::run_step_slots(const int64_t* slots, const int64_t* ids, int64_t B,
+                                 float* logits) {
+  if (slots_ != 1 || B != 1 || slots[0] != 0)  // a bug: an engine of several slots overrides
+    throw std::logic_error("run_step_slots not implemented by this engine");
+  run_step(ids[0], logits);
+}
+
+void SessionBase::truncate_slot(int64_t slot, int64_t n) {
+  const std::lock_guard<std::mutex> lock(mu_);
+  check_slot(slot, "truncate");
+  if (n < 0 || n > pos_[slot])
+    refuse(RESIDENT_ERR_EMPTY_DIMENSION, "truncate: slot " + std::to_string(slot) + " holds " +
+                                             std::to_string(pos_[slot].load()) +
+                                             " positions; cannot keep " + std::to_string(n));
+  pos_[slot] = n;
+}
+
+void SessionBase::copy_prefix(int64_t src, int64_t dst, int64_t n) {
+  const std::lock_guard<std::mutex> lock(mu_);
+  check_slot(src, "copy_prefix");
+  check_slot(dst, "copy_prefix");
+  if (src == dst)
+    refuse(RESIDENT_ERR_EMPTY_DIMENSION,
+           "copy_prefix: source and destination are both slot " + std::to_string(src) +
+               " (truncate rewinds a slot in place)");
+  if (n < 0 || n > pos_[src])
+    refuse(RESIDENT_ERR_EMPTY_DIMENSION, "copy_prefix: slot " + std::to_string(src) +
+                                             " holds " + std::to_string(pos_[src].load()) +
+                                             " positions; cannot copy " + std::to_string(n));
+  if (n > 0) run_copy_prefix(src, dst, n);
+  pos_[dst] = n;
+}
+
+void SessionBase::run_copy_prefix(int64_t, int64_t, int64_t) {
+  throw std::logic_error("run_copy_prefix not implemented by this engine");  // a bug
 }
 
 void SessionBase::reset() {
   const std::lock_guard<std::mutex> lock(mu_);
   run_reset();
-  pos_ = 0;
+  pos_[0] = 0;
 }
 
 }  // namespace residentk

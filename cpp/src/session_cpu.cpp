@@ -247,6 +247,13 @@ struct KvCache {
     }
     for (int64_t i = 0; i < n; ++i) h16.p[o + i] = session_math::kv_narrow(f, v[i]);
   }
+  // the n values at element dst <- the n at src (the bits as stored)
+  void copy(int64_t dst, int64_t src, int64_t n) {
+    if (f == Dtype::F32)
+      std::memcpy(f32.p + dst, f32.p + src, size_t(n) * sizeof(float));
+    else
+      std::memcpy(h16.p + dst, h16.p + src, size_t(n) * sizeof(uint16_t));
+  }
   // q (n) . the row at o
   float dot(const Simd& S, const float* q, int64_t o, int64_t n) const {
     if (f == Dtype::F32) return S.dot(q, f32.p + o, n);
@@ -341,7 +348,8 @@ constexpr int64_t PARALLEL_MIN_FLOATS = int64_t(1) << 16;
 
 class CpuSession final : public SessionBase {
  public:
-  CpuSession(const SessionConfig& c, int64_t max_ctx) : SessionBase(c, max_ctx) {
+  CpuSession(const SessionConfig& c, int64_t max_ctx, int64_t slots)
+      : SessionBase(c, max_ctx, slots) {
     nt_ = std::max(1, omp_get_max_threads());
     const int64_t D = c.d_model, Dh = c.d_head, F = c.d_ff;
     const Dtype wf = c.weights;
@@ -384,7 +392,8 @@ class CpuSession final : public SessionBase {
     ws_ = ABuf<char>(ws_bytes_ * nt_);
     staging_ = Buf(std::max(STAGE_ELEMS, widest));
     row_tmp_ = ABuf<char>(row_tmp_bytes(widest) * nt_);
-    kv_ = KvCache(c.kv, residentk_cache_elements(c.n_layers, c.h_kv, Dh, cap_));
+    slot_elems_ = residentk_cache_elements(c.n_layers, c.h_kv, Dh, cap_);
+    kv_ = KvCache(c.kv, slot_elems_ * slots_);
 
     // RoPE table: cos (T, hw) then sin (T, hw), rotate-half pairing (i, i + Dh/2).
     const std::vector<float> rope = rope_table(c, cap_);
@@ -419,14 +428,45 @@ class CpuSession final : public SessionBase {
   }
   int64_t weight_chunk_elems() const override { return STAGE_ELEMS; }
 
-  void run_prefill(const int64_t* ids, int64_t n, float* logits) override {
+  void run_prefill(int64_t slot, const int64_t* ids, int64_t n, float* logits) override {
+    std::vector<int64_t> sl(size_t(std::min(n, PREFILL_BLOCK)), slot), at(sl.size());
     for (int64_t b = 0; b < n; b += PREFILL_BLOCK) {
       const int64_t m = std::min(PREFILL_BLOCK, n - b);
-      prefill_block(ids + b, m, pos_ + b, b + m == n ? logits : nullptr);
+      for (int64_t r = 0; r < m; ++r) at[size_t(r)] = pos_[slot] + b + r;
+      forward_rows(ids + b, m, sl.data(), at.data(), b + m == n ? logits : nullptr, false);
     }
   }
 
-  void run_step(int64_t id, float* logits) override {
+  // One sequence steps on decode's own path (tuned team, one matvec per matrix); several go
+  // through the prefill GEMMs as rows of one block, every row its own slot and position: the
+  // weights stream once for all of them, and each row's cells are computed by the same
+  // multiply-add sequence as a lone step's (the split-invariance property), so a sequence's
+  // logits do not depend on its company.
+  void run_step_slots(const int64_t* slots, const int64_t* ids, int64_t B,
+                      float* logits) override {
+    if (B == 1) return tuned_decode(slots[0], ids[0], logits);
+    std::vector<int64_t> at(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) at[size_t(b)] = pos_[slots[b]];
+    for (int64_t b0 = 0; b0 < B; b0 += PREFILL_BLOCK) {
+      const int64_t m = std::min(PREFILL_BLOCK, B - b0);
+      forward_rows(ids + b0, m, slots + b0, at.data() + b0, logits + b0 * c_.vocab, true);
+    }
+  }
+
+  void run_copy_prefix(int64_t src, int64_t dst, int64_t n) override {
+    const int64_t Dh = c_.d_head;
+#pragma omp parallel for collapse(2) num_threads(team(n * Dh * c_.n_layers * c_.h_kv * 2))
+    for (int64_t l = 0; l < c_.n_layers; ++l)
+      for (int64_t h = 0; h < c_.h_kv; ++h) {
+        const int64_t off = h * cap_ * Dh;
+        kv_.copy(kcache(dst, l) + off, kcache(src, l) + off, n * Dh);
+        kv_.copy(vcache(dst, l) + off, vcache(src, l) + off, n * Dh);
+      }
+  }
+
+  void run_step(int64_t id, float* logits) override { tuned_decode(0, id, logits); }
+
+  void tuned_decode(int64_t slot, int64_t id, float* logits) {
     // Team-size tuning: decode with the team size that has been faster, and now and then try
     // the other one. On an idle machine all cores win (more read bandwidth); on one whose cores
     // are busy with other processes a team of one can be many times faster, because every
@@ -436,7 +476,7 @@ class CpuSession final : public SessionBase {
     const int use = probing ? 1 - choice_ : choice_;
     cur_nt_ = use ? nt_ : 1;
     const double t0 = omp_get_wtime();
-    decode(id, logits);
+    decode(slot, id, logits);
     const double dt = omp_get_wtime() - t0;
     if (probing) {
       if (ema_[choice_] <= 0.0 || dt < ema_[choice_]) {
@@ -493,9 +533,14 @@ class CpuSession final : public SessionBase {
   }
 
   const WMat& head() const { return c_.tie_word_embeddings ? embed_ : head_; }
-  // Element offsets in kv_ of layer l's K (Hkv, T, Dh) and V (Hkv, T, Dh).
-  int64_t kcache(int64_t l) const { return l * 2 * c_.h_kv * cap_ * c_.d_head; }
-  int64_t vcache(int64_t l) const { return kcache(l) + c_.h_kv * cap_ * c_.d_head; }
+  // Element offsets in kv_ of slot s's layer l's K (Hkv, T, Dh) and V (Hkv, T, Dh): each slot
+  // one contiguous region of slot_elems_.
+  int64_t kcache(int64_t s, int64_t l) const {
+    return s * slot_elems_ + l * 2 * c_.h_kv * cap_ * c_.d_head;
+  }
+  int64_t vcache(int64_t s, int64_t l) const {
+    return kcache(s, l) + c_.h_kv * cap_ * c_.d_head;
+  }
 
   // In place on one head vector h (Dh): per-head RMSNorm with w, then rotate-half RoPE at p.
   void norm_rope(float* h, const float* w, int64_t p) const {
@@ -558,10 +603,10 @@ class CpuSession final : public SessionBase {
   // Thread t's scratch for a panel product.
   void* ws(int t) const { return ws_.p + int64_t(t) * ws_bytes_; }
 
-  void decode(int64_t id, float* logits) {
+  void decode(int64_t slot, int64_t id, float* logits) {
     const Simd& S = simd();
     const int64_t D = c_.d_model, Dh = c_.d_head, F = c_.d_ff, Hq = c_.h_q, Hkv = c_.h_kv;
-    const int64_t G = Hq / Hkv, HD = Hq * Dh, p = pos_;
+    const int64_t G = Hq / Hkv, HD = Hq * Dh, p = pos_[slot];
     int64_t stages = 0;
 
     embed_.get_row(id, x_.p);  // one row: D values, no team
@@ -569,7 +614,7 @@ class CpuSession final : public SessionBase {
 
     for (int64_t li = 0; li < c_.n_layers; ++li) {
       const Layer& L = layers_[size_t(li)];
-      const int64_t Kc = kcache(li), Vc = vcache(li);
+      const int64_t Kc = kcache(slot, li), Vc = vcache(slot, li);
 #pragma omp parallel num_threads(team(q_rows_ * D))
       {
         const int t = omp_get_thread_num();
@@ -716,10 +761,13 @@ class CpuSession final : public SessionBase {
     for (int64_t i = 0; i < M * n; ++i) X[i] = half::bf16_to_f32(half::f32_to_bf16(X[i]));
   }
 
-  // M tokens at positions p0..p0+M-1 through every layer; logits of the last one when asked.
-  // Every stage computes each token's values as a decode step would (the same norms, RoPE,
-  // attention and panel products), so a prompt's logits do not depend on how it was split.
-  void prefill_block(const int64_t* ids, int64_t M, int64_t p0, float* logits) {
+  // M tokens through every layer, row r at position pos[r] of slot slot[r] (prefill: one slot,
+  // consecutive positions; a batched step: distinct slots); logits (V) of the last row, or with
+  // every_row (M, V) of each. Every stage computes each token's values as a decode step would
+  // (the same norms, RoPE, attention and panel products), so a sequence's logits depend neither
+  // on how its prompt was split nor on the rows stepped beside it.
+  void forward_rows(const int64_t* ids, int64_t M, const int64_t* slot, const int64_t* pos,
+                    float* logits, bool every_row) {
     const Simd& S = simd();
     const int64_t D = c_.d_model, Dh = c_.d_head, F = c_.d_ff, Hq = c_.h_q, Hkv = c_.h_kv;
     const int64_t G = Hq / Hkv, HD = Hq * Dh;
@@ -729,7 +777,6 @@ class CpuSession final : public SessionBase {
     std::vector<float> spare(nt_ > Hq ? size_t(nt_) * size_t(cap_) : 0);
     for (int64_t li = 0; li < c_.n_layers; ++li) {
       const Layer& L = layers_[size_t(li)];
-      const int64_t Kc = kcache(li), Vc = vcache(li);
 #pragma omp parallel for num_threads(nt_) schedule(static)
       for (int64_t r = 0; r < M; ++r)
         rmsnorm(X.p + r * D, L.in_norm.p, D, c_.rms_eps, Xn.p + r * D);
@@ -739,7 +786,8 @@ class CpuSession final : public SessionBase {
 #pragma omp parallel for num_threads(nt_) schedule(static)
       for (int64_t rh = 0; rh < M * heads; ++rh) {
         const int64_t r = rh / heads, h = rh % heads;
-        head_rope_store(L, Kc, Vc, h, QKV.p + r * q_rows_ + h * Dh, p0 + r);
+        head_rope_store(L, kcache(slot[r], li), vcache(slot[r], li), h,
+                        QKV.p + r * q_rows_ + h * Dh, pos[r]);
       }
 #pragma omp parallel num_threads(nt_)
       {
@@ -752,8 +800,8 @@ class CpuSession final : public SessionBase {
 #pragma omp for schedule(dynamic, 4)
         for (int64_t rh = 0; rh < M * Hq; ++rh) {
           const int64_t r = rh / Hq, h = rh % Hq, g = h / G;
-          attend(S, QKV.p + r * q_rows_ + h * Dh, Kc + g * cap_ * Dh, Vc + g * cap_ * Dh,
-                 p0 + r + 1, s, A.p + r * HD + h * Dh);
+          attend(S, QKV.p + r * q_rows_ + h * Dh, kcache(slot[r], li) + g * cap_ * Dh,
+                 vcache(slot[r], li) + g * cap_ * Dh, pos[r] + 1, s, A.p + r * HD + h * Dh);
         }
       }
       as_consumed(A.p, M, HD);
@@ -770,8 +818,16 @@ class CpuSession final : public SessionBase {
       project(S, Gt.p, M, L.wd, X.p, true);
     }
     if (!logits) return;
-    rmsnorm(X.p + (M - 1) * D, final_norm_.p, D, c_.rms_eps, xf_.p);
-    head_logits(S, nt_, logits);
+    if (!every_row) {
+      rmsnorm(X.p + (M - 1) * D, final_norm_.p, D, c_.rms_eps, xf_.p);
+      head_logits(S, nt_, logits);
+      return;
+    }
+#pragma omp parallel for num_threads(nt_) schedule(static)
+    for (int64_t r = 0; r < M; ++r)
+      rmsnorm(X.p + r * D, final_norm_.p, D, c_.rms_eps, Xn.p + r * D);
+    as_consumed(Xn.p, M, D);
+    project(S, Xn.p, M, head(), logits, false);
   }
 
   int64_t q_rows_ = 0, rope_hw_ = 1;
@@ -783,7 +839,8 @@ class CpuSession final : public SessionBase {
   Arena arena_;  // every WMat's storage; declared first of them, so freed after them
   WMat embed_, head_;
   Buf final_norm_, rope_;
-  KvCache kv_;
+  KvCache kv_;              // slots_ regions of slot_elems_ (kcache, vcache)
+  int64_t slot_elems_ = 0;
   std::vector<Layer> layers_;
   Buf x_, xf_, qkv_, attn_, act_, logits_, scratch_, scores_;
   Buf staging_;             // a tensor's float32 rows on their way into the panels (load)
@@ -799,8 +856,9 @@ class CpuSession final : public SessionBase {
 
 }  // namespace
 
-std::unique_ptr<Session> make_cpu_session(const SessionConfig& cfg, int64_t max_ctx) {
-  return std::unique_ptr<Session>(new CpuSession(cfg, max_ctx));
+std::unique_ptr<Session> make_cpu_session(const SessionConfig& cfg, int64_t max_ctx,
+                                          int64_t slots) {
+  return std::unique_ptr<Session>(new CpuSession(cfg, max_ctx, slots));
 }
 
 namespace {

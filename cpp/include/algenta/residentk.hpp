@@ -41,6 +41,8 @@ enum : int {
 // KV positions a session may be opened at. A refusal ceiling, not an allocation size: a
 // session pays only for the max_ctx it opens at (Qwen3-0.6B at 65536 would hold 15 GB of KV).
 constexpr int64_t RESIDENT_MAX_CONTEXT = 65536;
+// Sequences one session may hold (slots), each its own KV region of the session's capacity.
+constexpr int64_t RESIDENT_MAX_SLOTS = 1024;
 // The default capacity, and the floor of resident_bucket_ctx.
 constexpr int64_t RESIDENT_DEFAULT_CONTEXT = 512;
 // Per-dimension ceilings: several times the largest published dense models (d_model 16,384,

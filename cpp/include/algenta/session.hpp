@@ -5,8 +5,11 @@
 // Dimension legend: D d_model, Hq query heads, Hkv key/value heads, Dh d_head, F d_ff, L layers,
 // V vocab, T capacity (KV positions allocated), P position (tokens already in the cache).
 //
-// A session holds its weights and one fixed-capacity KV cache (allocated once, at construction,
-// at T = resident_bucket_ctx(max_ctx) positions) for its whole life. Tokens are appended one KV
+// A session holds its weights and, for each of its `slots` sequences, one fixed-capacity KV
+// region (allocated once, at construction, at T = resident_bucket_ctx(max_ctx) positions each)
+// for its whole life. Fixed regions, not a pool of blocks: attention then reads one contiguous
+// run of keys per head, the capacity question is exact arithmetic answered before allocation
+// (slots x one sequence's cache), and a server bounds max_ctx per request anyway. Tokens are appended one KV
 // slot each, written in place; nothing is ever reallocated or copied to grow. The model is Qwen3
 // exactly as HuggingFace transformers computes it (see session_cpu.cpp for the stage list).
 //
@@ -92,11 +95,33 @@ class Session {
   // Rewind to position 0. The cache is not freed or reallocated; stale slots past P are never
   // read because attention only ever looks at positions < P.
   virtual void reset() = 0;
+
+  // ---- many sequences ----------------------------------------------------------------------
+  // The calls above act on slot 0. A slot is one sequence: its own KV region and position.
+  // Every refusal below comes before any work: 601 for a slot outside [0, slots), a slot
+  // named twice in one step, or n outside what the call allows; 606 / 607 / 601 as above.
+  virtual int64_t slots() const = 0;
+  virtual int64_t slot_position(int64_t slot) const = 0;
+  // prefill() on one slot.
+  virtual void prefill_slot(int64_t slot, const int64_t* ids, int64_t n, float* logits) = 0;
+  // One decode step of B sequences at once, the weights read once for all of them: slot
+  // slots[b] appends ids[b]; logits (B, V), row b for slots[b]. A sequence's logits are
+  // bit-identical to what step() on that slot alone would give (batch invariance): the panel
+  // products compute each cell by one multiply-add sequence whatever the row count.
+  virtual void step_slots(const int64_t* slots, const int64_t* ids, int64_t B, float* logits) = 0;
+  // Rewind one slot to position n (0 <= n <= its position): the first n tokens stay cached.
+  virtual void truncate_slot(int64_t slot, int64_t n) = 0;
+  // Slot dst's cache becomes the first n positions of slot src's (n <= src's position, src !=
+  // dst) and its position n: a prompt sharing a cached prefix skips recomputing it. The bits
+  // copied are the bits prefill would have written, so what follows is unchanged.
+  virtual void copy_prefix(int64_t src, int64_t dst, int64_t n) = 0;
 };
 
 // The CPU engine (OpenMP; weights in any Dtype). Throws StatusError(Resident, 601-603/609) on a config the
-// residentk contract refuses and 601/602 on a max_ctx outside [1, RESIDENT_MAX_CONTEXT].
-std::unique_ptr<Session> make_cpu_session(const SessionConfig& cfg, int64_t max_ctx);
+// residentk contract refuses, 601/602 on a max_ctx outside [1, RESIDENT_MAX_CONTEXT] or
+// `slots` outside [1, RESIDENT_MAX_SLOTS].
+std::unique_ptr<Session> make_cpu_session(const SessionConfig& cfg, int64_t max_ctx,
+                                          int64_t slots = 1);
 
 // All-core streaming read bandwidth of this host in bytes/s: sums a buffer of `bytes` bytes
 // `reps` times with the same SIMD and thread layout the decode matvec uses, and returns the best

@@ -6,6 +6,7 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -21,7 +22,9 @@ class SessionBase : public Session {
   const SessionConfig& config() const override { return c_; }
   int64_t max_ctx() const override { return max_ctx_; }
   int64_t capacity() const override { return cap_; }
-  int64_t position() const override { return pos_; }
+  int64_t position() const override { return pos_[0]; }
+  int64_t slots() const override { return slots_; }
+  int64_t slot_position(int64_t slot) const override;
   int64_t dispatches_per_token() const override { return dispatches_; }
 
   void set_weight(const std::string& name, const std::vector<int64_t>& shape, const void* data,
@@ -34,16 +37,29 @@ class SessionBase : public Session {
   int64_t step_greedy(int64_t id) override;
   void reset() override;
 
- protected:
-  // Runs session_open_check (throws its refusal) before the engine allocates anything.
-  SessionBase(const SessionConfig& c, int64_t max_ctx);
+  void prefill_slot(int64_t slot, const int64_t* ids, int64_t n, float* logits) override;
+  void step_slots(const int64_t* slots, const int64_t* ids, int64_t B, float* logits) override;
+  void truncate_slot(int64_t slot, int64_t n) override;
+  void copy_prefix(int64_t src, int64_t dst, int64_t n) override;
 
-  // The engine's compute, called with mu_ held after every refusal has passed, at position
-  // pos_. They must not change pos_: SessionBase advances it after they return, so a throw
-  // (a 608 from a device, a MemoryError) leaves the position where it was.
-  virtual void run_prefill(const int64_t* ids, int64_t n, float* logits) = 0;
+ protected:
+  // Runs session_open_check (throws its refusal) before the engine allocates anything, and
+  // refuses slots outside [1, RESIDENT_MAX_SLOTS] (601 / 602).
+  SessionBase(const SessionConfig& c, int64_t max_ctx, int64_t slots = 1);
+
+  // The engine's compute, called with mu_ held after every refusal has passed, at the slots'
+  // positions pos_[slot]. They must not change pos_: SessionBase advances it after they return,
+  // so a throw (a 608 from a device, a MemoryError) leaves every position where it was.
+  // run_step and run_step_greedy act on slot 0.
+  virtual void run_prefill(int64_t slot, const int64_t* ids, int64_t n, float* logits) = 0;
   virtual void run_step(int64_t id, float* logits) = 0;
   virtual int64_t run_step_greedy(int64_t id) = 0;
+  // B distinct slots, one token each. The default serves an engine of one slot (B = 1, slot
+  // 0: run_step); an engine of several overrides it.
+  virtual void run_step_slots(const int64_t* slots, const int64_t* ids, int64_t B,
+                              float* logits);
+  // Copy positions [0, n) of src's cache to dst's (an engine of several slots overrides it).
+  virtual void run_copy_prefix(int64_t src, int64_t dst, int64_t n);
   virtual void run_reset() {}
   // Where a tensor's float32 rows [r0, r1) are written (stage) and what happens once they are
   // (commit), see WeightRegistry::set; chunk_elems bounds a run (a staging buffer's size).
@@ -52,17 +68,19 @@ class SessionBase : public Session {
   virtual int64_t weight_chunk_elems() const;
 
   const SessionConfig c_;
-  const int64_t max_ctx_, cap_;
+  const int64_t max_ctx_, cap_, slots_;
   // Every call that writes the cache, the weights or the scratch holds mu_: threads sharing one
   // session are serialized (the bindings release the GIL), never interleaved inside a step.
-  // The position and the stage count are atomics so the property reads need no lock.
+  // The positions and the stage count are atomics so the property reads need no lock.
   mutable std::mutex mu_;
-  std::atomic<int64_t> pos_{0}, dispatches_{0};
+  std::unique_ptr<std::atomic<int64_t>[]> pos_;  // (slots) each slot's position
+  std::atomic<int64_t> dispatches_{0};
   WeightRegistry weights_;
 
  private:
-  void check_call(int64_t n) const;  // 607 weights missing, 606 past capacity
-  void check_id(int64_t id) const;   // 601 outside [0, V)
+  void check_call(int64_t slot, int64_t n) const;  // 607 weights missing, 606 past capacity
+  void check_id(int64_t id) const;                 // 601 outside [0, V)
+  void check_slot(int64_t slot, const char* what) const;  // 601 outside [0, slots)
 };
 
 }  // namespace residentk
