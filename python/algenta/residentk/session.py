@@ -60,18 +60,26 @@ def _resolve_device(device: str) -> str:
 
 
 def _open_engine(cfg: ResidentConfig, max_ctx: int, device: str, weights: str = "f32",
-                 kv: str = "f32"):
+                 kv: str = "f32", slots: int = 1):
     # A max_ctx past int64 is clamped to int64's end: the core refuses it as too large (602).
     max_ctx = as_i64_clamped(max_ctx, "max_ctx")
+    if isinstance(slots, bool) or not isinstance(slots, numbers.Integral):
+        raise TypeError(f"slots must be an int, got {type(slots).__name__}")
+    slots = as_i64_clamped(slots, "slots")
     if not isinstance(weights, str) or weights not in WEIGHT_FORMATS:  # the core's 601 too
         raise ResidentError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}", 601)
     if not isinstance(kv, str) or kv not in KV_FORMATS:
         raise ResidentError(f"kv must be one of {KV_FORMATS}, got {kv!r}", 601)
-    factory = (_core.session.cuda_session if _resolve_device(device) == "cuda"
-               else _core.session.cpu_session)
-    return factory(cfg.d_model, cfg.h_q, cfg.h_kv, cfg.d_head, cfg.d_ff, cfg.n_layers, cfg.vocab,
-                   cfg.rms_eps, cfg.rope_theta, cfg.tie_word_embeddings, max_ctx,
-                   weights=weights, kv=kv)
+    dims = (cfg.d_model, cfg.h_q, cfg.h_kv, cfg.d_head, cfg.d_ff, cfg.n_layers, cfg.vocab,
+            cfg.rms_eps, cfg.rope_theta, cfg.tie_word_embeddings, max_ctx)
+    if slots != 1 and device == "cuda":
+        # Refused, not run one slot at a time: a server sized for batched decode would get a
+        # fraction of the throughput it planned for, silently.
+        raise ResidentError(f"device='cuda' holds one sequence per session (slots=1) in this "
+                            f"release; slots={slots} runs on device='cpu'", 601)
+    if (slots != 1 and device == "auto") or _resolve_device(device) == "cpu":
+        return _core.session.cpu_session(*dims, weights=weights, kv=kv, slots=slots)
+    return _core.session.cuda_session(*dims, weights=weights, kv=kv)
 
 
 def _out_of_vocab(what: str, token, vocab: int) -> ResidentError:
@@ -175,9 +183,16 @@ class ResidentSession:
     as a separate head with a ResidentWarning, as transformers keeps it (a stream of pairs, which
     cannot be looked ahead in, is refused then, 607).
 
-    One session holds one sequence and may be shared between threads: every call, and the
-    whole of ``generate``, owns it while it runs, and ``hold()`` owns it for a caller's own
-    block of calls.
+    A session holds ``slots`` sequences (default 1), each its own KV region of ``capacity``
+    positions, allocated when the session opens. The calls take ``slot=`` (default 0);
+    ``step_batch`` advances several slots in one step, reading the weights once for all of
+    them, each sequence's logits bit-identical to what it would get alone; ``truncate`` and
+    ``copy_prefix`` keep or share a cached prefix (``algenta.residentk.batch`` schedules
+    requests over the slots; ``algenta serve`` puts an HTTP API in front of it). Several
+    slots run on the CPU engine.
+
+    A session may be shared between threads: every call, and the whole of ``generate`` (on
+    slot 0), owns it while it runs, and ``hold()`` owns it for a caller's own block of calls.
 
     ``weights`` is how the weight matrices are held resident: "f32", "bf16", "f16" (round to
     nearest even; a value past float16's 65504 is refused, 609) or "int8" (per row, blocks of 32
@@ -193,10 +208,11 @@ class ResidentSession:
     """
 
     def __init__(self, config, tensors, *, max_ctx: int = 512, device: str = "cpu",
-                 weights: str = "f32", kv: str = "f32"):
-        self._open(make_config(config), tensors, max_ctx, device, weights, kv, check_head=True)
+                 weights: str = "f32", kv: str = "f32", slots: int = 1):
+        self._open(make_config(config), tensors, max_ctx, device, weights, kv, check_head=True,
+                   slots=slots)
 
-    def _open(self, cfg, tensors, max_ctx, device, weights, kv, check_head):
+    def _open(self, cfg, tensors, max_ctx, device, weights, kv, check_head, slots=1):
         """check_head=False where the caller knows no conflicting lm_head.weight comes (the
         loader decided the tie from the files; random weights have none), so the stream's
         embedding table is not held for the comparison."""
@@ -209,7 +225,7 @@ class ResidentSession:
         self._config = cfg
         # The engine allocates its resident buffers (the KV cache at capacity) up front, so
         # streaming a checkpoint in costs one tensor on top of them, never a second model.
-        self._engine = _open_engine(cfg, max_ctx, device, weights, kv)
+        self._engine = _open_engine(cfg, max_ctx, device, weights, kv, slots)
         self._device = self._engine.device
         self._weights = weights
         self._kv = kv
@@ -247,18 +263,19 @@ class ResidentSession:
     @classmethod
     def random(cls, d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, *, max_ctx=512,
                device="cpu", seed=0, rms_eps=1e-6, rope_theta=1_000_000.0,
-               tie_word_embeddings=True, weights="f32", kv="f32"):
+               tie_word_embeddings=True, weights="f32", kv="f32", slots=1):
         """A session over reproducible random weights (see random_weights): benchmarks, tests."""
         cfg = make_config(dict(d_model=d_model, h_q=h_q, h_kv=h_kv, d_head=d_head, d_ff=d_ff,
                                n_layers=n_layers, vocab=vocab, rms_eps=rms_eps,
                                rope_theta=rope_theta, tie_word_embeddings=tie_word_embeddings))
         self = cls.__new__(cls)
-        self._open(cfg, random_weights(cfg, seed), max_ctx, device, weights, kv, check_head=False)
+        self._open(cfg, random_weights(cfg, seed), max_ctx, device, weights, kv, check_head=False,
+                   slots=slots)
         return self
 
     @classmethod
     def from_pretrained(cls, path, *, max_ctx: int = 512, device: str = "cpu", progress=None,
-                        weights: str = "f32", kv: str = "f32"):
+                        weights: str = "f32", kv: str = "f32", slots: int = 1):
         """A HuggingFace Qwen3 checkpoint directory (config.json + model.safetensors or a sharded
         index), streamed tensor by tensor into the engine. Every header is checked against
         config.json before the session allocates anything (see algenta.residentk.loader).
@@ -270,7 +287,7 @@ class ResidentSession:
         ck = open_checkpoint(path)  # decides the tie as transformers does (see there)
         self = cls.__new__(cls)
         self._open(ck.config, ck.tensors(progress), max_ctx, device, weights, kv,
-                   check_head=False)
+                   check_head=False, slots=slots)
         return self
 
     # -- properties -------------------------------------------------------------------------
@@ -284,17 +301,20 @@ class ResidentSession:
     max_ctx = property(lambda self: self._engine.max_ctx,
                        doc="The capacity the caller asked for (what the context check uses).")
     capacity = property(lambda self: self._engine.capacity,
-                        doc="resident_bucket_ctx(max_ctx): KV positions allocated.")
+                        doc="resident_bucket_ctx(max_ctx): KV positions allocated per slot.")
+    slots = property(lambda self: self._engine.slots,
+                     doc="Sequences the session holds, each its own KV region of capacity.")
     @property
     def resident_bytes(self) -> int:
-        """Bytes this session holds resident: the weights in its format and the KV cache at
-        ``capacity`` in its format, by the contract ``algenta plan --weights --kv`` uses
-        (``residentk_footprint(...)["total_bytes"]``); scratch buffers are not counted."""
+        """Bytes this session holds resident: the weights in its format and one KV cache at
+        ``capacity`` in its format per slot, by the contract ``algenta plan --weights --kv
+        --slots`` uses (``weight_bytes + slots * kv_bytes`` of ``residentk_footprint``);
+        scratch buffers are not counted."""
         c = self._config
         fp = residentk_footprint(c.d_model, c.h_q, c.h_kv, c.d_head, c.d_ff, c.n_layers, c.vocab,
                                  self.capacity, tied=c.tie_word_embeddings, check_tier=False,
                                  format=self._weights, kv_format=self._kv)
-        return int(fp["total_bytes"])
+        return int(fp["weight_bytes"]) + self.slots * int(fp["kv_bytes"])
 
     dispatches_per_token = property(
         lambda self: self._engine.dispatches_per_token,
@@ -304,7 +324,7 @@ class ResidentSession:
     def __repr__(self):
         c = self._config
         return (f"ResidentSession(device={self._device!r}, weights={self._weights!r}, "
-                f"kv={self._kv!r}, "
+                f"kv={self._kv!r}, slots={self.slots}, "
                 f"d_model={c.d_model}, "
                 f"n_layers={c.n_layers}, vocab={c.vocab}, max_ctx={self.max_ctx}, "
                 f"capacity={self.capacity}, position={self.position})")
@@ -332,30 +352,97 @@ class ResidentSession:
                                "it would rewrite the KV cache that generate is decoding from")
 
     # -- decoding -----------------------------------------------------------------------------
-    def prefill(self, token_ids) -> np.ndarray:
-        """Append token_ids at the current position; the last one's logits, float32 [vocab]."""
+    def _slot(self, slot, what: str) -> int:
+        if isinstance(slot, bool) or not isinstance(slot, numbers.Integral):
+            raise TypeError(f"{what}: slot must be an int, got {type(slot).__name__}")
+        if not 0 <= slot < self.slots:
+            raise ResidentError(f"{what}: slot {slot} outside [0, {self.slots})", 601)
+        return int(slot)
+
+    def _token(self, token_id, what: str) -> int:
+        if isinstance(token_id, bool) or not isinstance(token_id, numbers.Integral):
+            raise TypeError(f"{what} must be an int, got {type(token_id).__name__}")
+        if not 0 <= token_id < self._config.vocab:
+            raise _out_of_vocab(what, int(token_id), self._config.vocab)
+        return int(token_id)
+
+    def prefill(self, token_ids, *, slot: int = 0) -> np.ndarray:
+        """Append token_ids at the slot's position; the last one's logits, float32 [vocab]."""
+        slot = self._slot(slot, "prefill")
         ids = _token_ids(token_ids, self._config.vocab, "prefill token_ids")
         if ids.size == 0:
             raise ResidentError("prefill needs at least one token", 601)
         with self._lock:
             self._check_not_decoding("prefill")
-            return self._engine.prefill(ids)
+            return self._engine.prefill_slot(slot, ids)
 
-    def step(self, token_id) -> np.ndarray:
-        """Append one token; its logits, float32 [vocab]. 606 past capacity."""
-        if isinstance(token_id, bool) or not isinstance(token_id, numbers.Integral):
-            raise TypeError(f"token_id must be an int, got {type(token_id).__name__}")
-        if not 0 <= token_id < self._config.vocab:
-            raise _out_of_vocab("step token_id", int(token_id), self._config.vocab)
+    def step(self, token_id, *, slot: int = 0) -> np.ndarray:
+        """Append one token to the slot; its logits, float32 [vocab]. 606 past capacity."""
+        slot = self._slot(slot, "step")
+        token_id = self._token(token_id, "step token_id")
         with self._lock:
             self._check_not_decoding("step")
-            return self._engine.step(int(token_id))
+            if slot == 0:
+                return self._engine.step(token_id)
+            return self._engine.step_slots(np.array([slot]), np.array([token_id]))[0]
 
-    def reset(self) -> None:
-        """Rewind to position 0; the KV cache is kept, not reallocated."""
+    def step_batch(self, slots, token_ids) -> np.ndarray:
+        """One decode step of several sequences: slot ``slots[b]`` appends ``token_ids[b]``;
+        logits float32 [len(slots), vocab]. The weights are read once for all of them, and each
+        row is bit-identical to what ``step(token_ids[b], slot=slots[b])`` alone would give.
+        A slot named twice, or outside [0, slots), is refused (601) before any work; 606 when
+        any of them is full."""
+        sl = [self._slot(x, "step_batch") for x in slots]
+        if not sl:
+            raise ResidentError("step_batch needs at least one slot", 601)
+        if len(set(sl)) != len(sl):
+            raise ResidentError("step_batch: a slot named twice in one step", 601)
+        ids = [self._token(t, "step_batch token_id") for t in token_ids]
+        if len(ids) != len(sl):
+            raise ResidentError(f"step_batch: {len(sl)} slots but {len(ids)} token ids", 601)
+        with self._lock:
+            self._check_not_decoding("step_batch")
+            return self._engine.step_slots(np.array(sl, np.int64), np.array(ids, np.int64))
+
+    def slot_position(self, slot: int) -> int:
+        """Tokens in the slot's KV cache."""
+        return self._engine.slot_position(self._slot(slot, "slot_position"))
+
+    def truncate(self, n: int, *, slot: int = 0) -> None:
+        """Rewind the slot to position n, keeping its first n tokens cached (601 past its
+        position)."""
+        slot = self._slot(slot, "truncate")
+        n = self._token_count(n, "truncate")
+        with self._lock:
+            self._check_not_decoding("truncate")
+            self._engine.truncate_slot(slot, n)
+
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Slot dst takes the first n cached positions of slot src (their exact bits) and is
+        left at position n: a prompt that starts with a prefix another slot holds skips its
+        prefill. 601 when n exceeds src's position or src == dst."""
+        src = self._slot(src, "copy_prefix")
+        dst = self._slot(dst, "copy_prefix")
+        n = self._token_count(n, "copy_prefix")
+        with self._lock:
+            self._check_not_decoding("copy_prefix")
+            self._engine.copy_prefix(src, dst, n)
+
+    @staticmethod
+    def _token_count(n, what: str) -> int:
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+            raise TypeError(f"{what}: n must be an int, got {type(n).__name__}")
+        return as_i64_clamped(n, "n")
+
+    def reset(self, *, slot: int = 0) -> None:
+        """Rewind the slot to position 0; the KV cache is kept, not reallocated."""
+        slot = self._slot(slot, "reset")
         with self._lock:
             self._check_not_decoding("reset")
-            self._engine.reset()
+            if slot == 0:
+                self._engine.reset()
+            else:
+                self._engine.truncate_slot(slot, 0)
 
     def generate(self, prompt_ids, n_new, *, temperature=0.0, top_k=None, top_p=None, seed=None,
                  stop_ids=(), on_token=None) -> list:

@@ -1,0 +1,309 @@
+"""Continuous batching over a resident session's slots: many requests decoded together.
+
+``Scheduler(session)`` owns a :class:`ResidentSession` opened with ``slots=N`` and runs one
+worker thread. Requests are submitted from any thread (``submit``) and their tokens arrive as
+events on the returned :class:`Job`. Each turn of the worker:
+
+1. drops cancelled jobs (a client gone, a stop string seen) and frees their slots;
+2. admits queued jobs into free slots, choosing for each the slot whose cached tokens share
+   the longest prefix with its prompt, the free slot itself (``truncate``) or any other
+   (``copy_prefix``), so a shared system prompt is prefilled once;
+3. prefills at most ``prefill_chunk`` prompt tokens of one admitted job, so the sequences
+   already decoding keep their pace while a long prompt comes in;
+4. steps every decoding job at once (``step_batch``: the weights read once for all of them).
+
+A job's tokens do not depend on the company it keeps: ``step_batch`` rows are bit-identical to
+a lone step, a chunked prefill to a whole one, a copied prefix to a recomputed one, and each
+job samples from its own generator (``seed``). So a request decodes the same alone or among
+any others, whenever it joined.
+
+Every refusal happens in ``submit``, before the job is queued: a prompt plus ``max_tokens``
+past the slot capacity (606), a bad sampling argument, a full queue (:class:`QueueFull`).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import numbers
+import queue
+import threading
+import time
+
+import numpy as np
+
+from .. import _core
+from ..errors import ResidentError
+from .session import ResidentSession, _sampler, _token_ids
+
+_c = _core.residentk
+
+
+class QueueFull(Exception):
+    """Every slot is busy and the wait queue is at its bound: try again later."""
+
+
+class Job:
+    """One request's handle. Events, in order, from ``events()`` (blocking) or the
+    ``on_event`` callback given to ``submit`` (called on the worker thread):
+    ``("token", id)`` per generated id, then exactly one of ``("done", reason)`` with reason
+    "stop" (a stop id), "length" (``max_tokens``) or "cancelled", or ``("error", exception)``."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, prompt, max_tokens, pick, stop_ids, on_event):
+        self.id = next(Job._ids)
+        self.prompt = prompt  # int64 array
+        self.max_tokens = max_tokens
+        self.pick = pick
+        self.stop_ids = stop_ids
+        self.generated = []
+        self.cached = 0  # prompt tokens found in the cache (prefix reuse)
+        self.finish_reason = None
+        self.submitted = time.perf_counter()
+        self.first_token_at = None
+        self._on_event = on_event
+        self._q = queue.SimpleQueue() if on_event is None else None
+        self._cancel = threading.Event()
+        # worker state
+        self.slot = None
+        self.fed = 0  # prompt tokens in the slot's cache
+        self.pending = None  # the last generated id, not yet stepped
+
+    def cancel(self) -> None:
+        """Stop this job: its slot is freed at the worker's next turn (and ``("done",
+        "cancelled")`` sent unless it already finished)."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def events(self, timeout=None):
+        """Yield the events until the final one (only without ``on_event``)."""
+        if self._q is None:
+            raise RuntimeError("this job reports through its on_event callback")
+        while True:
+            ev = self._q.get(timeout=timeout)
+            yield ev
+            if ev[0] != "token":
+                return
+
+    def result(self, timeout=None) -> list:
+        """The generated ids once the job ends; raises its error, if it had one."""
+        for kind, val in self.events(timeout):
+            if kind == "error":
+                raise val
+        return list(self.generated)
+
+    def _emit(self, ev) -> None:
+        if self._q is not None:
+            self._q.put(ev)
+        else:
+            self._on_event(ev)
+
+
+class Scheduler:
+    """Continuous batching of requests over ``session``'s slots (see the module docstring).
+
+    ``prefill_chunk``: prompt tokens prefilled per worker turn (a turn also steps every
+    decoding job). ``max_queue``: jobs waiting for a slot beyond which ``submit`` raises
+    :class:`QueueFull`."""
+
+    def __init__(self, session: ResidentSession, *, prefill_chunk: int = 256,
+                 max_queue: int = 64):
+        if not isinstance(session, ResidentSession):
+            raise TypeError("session must be a ResidentSession")
+        for name, v in (("prefill_chunk", prefill_chunk), ("max_queue", max_queue)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < (name == "prefill_chunk"):
+                raise ResidentError(f"{name} must be an int >= {int(name == 'prefill_chunk')}, "
+                                    f"got {v!r}", 601)
+        self.session = session
+        self.prefill_chunk = int(prefill_chunk)
+        self.max_queue = int(max_queue)
+        self._slots = session.slots
+        self._cache = [[] for _ in range(self._slots)]  # token ids each slot's KV holds
+        self._busy = [None] * self._slots  # the job in each slot
+        self._waiting = collections.deque()
+        self._cv = threading.Condition()
+        self._closing = False
+        self._stop_now = False
+        self.stats = {"steps": 0, "step_rows": 0, "prefill_tokens": 0, "reused_tokens": 0}
+        self._thread = threading.Thread(target=self._run, name="algenta-scheduler", daemon=True)
+        self._thread.start()
+
+    # -- submitting ---------------------------------------------------------------------------
+    def submit(self, prompt_ids, max_tokens, *, temperature=0.0, top_k=None, top_p=None,
+               seed=None, stop_ids=(), on_event=None) -> Job:
+        """Queue a request; its events arrive on the returned Job. Refused before queueing:
+        an empty prompt or an id outside the vocabulary (601), max_tokens < 1 (601), a prompt
+        plus max_tokens past the session's max_ctx (606, both numbers named), a bad sampling
+        argument, a closed scheduler (RuntimeError), a full queue (QueueFull)."""
+        s = self.session
+        ids = _token_ids(prompt_ids, s.config.vocab, "prompt_ids")
+        if ids.size == 0:
+            raise ResidentError("the prompt is empty: at least one token is needed", 601)
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral):
+            raise TypeError(f"max_tokens must be an int, got {type(max_tokens).__name__}")
+        if max_tokens < 1:
+            raise ResidentError(f"max_tokens must be >= 1, got {max_tokens}", 601)
+        st = _c.residentk_context_check(int(ids.size), min(int(max_tokens), 2**62), s.max_ctx)
+        if st != _c.RESIDENT_OK:
+            raise ResidentError(
+                f"a prompt of {ids.size} tokens plus max_tokens={max_tokens} exceeds a slot's "
+                f"context of {s.max_ctx} positions", st)
+        pick = _sampler(temperature, top_k, top_p, seed, s.config.vocab)
+        if on_event is not None and not callable(on_event):
+            raise TypeError("on_event must be callable")
+        job = Job(ids, int(max_tokens), pick, frozenset(int(t) for t in stop_ids), on_event)
+        with self._cv:
+            if self._closing:
+                raise RuntimeError("the scheduler is closed")
+            free = sum(b is None for b in self._busy)
+            if len(self._waiting) >= free + self.max_queue:
+                raise QueueFull(f"all {self._slots} slots are busy and {len(self._waiting)} "
+                                f"requests are waiting")
+            self._waiting.append(job)
+            self._cv.notify()
+        return job
+
+    def load(self) -> dict:
+        """Slots in use and jobs waiting, now."""
+        with self._cv:
+            return {"slots": self._slots, "active": sum(b is not None for b in self._busy),
+                    "waiting": len(self._waiting)}
+
+    def close(self, *, cancel: bool = False, timeout=None) -> None:
+        """Stop accepting; finish what runs (or cancel it), then stop the worker. With a
+        timeout, what still runs when it passes is cancelled."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cv:
+            self._closing = True
+            while self._waiting or any(b is not None for b in self._busy):
+                if cancel or (deadline is not None and time.monotonic() >= deadline):
+                    for j in list(self._waiting) + [b for b in self._busy if b is not None]:
+                        j.cancel()
+                self._cv.notify_all()
+                self._cv.wait(0.05)
+            self._stop_now = True
+            self._cv.notify_all()
+        self._thread.join()
+
+    # -- the worker ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.notify_all()  # close() waits for the jobs to end
+                while not self._stop_now and not self._waiting and \
+                        all(b is None for b in self._busy):
+                    self._cv.wait()
+                if self._stop_now:
+                    return
+                self._drop_cancelled()
+                self._admit()
+            try:
+                self._prefill_one()
+                self._decode()
+            except Exception as e:  # an engine failure: fail the jobs it touched, keep serving
+                self._fail_running(e)
+
+    def _finish(self, job: Job, reason=None, error=None) -> None:
+        if job.slot is not None:
+            self._busy[job.slot] = None
+            job.slot = None
+        if job.finish_reason is None:
+            job.finish_reason = reason or "error"
+            job._emit(("error", error) if error is not None else ("done", reason))
+
+    def _drop_cancelled(self) -> None:
+        for j in [j for j in self._waiting if j.cancelled]:
+            self._waiting.remove(j)
+            self._finish(j, "cancelled")
+        for j in self._busy:
+            if j is not None and j.cancelled:
+                self._finish(j, "cancelled")
+
+    def _admit(self) -> None:
+        s = self.session
+        while self._waiting and None in self._busy:
+            job = self._waiting.popleft()
+            p = job.prompt.tolist()
+            limit = len(p) - 1  # the last prompt token is always run: its logits are needed
+
+            def shared(k):
+                c, n = self._cache[k], 0
+                for a, b in zip(c, p[:limit]):
+                    if a != b:
+                        break
+                    n += 1
+                return n
+
+            free = [k for k in range(self._slots) if self._busy[k] is None]
+            # the free slot keeping the most of this prompt (its own cache), then any slot's
+            best_free = max(free, key=shared)
+            src = max(range(self._slots), key=shared)
+            dst, n = best_free, shared(best_free)
+            if shared(src) > n:
+                s.copy_prefix(src, dst, shared(src))
+                n = shared(src)
+                self._cache[dst] = list(self._cache[src][:n])
+            else:
+                s.truncate(n, slot=dst)
+                del self._cache[dst][n:]
+            job.slot, job.fed, job.cached = dst, n, n
+            self._busy[dst] = job
+            self.stats["reused_tokens"] += n
+
+    def _prefill_one(self) -> None:
+        for job in self._busy:  # slot order: the oldest admission is not starved
+            if job is None or job.fed >= job.prompt.size:
+                continue
+            end = min(job.prompt.size, job.fed + self.prefill_chunk)
+            chunk = job.prompt[job.fed:end]
+            logits = self.session.prefill(chunk, slot=job.slot)
+            self._cache[job.slot].extend(chunk.tolist())
+            self.stats["prefill_tokens"] += int(chunk.size)
+            job.fed = end
+            if end == job.prompt.size:
+                self._produce(job, logits)
+            return
+
+    def _decode(self) -> None:
+        rows = [j for j in self._busy if j is not None and j.pending is not None
+                and not j.cancelled]
+        if not rows:
+            return
+        logits = self.session.step_batch([j.slot for j in rows], [j.pending for j in rows])
+        self.stats["steps"] += 1
+        self.stats["step_rows"] += len(rows)
+        for b, j in enumerate(rows):
+            self._cache[j.slot].append(j.pending)
+            j.pending = None
+            self._produce(j, logits[b])
+
+    def _produce(self, job: Job, logits) -> None:
+        try:
+            t = job.pick(logits)
+        except Exception as e:  # NaN logits under sampling (609): this job alone fails
+            self._finish(job, error=e)
+            return
+        if job.first_token_at is None:
+            job.first_token_at = time.perf_counter()
+        job.generated.append(t)
+        job._emit(("token", t))
+        if t in job.stop_ids:
+            self._finish(job, "stop")
+        elif len(job.generated) >= job.max_tokens:
+            self._finish(job, "length")
+        else:
+            job.pending = t
+
+    def _fail_running(self, e: Exception) -> None:
+        with self._cv:
+            for j in list(self._busy):
+                if j is not None:
+                    # the slot's cache may hold a partial step: forget what it held
+                    self._cache[j.slot] = []
+                    self.session.truncate(0, slot=j.slot)
+                    self._finish(j, error=e)
+            self._cv.notify_all()
