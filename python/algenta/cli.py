@@ -14,7 +14,7 @@ import importlib
 import os
 import sys
 
-_SUBCOMMANDS = ["algenta.cli_plan", "algenta.cli_generate"]
+_SUBCOMMANDS = ["algenta.cli_plan", "algenta.cli_generate", "algenta.cli_serve"]
 
 
 class CliError(Exception):

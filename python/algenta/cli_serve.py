@@ -1,0 +1,144 @@
+"""``algenta serve``: an OpenAI-compatible HTTP server over a resident session's slots.
+
+    algenta serve --model DIR [--weights F] [--kv F] [--slots N] [--max-ctx N] [--device D]
+                  [--host H] [--port P] [--api-key K] [--max-queue N] [--name NAME]
+
+Needs the ``serve`` extra (``pip install ".[serve]"``: starlette, uvicorn, tokenizers, jinja2)
+and the checkpoint's ``tokenizer.json`` (its ``tokenizer_config.json`` for the chat template).
+Whether the weights and ``--slots`` KV caches of ``--max-ctx`` positions fit this host's
+available memory is answered from the plan arithmetic before anything is read or allocated.
+Binds to 127.0.0.1 unless ``--host`` says otherwise. SIGTERM or Ctrl-C stops accepting, lets
+running responses finish for up to ``--grace`` seconds, cancels the rest and exits 0.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from .cli import CliError
+from .cli_generate import _eos_ids, _positive_int, _tokenizer
+
+
+def register(subparsers) -> None:
+    from .residentk.contract import RESIDENT_KV_FORMATS, RESIDENT_WEIGHT_FORMATS
+
+    p = subparsers.add_parser(
+        "serve", help="serve a Qwen3 checkpoint over an OpenAI-compatible HTTP API",
+        description="Serve a HuggingFace Qwen3 checkpoint to OpenAI clients: /v1/completions, "
+                    "/v1/chat/completions (streamed or not), /v1/models, /health. Every slot "
+                    "decodes in the same step (continuous batching).")
+    p.add_argument("--model", required=True, metavar="DIR", help="checkpoint directory")
+    p.add_argument("--name", metavar="NAME",
+                   help="the model id clients send (default: the directory's name)")
+    p.add_argument("--weights", choices=RESIDENT_WEIGHT_FORMATS, default="f32")
+    p.add_argument("--kv", choices=RESIDENT_KV_FORMATS, default="f32")
+    p.add_argument("--slots", type=_positive_int, default=4, metavar="N",
+                   help="sequences decoded together (default 4)")
+    p.add_argument("--max-ctx", type=_positive_int, default=2048, metavar="N",
+                   help="positions per slot: a prompt plus max_tokens (default 2048)")
+    p.add_argument("--device", choices=("cpu", "auto"), default="cpu",
+                   help="the CPU engine (several slots run on it; the CUDA engine holds one)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks one)")
+    p.add_argument("--api-key", metavar="KEY", default=os.environ.get("ALGENTA_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' (default: $ALGENTA_API_KEY)")
+    p.add_argument("--max-queue", type=_positive_int, default=64, metavar="N",
+                   help="requests waiting for a slot before 429 (default 64)")
+    p.add_argument("--prefill-chunk", type=_positive_int, default=256, metavar="N",
+                   help="prompt tokens prefilled between two decode steps (default 256)")
+    p.add_argument("--max-body", type=_positive_int, default=1 << 20, metavar="BYTES",
+                   help="largest request body (default 1 MiB; past it 413)")
+    p.add_argument("--grace", type=float, default=30.0, metavar="S",
+                   help="seconds running responses get to finish at shutdown (default 30)")
+    p.set_defaults(handler=run)
+
+
+def _mem_available() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _chat_template(root: Path):
+    """(template, bos_token, eos_token) from tokenizer_config.json (or chat_template.jinja)."""
+    from .residentk.config import read_json_file
+
+    tc = {}
+    if (root / "tokenizer_config.json").is_file():
+        tc = read_json_file(root / "tokenizer_config.json", "tokenizer_config.json")
+    tpl = tc.get("chat_template")
+    if isinstance(tpl, list):  # named templates: the default one
+        tpl = next((t.get("template") for t in tpl if isinstance(t, dict)
+                    and t.get("name") == "default"), None)
+    if tpl is None and (root / "chat_template.jinja").is_file():
+        tpl = (root / "chat_template.jinja").read_text()
+
+    def token(v):
+        return v.get("content", "") if isinstance(v, dict) else (v or "")
+
+    return tpl, token(tc.get("bos_token")), token(tc.get("eos_token"))
+
+
+def run(args) -> int:
+    try:
+        import uvicorn
+
+        from .serve import build_app
+    except ImportError as e:
+        raise CliError(f"algenta serve needs the 'serve' extra (pip install \"algenta[serve]\" "
+                       f"or \".[serve]\" in a checkout): {e}") from None
+    from .errors import AlgentaError
+    from .residentk.batch import Scheduler
+    from .residentk.contract import residentk_footprint, resident_bucket_ctx
+    from .residentk.loader import open_checkpoint
+    from .residentk.session import ResidentSession
+
+    root = Path(args.model)
+    if not root.is_dir():
+        raise CliError(f"{root}: not a checkpoint directory")
+    tok = _tokenizer(root)
+    try:
+        ck = open_checkpoint(root)  # headers only: nothing allocated yet
+    except (AlgentaError, FileNotFoundError) as e:
+        raise CliError(str(e)) from None
+    c = ck.config
+    if not 1 <= args.max_ctx <= 65536:
+        raise CliError(f"--max-ctx {args.max_ctx} outside [1, 65536] (status 602)")
+    cap = resident_bucket_ctx(args.max_ctx)
+    fp = residentk_footprint(c.d_model, c.h_q, c.h_kv, c.d_head, c.d_ff, c.n_layers, c.vocab,
+                             cap, tied=c.tie_word_embeddings, check_tier=False,
+                             format=args.weights, kv_format=args.kv)
+    need = int(fp["weight_bytes"]) + args.slots * int(fp["kv_bytes"])
+    avail = _mem_available()
+    if avail and need > avail:
+        per = int(fp["kv_bytes"])
+        fit = max(0, (avail - int(fp["weight_bytes"])) // per) if per else 0
+        raise CliError(f"the weights ({int(fp['weight_bytes']) / 2**30:.2f} GiB, {args.weights}) "
+                       f"and {args.slots} slots of {cap} positions ({per / 2**30:.2f} GiB each, "
+                       f"kv {args.kv}) need {need / 2**30:.2f} GiB; this host has "
+                       f"{avail / 2**30:.2f} GiB available: at most {fit} slots fit "
+                       f"(see algenta plan --slots)")
+    try:
+        session = ResidentSession.from_pretrained(root, max_ctx=args.max_ctx,
+                                                  device=args.device, weights=args.weights,
+                                                  kv=args.kv, slots=args.slots)
+    except (AlgentaError, FileNotFoundError) as e:
+        raise CliError(str(e)) from None
+    tpl, bos, eos = _chat_template(root)
+    sched = Scheduler(session, prefill_chunk=args.prefill_chunk, max_queue=args.max_queue)
+    name = args.name or root.resolve().name
+    app = build_app(sched, tok, model_name=name, eos_ids=_eos_ids(root), chat_template=tpl,
+                    bos_token=bos, eos_token=eos, api_key=args.api_key, max_body=args.max_body)
+    print(f"algenta serve: '{name}' on http://{args.host}:{args.port} ({session.device}, "
+          f"weights {args.weights}, kv {args.kv}, {args.slots} slots of {args.max_ctx} "
+          f"positions, {need / 2**30:.2f} GiB resident)", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
+                timeout_graceful_shutdown=args.grace)
+    return 0
