@@ -13,7 +13,9 @@ running responses finish for up to ``--grace`` seconds, cancels the rest and exi
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -139,6 +141,22 @@ def run(args) -> int:
     print(f"algenta serve: '{name}' on http://{args.host}:{args.port} ({session.device}, "
           f"weights {args.weights}, kv {args.kv}, {args.slots} slots of {args.max_ctx} "
           f"positions, {need / 2**30:.2f} GiB resident)", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
-                timeout_graceful_shutdown=args.grace)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
+                                           log_level="warning",
+                                           timeout_graceful_shutdown=args.grace))
+    stopped = []
+
+    def stop(signum, frame):  # the first signal drains; a second one forces the exit
+        server.force_exit = bool(stopped)
+        server.should_exit = True
+        stopped.append(signum)
+
+    # Our handlers, not uvicorn's: it re-raises the signal after its graceful shutdown, which
+    # ends the process "killed by SIGTERM" instead of the exit status 0 a clean stop is.
+    server.capture_signals = contextlib.nullcontext
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
+    server.run()
+    if not server.started:
+        raise CliError(f"cannot listen on {args.host}:{args.port}")
     return 0

@@ -127,8 +127,10 @@ class Scheduler:
         self._waiting = collections.deque()
         self._cv = threading.Condition()
         self._closing = False
+        self._placing = 0
         self._stop_now = False
-        self.stats = {"steps": 0, "step_rows": 0, "prefill_tokens": 0, "reused_tokens": 0}
+        self.stats = {"steps": 0, "step_rows": 0, "prefill_tokens": 0, "reused_tokens": 0,
+                      "cancelled": 0}
         self._thread = threading.Thread(target=self._run, name="algenta-scheduler", daemon=True)
         self._thread.start()
 
@@ -159,7 +161,7 @@ class Scheduler:
         with self._cv:
             if self._closing:
                 raise RuntimeError("the scheduler is closed")
-            free = sum(b is None for b in self._busy)
+            free = sum(b is None for b in self._busy) - self._placing
             if len(self._waiting) >= free + self.max_queue:
                 raise QueueFull(f"all {self._slots} slots are busy and {len(self._waiting)} "
                                 f"requests are waiting")
@@ -170,7 +172,8 @@ class Scheduler:
     def load(self) -> dict:
         """Slots in use and jobs waiting, now."""
         with self._cv:
-            return {"slots": self._slots, "active": sum(b is not None for b in self._busy),
+            return {"slots": self._slots,
+                    "active": sum(b is not None for b in self._busy) + self._placing,
                     "waiting": len(self._waiting)}
 
     def close(self, *, cancel: bool = False, timeout=None) -> None:
@@ -179,7 +182,7 @@ class Scheduler:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:
             self._closing = True
-            while self._waiting or any(b is not None for b in self._busy):
+            while self._waiting or self._placing or any(b is not None for b in self._busy):
                 if cancel or (deadline is not None and time.monotonic() >= deadline):
                     for j in list(self._waiting) + [b for b in self._busy if b is not None]:
                         j.cancel()
@@ -191,6 +194,8 @@ class Scheduler:
 
     # -- the worker ---------------------------------------------------------------------------
     def _run(self) -> None:
+        # Only this thread changes _busy and the slots' caches. The lock guards the wait queue
+        # and is never held across an engine call, so submit() and load() never wait on a step.
         while True:
             with self._cv:
                 self._cv.notify_all()  # close() waits for the jobs to end
@@ -199,9 +204,20 @@ class Scheduler:
                     self._cv.wait()
                 if self._stop_now:
                     return
-                self._drop_cancelled()
-                self._admit()
+                for j in [j for j in self._waiting if j.cancelled]:
+                    self._waiting.remove(j)
+                    self._finish(j, "cancelled")
+                free = sum(b is None for b in self._busy)
+                admit = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+                self._placing = len(admit)  # counted as busy by submit() until placed
             try:
+                for j in self._busy:
+                    if j is not None and j.cancelled:
+                        self._finish(j, "cancelled")
+                try:
+                    self._admit(admit)
+                finally:
+                    self._placing = 0
                 self._prefill_one()
                 self._decode()
             except Exception as e:  # an engine failure: fail the jobs it touched, keep serving
@@ -213,20 +229,18 @@ class Scheduler:
             job.slot = None
         if job.finish_reason is None:
             job.finish_reason = reason or "error"
+            if reason == "cancelled":
+                self.stats["cancelled"] += 1
             job._emit(("error", error) if error is not None else ("done", reason))
 
-    def _drop_cancelled(self) -> None:
-        for j in [j for j in self._waiting if j.cancelled]:
-            self._waiting.remove(j)
-            self._finish(j, "cancelled")
-        for j in self._busy:
-            if j is not None and j.cancelled:
-                self._finish(j, "cancelled")
-
-    def _admit(self) -> None:
+    def _admit(self, jobs) -> None:
+        """Place each job in a free slot: the one whose cache keeps the most of its prompt;
+        a longer prefix any other slot holds is copied in."""
         s = self.session
-        while self._waiting and None in self._busy:
-            job = self._waiting.popleft()
+        for job in jobs:
+            if job.cancelled:
+                self._finish(job, "cancelled")
+                continue
             p = job.prompt.tolist()
             limit = len(p) - 1  # the last prompt token is always run: its logits are needed
 
@@ -238,20 +252,23 @@ class Scheduler:
                     n += 1
                 return n
 
-            free = [k for k in range(self._slots) if self._busy[k] is None]
-            # the free slot keeping the most of this prompt (its own cache), then any slot's
-            best_free = max(free, key=shared)
+            dst = max((k for k in range(self._slots) if self._busy[k] is None), key=shared)
             src = max(range(self._slots), key=shared)
-            dst, n = best_free, shared(best_free)
-            if shared(src) > n:
-                s.copy_prefix(src, dst, shared(src))
-                n = shared(src)
-                self._cache[dst] = list(self._cache[src][:n])
-            else:
-                s.truncate(n, slot=dst)
-                del self._cache[dst][n:]
-            job.slot, job.fed, job.cached = dst, n, n
+            n = shared(dst)
+            try:
+                if shared(src) > n:
+                    n = shared(src)
+                    s.copy_prefix(src, dst, n)
+                    self._cache[dst] = list(self._cache[src][:n])
+                else:
+                    s.truncate(n, slot=dst)
+                    del self._cache[dst][n:]
+            except Exception as e:  # this job alone fails; the slot's cache is forgotten
+                self._cache[dst] = []
+                self._finish(job, error=e)
+                continue
             self._busy[dst] = job
+            job.slot, job.fed, job.cached = dst, n, n
             self.stats["reused_tokens"] += n
 
     def _prefill_one(self) -> None:
