@@ -95,6 +95,28 @@ def test_gpu_mem_fit_headroom_and_largest_ctx():
     assert "does NOT fit" in r.stdout and "short by" in r.stdout
 
 
+def test_slots_fit_and_the_most_that_do():
+    # the weights once, one KV cache per sequence at the bucket (3,000 -> 4,096 positions)
+    code, rep = plan_json("qwen3-0.6b", "--slots", "16", "--ctx", "3000", "--weights", "int8",
+                          "--kv", "bf16", "--mem", "16GiB")
+    sl = rep["slots"]
+    fp = rc.residentk_footprint(*Q06, 4096, format="int8", kv_format="bf16")
+    assert sl["weight_bytes"] == fp["weight_bytes"] and sl["kv_bytes_per_slot"] == fp["kv_bytes"]
+    assert sl["kv_bytes_per_slot"] == 2 * rc.residentk_cache_elements(28, 8, 128, 4096)
+    assert sl["need_bytes"] == fp["weight_bytes"] + 16 * fp["kv_bytes"]
+    assert sl["fits"] is True and code == 0 and sl["budget_of"] == "host"
+    most = sl["max_slots"]
+    assert fp["weight_bytes"] + most * fp["kv_bytes"] <= 16 * 2**30
+    assert fp["weight_bytes"] + (most + 1) * fp["kv_bytes"] > 16 * 2**30
+    code, rep = plan_json("qwen3-0.6b", "--slots", "64", "--ctx", "4096", "--gpu-mem", "8GiB")
+    assert rep["slots"]["fits"] is False and code == 1 and rep["slots"]["budget_of"] == "gpu"
+    assert 0 < rep["slots"]["max_slots"] < 64
+    r = algenta("plan", "qwen3-0.6b", "--slots", "64", "--ctx", "4096", "--mem", "8GiB")
+    assert "does NOT fit" in r.stdout and "most sequences at ctx 4,096" in r.stdout
+    code, rep = plan_json("qwen3-0.6b", "--slots", "4")
+    assert rep["slots"]["fits"] is None and rep["slots"]["max_slots"] is None and code == 0
+
+
 @pytest.mark.parametrize("text,nbytes", [("80GiB", 80 * 2**30), ("80G", 80 * 2**30),
                                          ("80GB", 80 * 10**9), ("81920MiB", 80 * 2**30),
                                          ("24", 24 * 2**30), ("0.5TiB", 2**39)])
@@ -198,6 +220,9 @@ def test_tier_refusal_still_sized():
     (["plan", "qwen3-0.6b", "--gpu-mem", "lots"], "--gpu-mem"),
     (["plan", "qwen3-0.6b", "--gpu-mem", "-5GB"], "--gpu-mem"),
     (["plan", "qwen3-0.6b", "--train-tokens", "0"], "--train-tokens"),
+    (["plan", "qwen3-0.6b", "--slots", "0"], "--slots"),
+    (["plan", "qwen3-0.6b", "--slots", "1025"], "RESIDENT_MAX_SLOTS"),
+    (["plan", "qwen3-0.6b", "--slots", "2", "--mem", "lots"], "--mem"),
     (["plan", "qwen3-0.6b", "--chunk", "64"], "--chunk needs --train-tokens"),
     (["plan", "--config", "/nonexistent/config.json"], "No such file"),
     (["plan", "qwen3-0.6b", "--frobnicate"], "unrecognized arguments"),

@@ -33,16 +33,20 @@ block of 32 along each row). --kv says how the KV cache holds keys and values: f
 default), bf16 or f16 (2 bytes). The norms are float32 in every format; element counts do not
 change, bytes do. A session allocates its KV cache at the bucketed capacity (the next power of
 two from 512 to 65,536), so that, with the weights in the --weights format and the cache in the
---kv format, is what --gpu-mem is checked against.
+--kv format, is what --gpu-mem is checked against. --slots N sizes serving N sequences of --ctx
+positions from one session (algenta serve --slots): the weights once, one bucketed KV cache per
+sequence, checked against --mem (host memory, the CPU engine) or --gpu-mem, with the most
+sequences that fit.
 
-exit status: 0 the shape is supported (and fits --gpu-mem), 1 it is refused or does not fit,
-2 bad input.
+exit status: 0 the shape is supported (and fits --gpu-mem, and --slots fits), 1 it is refused
+or does not fit, 2 bad input.
 
 examples:
   algenta plan qwen3-0.6b
   algenta plan qwen3-8b --ctx 8192 --gpu-mem 80GiB --tp 2
   algenta plan qwen3-8b --weights int8 --gpu-mem 24GiB
   algenta plan qwen3-8b --ctx 32768 --weights bf16 --kv bf16 --gpu-mem 24GiB
+  algenta plan qwen3-0.6b --slots 16 --ctx 4096 --weights int8 --kv bf16 --mem 16GiB
   algenta plan --config ./Qwen3-4B/config.json --train-tokens 2048 --chunk 256 --json
 """
 
@@ -174,7 +178,7 @@ def _bytes(at_ctx: dict, at_bucket: dict, terms: dict) -> dict:
 
 
 def plan(shape, *, ctx: int = 512, tp: int = 1, gpu_mem=None, train_tokens=None, chunk=None,
-         weights: str = "f32", kv: str = "f32") -> dict:
+         weights: str = "f32", kv: str = "f32", slots=None, mem=None) -> dict:
     """The report as one JSON-ready dict (what ``--json`` prints). ``weights`` is the weight
     format (``f32``, ``bf16``, ``f16``, ``int8``) and ``kv`` the KV cache's (``f32``, ``bf16``,
     ``f16``): they change the ``bytes`` object, the ``tp`` share's ``bytes`` and the ``gpu``
@@ -262,6 +266,26 @@ def plan(shape, *, ctx: int = 512, tp: int = 1, gpu_mem=None, train_tokens=None,
                                                     check_tier=not tier_only, format=weights,
                                                     kv_format=kv),
         }
+    if slots is not None:
+        # Serving: the weights once and one KV cache per sequence, each at the bucket a
+        # session allocates; against --mem (host memory, the CPU engine) or --gpu-mem.
+        if not 1 <= slots <= rc.RESIDENT_MAX_SLOTS:
+            raise CliError(f"--slots must be between 1 and {rc.RESIDENT_MAX_SLOTS:,} "
+                           f"(RESIDENT_MAX_SLOTS), got {slots:,}")
+        budget = mem if mem is not None else gpu_mem
+        ok = status == rc.RESIDENT_OK or tier_only
+        need = per_gpu["weight_bytes"] + slots * per_gpu["kv_bytes"]
+        out["slots"] = {
+            "n": slots, "ctx": ctx, "ctx_bucket": bucket,
+            "weight_bytes": per_gpu["weight_bytes"], "kv_bytes_per_slot": per_gpu["kv_bytes"],
+            "need_bytes": need if ok else 0,
+            "budget_bytes": budget,
+            "budget_of": None if budget is None else ("host" if mem is not None else "gpu"),
+            "fits": None if budget is None else bool(ok and need <= budget),
+            "max_slots": None if budget is None else rc.residentk_slots_fitting(
+                *dims, ctx, budget, tied=shape.tied, tp=tp, check_tier=not tier_only,
+                format=weights, kv_format=kv),
+        }
     if train_tokens is not None:
         max_chunk = lc.loss_max_chunk(train_tokens, shape.vocab)
         c = chunk if chunk is not None else max(max_chunk, 1)
@@ -276,6 +300,8 @@ def exit_status(report: dict) -> int:
     if report["status"] != 600:
         return 1
     if "gpu" in report and not report["gpu"]["fits"]:
+        return 1
+    if report.get("slots", {}).get("fits") is False:
         return 1
     return 0
 
@@ -405,6 +431,21 @@ def render(report: dict, source: str) -> str:
         ]
         lines += [""] + _table(rows, "lrl")
 
+    sl = report.get("slots")
+    if sl:
+        where = {"host": "host memory", "gpu": "GPU memory"}.get(sl["budget_of"])
+        rows = [f"serving {sl['n']:,} sequences of {sl['ctx']:,} positions (each allocates "
+                f"{sl['ctx_bucket']:,})",
+                ("weights, once", _gib(sl["weight_bytes"]), ""),
+                ("KV cache per sequence", _gib(sl["kv_bytes_per_slot"]), ""),
+                (f"total for {sl['n']:,}", _gib(sl["need_bytes"]),
+                 "" if sl["fits"] is None else ("fits" if sl["fits"] else "does NOT fit") +
+                 f" in {_gib(sl['budget_bytes'])} of {where}")]
+        if sl["max_slots"] is not None:
+            rows.append((f"most sequences at ctx {sl['ctx']:,}", f"{sl['max_slots']:,}",
+                         "" if sl["max_slots"] else "(the weights and one do not fit)"))
+        lines += [""] + _table(rows, "lrl")
+
     lo = report.get("loss")
     if lo:
         rows = [
@@ -443,7 +484,7 @@ def run(args) -> int:
         raise CliError("--chunk needs --train-tokens")
     report = plan(shape, ctx=args.ctx, tp=args.tp, gpu_mem=args.gpu_mem,
                   train_tokens=args.train_tokens, chunk=args.chunk, weights=args.weights,
-                  kv=args.kv)
+                  kv=args.kv, slots=args.slots, mem=args.mem)
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -483,6 +524,12 @@ def register(subparsers) -> None:
     p.add_argument("--kv", choices=RESIDENT_KV_FORMATS, default="f32",
                    help="how the KV cache holds keys and values: %(choices)s "
                         "(default %(default)s)")
+    p.add_argument("--slots", type=_arg_int("--slots"), metavar="N",
+                   help="serving: N sequences of --ctx positions in one session (the weights "
+                        "once, a KV cache each); with --mem or --gpu-mem: do they fit, and the "
+                        "most that do")
+    p.add_argument("--mem", type=parse_size, metavar="SIZE",
+                   help="host memory for --slots (the CPU engine; default: --gpu-mem)")
     p.add_argument("--tp", type=_arg_int("--tp"), default=1, metavar="N",
                    help="split the heads and the MLP over N GPUs (N must divide them)")
     p.add_argument("--train-tokens", type=_arg_int("--train-tokens"), metavar="N",

@@ -98,7 +98,8 @@ def run(args) -> int:
                        f"or \".[serve]\" in a checkout): {e}") from None
     from .errors import AlgentaError
     from .residentk.batch import Scheduler
-    from .residentk.contract import residentk_footprint, resident_bucket_ctx
+    from .residentk.contract import (resident_bucket_ctx, residentk_footprint,
+                                     residentk_slots_fitting)
     from .residentk.loader import open_checkpoint
     from .residentk.session import ResidentSession
 
@@ -121,7 +122,10 @@ def run(args) -> int:
     avail = _mem_available()
     if avail and need > avail:
         per = int(fp["kv_bytes"])
-        fit = max(0, (avail - int(fp["weight_bytes"])) // per) if per else 0
+        fit = residentk_slots_fitting(c.d_model, c.h_q, c.h_kv, c.d_head, c.d_ff, c.n_layers,
+                                      c.vocab, args.max_ctx, avail, tied=c.tie_word_embeddings,
+                                      check_tier=False, format=args.weights,
+                                      kv_format=args.kv)
         raise CliError(f"the weights ({int(fp['weight_bytes']) / 2**30:.2f} GiB, {args.weights}) "
                        f"and {args.slots} slots of {cap} positions ({per / 2**30:.2f} GiB each, "
                        f"kv {args.kv}) need {need / 2**30:.2f} GiB; this host has "

@@ -14,6 +14,7 @@ Ceilings (documented in ``cpp/include/algenta/residentk.hpp``):
 ================================  ===================  =========================================
 ``RESIDENT_MAX_CONTEXT``          65,536               KV positions; a refusal ceiling, not a size
 ``RESIDENT_DEFAULT_CONTEXT``      512                  default capacity, floor of the ctx bucket
+``RESIDENT_MAX_SLOTS``            1,024                sequences one session holds
 ``RESIDENT_MAX_D_MODEL``          2**16 (65,536)       D
 ``RESIDENT_MAX_HEADS``            1,024                Hq and Hkv each
 ``RESIDENT_MAX_D_HEAD``           1,024                Dh (also a power of two)
@@ -84,6 +85,7 @@ RESIDENT_ERR_LAUNCH_FAILED = _c.RESIDENT_ERR_LAUNCH_FAILED
 RESIDENT_ERR_NON_FINITE = _c.RESIDENT_ERR_NON_FINITE
 RESIDENT_CODE_OUT_OF_RANGE = _c.RESIDENT_CODE_OUT_OF_RANGE
 RESIDENT_MAX_CONTEXT = _c.RESIDENT_MAX_CONTEXT
+RESIDENT_MAX_SLOTS = _c.RESIDENT_MAX_SLOTS
 RESIDENT_DEFAULT_CONTEXT = _c.RESIDENT_DEFAULT_CONTEXT
 RESIDENT_MAX_D_MODEL = _c.RESIDENT_MAX_D_MODEL
 RESIDENT_MAX_HEADS = _c.RESIDENT_MAX_HEADS
@@ -246,6 +248,25 @@ def residentk_max_ctx_fitting(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab,
                                         _i64(n_layers, "n_layers"), _i64(vocab, "vocab"), tied,
                                         _i64(tp, "tp"), _i64(budget_bytes, "budget_bytes"),
                                         check_tier, _format(format), _kv_format(kv_format))
+
+
+def residentk_slots_fitting(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, max_ctx,
+                            budget_bytes, *, tied=True, tp=1, check_tier=True, format="f32",
+                            kv_format="f32") -> int:
+    """Most sequences (slots) of ``max_ctx`` positions one session holds within
+    ``budget_bytes``: the weights once, in ``format``, and one KV cache per slot at the bucketed
+    capacity ``resident_bucket_ctx(max_ctx)`` (what a session allocates), in ``kv_format``; per
+    GPU at ``tp``. 0 when the weights and one slot do not fit or the shape is refused; at most
+    ``RESIDENT_MAX_SLOTS``. The arithmetic ``ResidentSession(slots=N).resident_bytes`` and
+    ``algenta serve`` use."""
+    fp = residentk_footprint(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab,
+                             resident_bucket_ctx(max_ctx), tied=tied, tp=tp,
+                             check_tier=check_tier, format=format, kv_format=kv_format)
+    budget = _i64(budget_bytes, "budget_bytes")
+    if fp["status"] != RESIDENT_OK or fp["kv_bytes"] <= 0:
+        return 0
+    room = budget - fp["weight_bytes"]
+    return int(max(0, min(room // fp["kv_bytes"], RESIDENT_MAX_SLOTS)))
 
 
 def residentk_scalars_ok(eps, scale) -> bool:
