@@ -17,6 +17,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from .cli import CliError
@@ -66,6 +67,34 @@ def _mem_available() -> int:
     except OSError:
         pass
     return 0
+
+
+def _load_in_passing_thread(load):
+    """load() on a thread that ends when it returns. Loading runs OpenMP regions, and libgomp
+    keeps a thread pool for each thread that ever ran one; with the scheduler's pool alive too,
+    more pool threads than cores throttle every pool's spin-waits to a short count, and each of
+    a decode step's parallel regions then pays a futex wake-up (measured on 2 cores: batched
+    steps 1.5-1.8x slower). A pool is freed when its thread exits, so the scheduler's worker is
+    left the only one."""
+    from .errors import AlgentaError
+
+    box = {}
+
+    def run():
+        try:
+            box["session"] = load()
+        except BaseException as e:  # re-raised on the calling thread
+            box["error"] = e
+
+    t = threading.Thread(target=run, name="algenta-load")
+    t.start()
+    t.join()
+    e = box.get("error")
+    if isinstance(e, (AlgentaError, FileNotFoundError)):
+        raise CliError(str(e)) from None
+    if e is not None:
+        raise e
+    return box["session"]
 
 
 def _chat_template(root: Path):
@@ -131,12 +160,9 @@ def run(args) -> int:
                        f"kv {args.kv}) need {need / 2**30:.2f} GiB; this host has "
                        f"{avail / 2**30:.2f} GiB available: at most {fit} slots fit "
                        f"(see algenta plan --slots)")
-    try:
-        session = ResidentSession.from_pretrained(root, max_ctx=args.max_ctx,
-                                                  device=args.device, weights=args.weights,
-                                                  kv=args.kv, slots=args.slots)
-    except (AlgentaError, FileNotFoundError) as e:
-        raise CliError(str(e)) from None
+    session = _load_in_passing_thread(lambda: ResidentSession.from_pretrained(
+        root, max_ctx=args.max_ctx, device=args.device, weights=args.weights, kv=args.kv,
+        slots=args.slots))
     tpl, bos, eos = _chat_template(root)
     sched = Scheduler(session, prefill_chunk=args.prefill_chunk, max_queue=args.max_queue)
     name = args.name or root.resolve().name

@@ -8,7 +8,7 @@ events on the returned :class:`Job`. Each turn of the worker:
 2. admits queued jobs into free slots, choosing for each the slot whose cached tokens share
    the longest prefix with its prompt, the free slot itself (``truncate``) or any other
    (``copy_prefix``), so a shared system prompt is prefilled once;
-3. prefills at most ``prefill_chunk`` prompt tokens of one admitted job, so the sequences
+3. prefills at most ``prefill_chunk`` prompt tokens of the admitted jobs, so the sequences
    already decoding keep their pace while a long prompt comes in;
 4. steps every decoding job at once (``step_batch``: the weights read once for all of them).
 
@@ -16,6 +16,12 @@ A job's tokens do not depend on the company it keeps: ``step_batch`` rows are bi
 a lone step, a chunked prefill to a whole one, a copied prefix to a recomputed one, and each
 job samples from its own generator (``seed``). So a request decodes the same alone or among
 any others, whenever it joined.
+
+Every engine call runs on the worker thread. Open the session on a thread that then ends
+(``algenta serve`` does): libgomp keeps an OpenMP thread pool for every thread that ever ran a
+parallel region, and once the pools hold more threads than there are cores it throttles their
+spin-waits, so each parallel region of a step pays a futex wake-up (1.5-1.8x slower batched
+steps measured on 2 cores when the session was loaded on the main thread).
 
 Every refusal happens in ``submit``, before the job is queued: a prompt plus ``max_tokens``
 past the slot capacity (606), a bad sampling argument, a full queue (:class:`QueueFull`).
@@ -106,8 +112,8 @@ class Job:
 class Scheduler:
     """Continuous batching of requests over ``session``'s slots (see the module docstring).
 
-    ``prefill_chunk``: prompt tokens prefilled per worker turn (a turn also steps every
-    decoding job). ``max_queue``: jobs waiting for a slot beyond which ``submit`` raises
+    ``prefill_chunk``: the most prompt tokens prefilled per worker turn (a turn also steps
+    every decoding job). ``max_queue``: jobs waiting for a slot beyond which ``submit`` raises
     :class:`QueueFull`."""
 
     def __init__(self, session: ResidentSession, *, prefill_chunk: int = 256,
@@ -218,7 +224,7 @@ class Scheduler:
                     self._admit(admit)
                 finally:
                     self._placing = 0
-                self._prefill_one()
+                self._prefill_some()
                 self._decode()
             except Exception as e:  # an engine failure: fail the jobs it touched, keep serving
                 self._fail_running(e)
@@ -271,19 +277,24 @@ class Scheduler:
             job.slot, job.fed, job.cached = dst, n, n
             self.stats["reused_tokens"] += n
 
-    def _prefill_one(self) -> None:
-        for job in self._busy:  # slot order: the oldest admission is not starved
+    def _prefill_some(self) -> None:
+        """Up to prefill_chunk prompt tokens, of the admitted jobs in slot order (the budget
+        bounds how long the decoding jobs wait for their next step)."""
+        budget = self.prefill_chunk
+        for job in self._busy:
+            if budget <= 0:
+                return
             if job is None or job.fed >= job.prompt.size:
                 continue
-            end = min(job.prompt.size, job.fed + self.prefill_chunk)
+            end = min(job.prompt.size, job.fed + budget)
             chunk = job.prompt[job.fed:end]
             logits = self.session.prefill(chunk, slot=job.slot)
             self._cache[job.slot].extend(chunk.tolist())
             self.stats["prefill_tokens"] += int(chunk.size)
+            budget -= int(chunk.size)
             job.fed = end
             if end == job.prompt.size:
                 self._produce(job, logits)
-            return
 
     def _decode(self) -> None:
         rows = [j for j in self._busy if j is not None and j.pending is not None
