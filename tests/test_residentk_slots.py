@@ -55,6 +55,25 @@ def test_batched_steps_equal_lone_steps_bit_for_bit(weights, kv):
     assert s.slot_position(3) == 0
 
 
+def test_more_sequences_than_one_pass_carries():
+    # 16 rows a pass: 19 sequences step in two groups, each row still its lone bits
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, DIMS["vocab"], 1 + k % 5) for k in range(19)]
+    s = session(19, "int8")
+    solo = session(1, "int8")
+    want = []
+    for p in prompts:
+        solo.reset()
+        solo.prefill(p)
+        want.append(solo.step(9))
+    for k, p in enumerate(prompts):
+        s.prefill(p, slot=k)
+    order = list(range(19))[::-1]
+    rows = s.step_batch(order, [9] * 19)
+    for b, k in enumerate(order):
+        assert np.array_equal(rows[b], want[k]), k
+
+
 @pytest.mark.parametrize("kv", ["f32", "bf16"])
 def test_copied_and_kept_prefixes_continue_as_recomputed(kv):
     rng = np.random.default_rng(1)

@@ -148,40 +148,47 @@ struct Arena {
   }
 };
 
-// Per-thread room for one activation vector prepared as the weight format's panels multiply it
-// (SessionOps::round_bf16 / quantize_q8), up to `widest` values.
+// Per-thread room for up to `rows` activation vectors prepared as the weight format's panels
+// multiply them (SessionOps::round_bf16 / quantize_q8), each up to `widest` values.
 struct ActScratch {
   Dtype f = Dtype::F32;
-  int64_t stride = 0;  // elements per thread (widest rounded up to Q8_ACT_PAD)
+  int64_t stride = 0;  // elements a row takes (widest rounded up to Q8_ACT_PAD)
+  int64_t per = 0;     // elements a thread's rows take
   ABuf<int8_t> q;
   ABuf<uint16_t> b;
   Buf s, r;
   ActScratch() = default;
-  ActScratch(Dtype fmt, int nt, int64_t widest)
-      : f(fmt), stride((widest + kern::Q8_ACT_PAD - 1) / kern::Q8_ACT_PAD * kern::Q8_ACT_PAD) {
+  ActScratch(Dtype fmt, int nt, int64_t widest, int64_t rows)
+      : f(fmt),
+        stride((widest + kern::Q8_ACT_PAD - 1) / kern::Q8_ACT_PAD * kern::Q8_ACT_PAD),
+        per(rows * stride) {
     if (f == Dtype::Int8) {
-      q = ABuf<int8_t>(nt * stride);
-      s = Buf(nt * (stride / RESIDENT_INT8_BLOCK));
+      q = ABuf<int8_t>(nt * per);
+      s = Buf(nt * (per / RESIDENT_INT8_BLOCK));
     } else if (f == Dtype::BF16) {
-      b = ABuf<uint16_t>(nt * stride);
-      r = Buf(nt * stride);
+      b = ABuf<uint16_t>(nt * per);
+      r = Buf(nt * per);
     }
   }
-  kern::PanelAct prepare(const Simd& S, const float* x, int64_t n, int t) const {
+  // The M rows of X (n values each, ldx apart), prepared by thread t for its own products.
+  kern::PanelAct prepare(const Simd& S, const float* X, int64_t M, int64_t n, int64_t ldx,
+                         int t) const {
     kern::PanelAct a;
-    a.ld = stride, a.lds = stride / RESIDENT_INT8_BLOCK;
+    const int64_t lds = stride / RESIDENT_INT8_BLOCK;
+    a.ld = stride, a.lds = lds;
     if (f == Dtype::BF16) {
-      uint16_t* bt = b.p + t * stride;
-      float* rt = r.p + t * stride;
-      S.round_bf16(x, n, bt, rt);
+      uint16_t* bt = b.p + t * per;
+      float* rt = r.p + t * per;
+      for (int64_t m = 0; m < M; ++m)
+        S.round_bf16(X + m * ldx, n, bt + m * stride, rt + m * stride);
       a.f = rt, a.b = bt;
     } else if (f == Dtype::Int8) {
-      int8_t* qt = q.p + t * stride;
-      float* st = s.p + t * (stride / RESIDENT_INT8_BLOCK);
-      S.quantize_q8(x, n, qt, st);
+      int8_t* qt = q.p + t * per;
+      float* st = s.p + t * (per / RESIDENT_INT8_BLOCK);
+      for (int64_t m = 0; m < M; ++m) S.quantize_q8(X + m * ldx, n, qt + m * stride, st + m * lds);
       a.q = qt, a.s = st;
     } else {
-      a.f = x;
+      a.f = X, a.ld = ldx;
     }
     return a;
   }
@@ -308,17 +315,17 @@ inline void split(int64_t rows, int t, int nt, int64_t& r0, int64_t& r1) {
   r1 = r0 + base + (t < extra ? 1 : 0);
 }
 
-// Inside a parallel region: fn(r0, r1) over [0, rows) in chunks of ROWS_PER_TASK (one panel
-// block) handed out dynamically. Each row still has exactly one owner and one reduction order
-// (bits never depend on the schedule), but a thread that the OS deschedules on a shared machine
-// no longer holds a fixed half of every matvec hostage: the running ones take its chunks.
+// Inside a parallel region: fn(r0, r1) over [0, rows) in chunks of `chunk` rows (whole panel
+// blocks; one, ROWS_PER_TASK, for a single decode row) handed out dynamically. Each row still
+// has exactly one owner and one reduction order (bits never depend on the schedule), but a
+// thread that the OS deschedules on a shared machine no longer holds a fixed half of every
+// matvec hostage: the running ones take its chunks.
 constexpr int64_t ROWS_PER_TASK = kern::PANEL_ROWS;
 template <class Fn>
-inline void rows_dynamic(int64_t rows, Fn&& fn) {
-  const int64_t tasks = (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
+inline void rows_dynamic(int64_t rows, int64_t chunk, Fn&& fn) {
+  const int64_t tasks = (rows + chunk - 1) / chunk;
 #pragma omp for schedule(dynamic, 1)
-  for (int64_t t = 0; t < tasks; ++t)
-    fn(t * ROWS_PER_TASK, std::min(rows, (t + 1) * ROWS_PER_TASK));
+  for (int64_t t = 0; t < tasks; ++t) fn(t * chunk, std::min(rows, (t + 1) * chunk));
 }
 
 // out (n) = w (n) * (x (n) * 1/sqrt(mean(x^2) + eps)), as transformers' Qwen3RMSNorm.
@@ -341,6 +348,11 @@ struct Layer {
 };
 
 constexpr int64_t PREFILL_BLOCK = 256;
+// Sequences one decode pass multiplies at once: past 16 rows a batched step is compute-bound
+// on every format here, and the per-thread buffers grow with it; more sequences step in groups.
+constexpr int64_t kMaxStepRows = 16;
+// The most weight rows one task of a GEMM takes (task_rows).
+constexpr int64_t kMaxTaskRows = 256;
 // float32 elements of the staging buffer a tensor's rows arrive in at load (at least one row)
 constexpr int64_t STAGE_ELEMS = int64_t(1) << 20;
 // 256 KiB of float32: what one core streams in the few microseconds a fork/join costs.
@@ -379,7 +391,8 @@ class CpuSession final : public SessionBase {
       l.post_norm = Buf(D);
     }
     const int64_t widest = std::max({D, F, c.h_q * Dh});
-    act_scratch_ = ActScratch(wf, nt_, widest);
+    step_rows_ = std::min<int64_t>(slots_, kMaxStepRows);
+    act_scratch_ = ActScratch(wf, nt_, widest, step_rows_);
     // prefill's activation rows as the panels multiply them (act_rows)
     ldx_ = (widest + kern::Q8_ACT_PAD - 1) / kern::Q8_ACT_PAD * kern::Q8_ACT_PAD;
     const kern::PanelOps& P = simd().panels[kern::panel_index(wf)];
@@ -401,14 +414,16 @@ class CpuSession final : public SessionBase {
     std::memcpy(rope_.p, rope.data(), rope.size() * sizeof(float));
     rope_hw_ = std::max<int64_t>(Dh / 2, 1);
 
-    x_ = Buf(D);
-    xf_ = Buf(D);
-    qkv_ = Buf(q_rows_);
-    attn_ = Buf(c.h_q * Dh);
-    act_ = Buf(F);
+    // a decode step's rows (step_rows_ of them at most)
+    x_ = Buf(step_rows_ * D);
+    xf_ = Buf(step_rows_ * D);
+    qkv_ = Buf(step_rows_ * q_rows_);
+    attn_ = Buf(step_rows_ * c.h_q * Dh);
+    act_ = Buf(step_rows_ * F);
     logits_ = Buf(c.vocab);
-    scratch_ = Buf(int64_t(nt_) * std::max(D, F));
-    scores_ = Buf(c.h_q * cap_);
+    scratch_ = Buf(int64_t(nt_) * step_rows_ * std::max(D, F));
+    gate_up_ = Buf(int64_t(nt_) * 2 * step_rows_ * kMaxTaskRows);
+    scores_ = Buf(int64_t(nt_) * cap_);  // one attention score row per thread
   }
 
   const char* device() const override { return "cpu"; }
@@ -429,27 +444,23 @@ class CpuSession final : public SessionBase {
   int64_t weight_chunk_elems() const override { return STAGE_ELEMS; }
 
   void run_prefill(int64_t slot, const int64_t* ids, int64_t n, float* logits) override {
-    std::vector<int64_t> sl(size_t(std::min(n, PREFILL_BLOCK)), slot), at(sl.size());
     for (int64_t b = 0; b < n; b += PREFILL_BLOCK) {
       const int64_t m = std::min(PREFILL_BLOCK, n - b);
-      for (int64_t r = 0; r < m; ++r) at[size_t(r)] = pos_[slot] + b + r;
-      forward_rows(ids + b, m, sl.data(), at.data(), b + m == n ? logits : nullptr, false);
+      prefill_block(slot, ids + b, m, pos_[slot] + b, b + m == n ? logits : nullptr);
     }
   }
 
-  // One sequence steps on decode's own path (tuned team, one matvec per matrix); several go
-  // through the prefill GEMMs as rows of one block, every row its own slot and position: the
-  // weights stream once for all of them, and each row's cells are computed by the same
-  // multiply-add sequence as a lone step's (the split-invariance property), so a sequence's
-  // logits do not depend on its company.
+  // One sequence steps with the tuned team (see tuned_decode); several step together in
+  // groups of up to step_rows_, each group one pass over the weights with all cores. A row's
+  // bits are the bits it gets alone (decode_rows), so a sequence's logits do not depend on
+  // its company or on how the batch was grouped.
   void run_step_slots(const int64_t* slots, const int64_t* ids, int64_t B,
                       float* logits) override {
     if (B == 1) return tuned_decode(slots[0], ids[0], logits);
-    std::vector<int64_t> at(static_cast<size_t>(B));
-    for (int64_t b = 0; b < B; ++b) at[size_t(b)] = pos_[slots[b]];
-    for (int64_t b0 = 0; b0 < B; b0 += PREFILL_BLOCK) {
-      const int64_t m = std::min(PREFILL_BLOCK, B - b0);
-      forward_rows(ids + b0, m, slots + b0, at.data() + b0, logits + b0 * c_.vocab, true);
+    cur_nt_ = nt_;
+    for (int64_t b0 = 0; b0 < B; b0 += step_rows_) {
+      const int64_t m = std::min(step_rows_, B - b0);
+      decode_rows(slots + b0, ids + b0, m, logits + b0 * c_.vocab);
     }
   }
 
@@ -476,7 +487,7 @@ class CpuSession final : public SessionBase {
     const int use = probing ? 1 - choice_ : choice_;
     cur_nt_ = use ? nt_ : 1;
     const double t0 = omp_get_wtime();
-    decode(slot, id, logits);
+    decode_rows(&slot, &id, 1, logits);
     const double dt = omp_get_wtime() - t0;
     if (probing) {
       if (ema_[choice_] <= 0.0 || dt < ema_[choice_]) {
@@ -596,108 +607,133 @@ class CpuSession final : public SessionBase {
   // do not change: a cell's owner and reduction order never depend on the team size.
   int team(int64_t work) const { return work >= PARALLEL_MIN_FLOATS ? cur_nt_ : 1; }
 
-  // x (n) as this session's matrices consume it, prepared by thread t for its own products.
-  kern::PanelAct input(const Simd& S, const float* x, int64_t n, int t) const {
-    return act_scratch_.prepare(S, x, n, t);
+  // M rows of X (n values, ldx apart) as this session's matrices consume them, prepared by
+  // thread t for its own products.
+  kern::PanelAct input(const Simd& S, const float* X, int64_t M, int64_t n, int64_t ldx,
+                       int t) const {
+    return act_scratch_.prepare(S, X, M, n, ldx, t);
   }
   // Thread t's scratch for a panel product.
   void* ws(int t) const { return ws_.p + int64_t(t) * ws_bytes_; }
+  // Thread t's room for M normed rows (up to max(D, F) values each).
+  float* normed(int t) const {
+    return scratch_.p + int64_t(t) * step_rows_ * std::max(c_.d_model, c_.d_ff);
+  }
 
-  void decode(int64_t slot, int64_t id, float* logits) {
+  // One decode step of M <= step_rows_ sequences: row r appends ids[r] to slot slot[r] at its
+  // position; logits (M, V). The stages residentk_dispatch_budget counts, each ONE parallel
+  // region whatever M is: every thread norms and prepares all M rows itself (M x D values,
+  // no barrier), then the weight rows are shared out and each panel block multiplies all M
+  // rows while it is hot, so the weights stream once per step however many sequences step.
+  // A cell's bits do not depend on M (PanelOps::gemm), nor on the team size.
+  void decode_rows(const int64_t* slot, const int64_t* ids, int64_t M, float* logits) {
     const Simd& S = simd();
     const int64_t D = c_.d_model, Dh = c_.d_head, F = c_.d_ff, Hq = c_.h_q, Hkv = c_.h_kv;
-    const int64_t G = Hq / Hkv, HD = Hq * Dh, p = pos_[slot];
+    const int64_t G = Hq / Hkv, HD = Hq * Dh, V = c_.vocab, heads = Hq + 2 * Hkv;
+    int64_t p[kMaxStepRows];
+    for (int64_t r = 0; r < M; ++r) p[r] = pos_[slot[r]];
+    float *X = x_.p, *QKV = qkv_.p, *A = attn_.p, *Act = act_.p, *XF = xf_.p;
     int64_t stages = 0;
+    // Weight rows per task: one panel block for one row (a matrix-vector product); for several,
+    // prefill's larger tasks, since each task packs the M activation rows once for all of its
+    // blocks (64-row tasks cost a third of a 16-row step in packing on Zen 4).
+    const auto chunk = [&](int64_t rows) { return M == 1 ? ROWS_PER_TASK : task_rows(rows); };
 
-    embed_.get_row(id, x_.p);  // one row: D values, no team
+    for (int64_t r = 0; r < M; ++r) embed_.get_row(ids[r], X + r * D);  // M rows: no team
     ++stages;
 
     for (int64_t li = 0; li < c_.n_layers; ++li) {
       const Layer& L = layers_[size_t(li)];
-      const int64_t Kc = kcache(slot, li), Vc = vcache(slot, li);
 #pragma omp parallel num_threads(team(q_rows_ * D))
       {
         const int t = omp_get_thread_num();
-        float* xn = scratch_.p + int64_t(t) * std::max(D, F);
-        rmsnorm(x_.p, L.in_norm.p, D, c_.rms_eps, xn);
-        const kern::PanelAct in = input(S, xn, D, t);
-        rows_dynamic(q_rows_, [&](int64_t r0, int64_t r1) {
-          L.wqkv.gemm(1, in, r0, r1, qkv_.p + r0, 0, false, ws(t));
+        float* xn = normed(t);
+        for (int64_t r = 0; r < M; ++r) rmsnorm(X + r * D, L.in_norm.p, D, c_.rms_eps, xn + r * D);
+        const kern::PanelAct in = input(S, xn, M, D, D, t);
+        rows_dynamic(q_rows_, chunk(q_rows_), [&](int64_t r0, int64_t r1) {
+          L.wqkv.gemm(M, in, r0, r1, QKV + r0, q_rows_, false, ws(t));
         });
       }
       ++stages;
-#pragma omp parallel for num_threads(team(q_rows_ * 4)) schedule(static)
-      for (int64_t h = 0; h < Hq + 2 * Hkv; ++h) {
-        head_rope_store(L, Kc, Vc, h, qkv_.p + h * Dh, p);
+#pragma omp parallel for num_threads(team(M * q_rows_ * 4)) schedule(static)
+      for (int64_t rh = 0; rh < M * heads; ++rh) {
+        const int64_t r = rh / heads, h = rh % heads;
+        head_rope_store(L, kcache(slot[r], li), vcache(slot[r], li), h,
+                        QKV + r * q_rows_ + h * Dh, p[r]);
       }
       ++stages;
-#pragma omp parallel for num_threads(team(Hq * (p + 1) * Dh * 2)) schedule(static)
-      for (int64_t h = 0; h < Hq; ++h) {
-        const int64_t g = h / G;
-        attend(S, qkv_.p + h * Dh, Kc + g * cap_ * Dh, Vc + g * cap_ * Dh, p + 1,
-               scores_.p + h * cap_, attn_.p + h * Dh);
+      int64_t span = 0;
+      for (int64_t r = 0; r < M; ++r) span += p[r] + 1;
+#pragma omp parallel for num_threads(team(Hq * span * Dh * 2)) schedule(static)
+      for (int64_t rh = 0; rh < M * Hq; ++rh) {
+        const int64_t r = rh / Hq, h = rh % Hq, g = h / G;
+        attend(S, QKV + r * q_rows_ + h * Dh, kcache(slot[r], li) + g * cap_ * Dh,
+               vcache(slot[r], li) + g * cap_ * Dh, p[r] + 1,
+               scores_.p + int64_t(omp_get_thread_num()) * cap_, A + r * HD + h * Dh);
       }
       ++stages;
 #pragma omp parallel num_threads(team(D * HD))
       {
         const int t = omp_get_thread_num();
-        const kern::PanelAct in = input(S, attn_.p, HD, t);
-        rows_dynamic(D, [&](int64_t r0, int64_t r1) {
-          L.wo.gemm(1, in, r0, r1, x_.p + r0, 0, true, ws(t));
+        const kern::PanelAct in = input(S, A, M, HD, HD, t);
+        rows_dynamic(D, chunk(D), [&](int64_t r0, int64_t r1) {
+          L.wo.gemm(M, in, r0, r1, X + r0, D, true, ws(t));
         });
       }
       ++stages;
 #pragma omp parallel num_threads(team(2 * F * D))
       {
         const int t = omp_get_thread_num();
-        float* xn = scratch_.p + int64_t(t) * std::max(D, F);
-        rmsnorm(x_.p, L.post_norm.p, D, c_.rms_eps, xn);
-        const kern::PanelAct in = input(S, xn, D, t);
-        rows_dynamic(F, [&](int64_t r0, int64_t r1) {
-          float g[ROWS_PER_TASK], u[ROWS_PER_TASK];  // this task's gate and up rows, never stored
-          L.wg.gemm(1, in, r0, r1, g, 0, false, ws(t));
-          L.wu.gemm(1, in, r0, r1, u, 0, false, ws(t));
-          for (int64_t j = r0; j < r1; ++j) act_.p[j] = session_math::silu_mul(g[j - r0], u[j - r0]);
+        float* xn = normed(t);
+        for (int64_t r = 0; r < M; ++r)
+          rmsnorm(X + r * D, L.post_norm.p, D, c_.rms_eps, xn + r * D);
+        const kern::PanelAct in = input(S, xn, M, D, D, t);
+        const int64_t ck = chunk(F);
+        float* g = gate_up_.p + int64_t(t) * 2 * step_rows_ * kMaxTaskRows;
+        float* u = g + step_rows_ * kMaxTaskRows;
+        rows_dynamic(F, ck, [&](int64_t r0, int64_t r1) {
+          // this task's gate and up rows for the M sequences, never stored
+          L.wg.gemm(M, in, r0, r1, g, ck, false, ws(t));
+          L.wu.gemm(M, in, r0, r1, u, ck, false, ws(t));
+          for (int64_t r = 0; r < M; ++r)
+            for (int64_t j = r0; j < r1; ++j)
+              Act[r * F + j] = session_math::silu_mul(g[r * ck + j - r0], u[r * ck + j - r0]);
         });
       }
       ++stages;
 #pragma omp parallel num_threads(team(D * F))
       {
         const int t = omp_get_thread_num();
-        const kern::PanelAct in = input(S, act_.p, F, t);
-        rows_dynamic(D, [&](int64_t r0, int64_t r1) {
-          L.wd.gemm(1, in, r0, r1, x_.p + r0, 0, true, ws(t));
+        const kern::PanelAct in = input(S, Act, M, F, F, t);
+        rows_dynamic(D, chunk(D), [&](int64_t r0, int64_t r1) {
+          L.wd.gemm(M, in, r0, r1, X + r0, D, true, ws(t));
         });
       }
       ++stages;
     }
 
-#pragma omp parallel num_threads(team(D))
+#pragma omp parallel for num_threads(team(M * D)) schedule(static)
+    for (int64_t r = 0; r < M; ++r) rmsnorm(X + r * D, final_norm_.p, D, c_.rms_eps, XF + r * D);
+    ++stages;
+#pragma omp parallel num_threads(team(V * D))
     {
       const int t = omp_get_thread_num();
-      // Each thread forms the norm's scale itself (same bits everywhere) and writes its slice.
-      double ss = 0.0;
-      for (int64_t i = 0; i < D; ++i) ss += double(x_.p[i]) * double(x_.p[i]);
-      const float inv = session_math::rms_inv(ss, D, c_.rms_eps);
-      int64_t r0, r1;
-      split(D, t, omp_get_num_threads(), r0, r1);
-      for (int64_t i = r0; i < r1; ++i)
-        xf_.p[i] = session_math::rms_apply(x_.p[i], final_norm_.p[i], inv);
+      const kern::PanelAct in = input(S, XF, M, D, D, t);
+      rows_dynamic(V, chunk(V), [&](int64_t r0, int64_t r1) {
+        head().gemm(M, in, r0, r1, logits + r0, V, false, ws(t));
+      });
     }
-    ++stages;
-    head_logits(S, team(c_.vocab * D), logits);
     ++stages;
     dispatches_ = stages;
   }
 
-  // logits = head . xf_ (the final norm's output), by a team of nt: the one head product decode
-  // and prefill's last row share.
-  void head_logits(const Simd& S, int nt, float* logits) {
-#pragma omp parallel num_threads(nt)
+  // logits = head . xf_ (the final norm's output, one row) by all threads: prefill's last row.
+  void head_logits(const Simd& S, float* logits) {
+#pragma omp parallel num_threads(nt_)
     {
       const int t = omp_get_thread_num();
-      const kern::PanelAct in = input(S, xf_.p, c_.d_model, t);
-      rows_dynamic(c_.vocab, [&](int64_t r0, int64_t r1) {
+      const kern::PanelAct in = input(S, xf_.p, 1, c_.d_model, c_.d_model, t);
+      rows_dynamic(c_.vocab, ROWS_PER_TASK, [&](int64_t r0, int64_t r1) {
         head().gemm(1, in, r0, r1, logits + r0, 0, false, ws(t));
       });
     }
@@ -710,7 +746,7 @@ class CpuSession final : public SessionBase {
   int64_t task_rows(int64_t N) const {
     const int64_t q = kern::PANEL_ROWS;
     const int64_t per_task = ((N + 4 * nt_ - 1) / (4 * nt_) + q - 1) / q * q;
-    return std::clamp<int64_t>(per_task, q, 256);
+    return std::clamp<int64_t>(per_task, q, kMaxTaskRows);
   }
 
   // X's M rows (n values each) as this session's panels multiply them, in the prefill buffers:
@@ -761,22 +797,20 @@ class CpuSession final : public SessionBase {
     for (int64_t i = 0; i < M * n; ++i) X[i] = half::bf16_to_f32(half::f32_to_bf16(X[i]));
   }
 
-  // M tokens through every layer, row r at position pos[r] of slot slot[r] (prefill: one slot,
-  // consecutive positions; a batched step: distinct slots); logits (V) of the last row, or with
-  // every_row (M, V) of each. Every stage computes each token's values as a decode step would
-  // (the same norms, RoPE, attention and panel products), so a sequence's logits depend neither
-  // on how its prompt was split nor on the rows stepped beside it.
-  void forward_rows(const int64_t* ids, int64_t M, const int64_t* slot, const int64_t* pos,
-                    float* logits, bool every_row) {
+  // M tokens of slot `slot` at positions p0..p0+M-1 through every layer; logits of the last
+  // one when asked. Every stage computes each token's values as a decode step would (the same
+  // norms, RoPE, attention and panel products), so a prompt's logits do not depend on how it
+  // was split.
+  void prefill_block(int64_t slot, const int64_t* ids, int64_t M, int64_t p0, float* logits) {
     const Simd& S = simd();
     const int64_t D = c_.d_model, Dh = c_.d_head, F = c_.d_ff, Hq = c_.h_q, Hkv = c_.h_kv;
     const int64_t G = Hq / Hkv, HD = Hq * Dh;
     Buf X(M * D), Xn(M * D), QKV(M * q_rows_), A(M * HD), Gt(M * F), U(M * F);
     for (int64_t r = 0; r < M; ++r) embed_.get_row(ids[r], X.p + r * D);
 
-    std::vector<float> spare(nt_ > Hq ? size_t(nt_) * size_t(cap_) : 0);
     for (int64_t li = 0; li < c_.n_layers; ++li) {
       const Layer& L = layers_[size_t(li)];
+      const int64_t Kc = kcache(slot, li), Vc = vcache(slot, li);
 #pragma omp parallel for num_threads(nt_) schedule(static)
       for (int64_t r = 0; r < M; ++r)
         rmsnorm(X.p + r * D, L.in_norm.p, D, c_.rms_eps, Xn.p + r * D);
@@ -786,22 +820,16 @@ class CpuSession final : public SessionBase {
 #pragma omp parallel for num_threads(nt_) schedule(static)
       for (int64_t rh = 0; rh < M * heads; ++rh) {
         const int64_t r = rh / heads, h = rh % heads;
-        head_rope_store(L, kcache(slot[r], li), vcache(slot[r], li), h,
-                        QKV.p + r * q_rows_ + h * Dh, pos[r]);
+        head_rope_store(L, Kc, Vc, h, QKV.p + r * q_rows_ + h * Dh, p0 + r);
       }
 #pragma omp parallel num_threads(nt_)
       {
-        // A thread's score row is its own only when nt <= Hq; beyond that, share none (the
-        // spare rows were allocated before the region: an allocation failure inside it would
-        // terminate instead of raising MemoryError).
-        const int tid = omp_get_thread_num();
-        float* s = nt_ > Hq ? spare.data() + size_t(tid) * size_t(cap_)
-                            : scores_.p + (tid % Hq) * cap_;
+        float* s = scores_.p + int64_t(omp_get_thread_num()) * cap_;  // the thread's own row
 #pragma omp for schedule(dynamic, 4)
         for (int64_t rh = 0; rh < M * Hq; ++rh) {
           const int64_t r = rh / Hq, h = rh % Hq, g = h / G;
-          attend(S, QKV.p + r * q_rows_ + h * Dh, kcache(slot[r], li) + g * cap_ * Dh,
-                 vcache(slot[r], li) + g * cap_ * Dh, pos[r] + 1, s, A.p + r * HD + h * Dh);
+          attend(S, QKV.p + r * q_rows_ + h * Dh, Kc + g * cap_ * Dh, Vc + g * cap_ * Dh,
+                 p0 + r + 1, s, A.p + r * HD + h * Dh);
         }
       }
       as_consumed(A.p, M, HD);
@@ -818,19 +846,12 @@ class CpuSession final : public SessionBase {
       project(S, Gt.p, M, L.wd, X.p, true);
     }
     if (!logits) return;
-    if (!every_row) {
-      rmsnorm(X.p + (M - 1) * D, final_norm_.p, D, c_.rms_eps, xf_.p);
-      head_logits(S, nt_, logits);
-      return;
-    }
-#pragma omp parallel for num_threads(nt_) schedule(static)
-    for (int64_t r = 0; r < M; ++r)
-      rmsnorm(X.p + r * D, final_norm_.p, D, c_.rms_eps, Xn.p + r * D);
-    as_consumed(Xn.p, M, D);
-    project(S, Xn.p, M, head(), logits, false);
+    rmsnorm(X.p + (M - 1) * D, final_norm_.p, D, c_.rms_eps, xf_.p);
+    head_logits(S, logits);
   }
 
   int64_t q_rows_ = 0, rope_hw_ = 1;
+  int64_t step_rows_ = 1;  // sequences one decode pass carries: min(slots, kMaxStepRows)
   int nt_ = 1;       // threads prefill uses, omp_get_max_threads() at construction
   int cur_nt_ = 1;   // threads the decode step in flight uses (1 or nt_)
   int choice_ = 1;   // 1: decode with nt_ threads, 0: with one
@@ -843,6 +864,7 @@ class CpuSession final : public SessionBase {
   int64_t slot_elems_ = 0;
   std::vector<Layer> layers_;
   Buf x_, xf_, qkv_, attn_, act_, logits_, scratch_, scores_;
+  Buf gate_up_;  // each thread's gate and up rows of one task, for a decode step's rows
   Buf staging_;             // a tensor's float32 rows on their way into the panels (load)
   ABuf<char> row_tmp_;      // each thread's converted row on its way (load)
   ActScratch act_scratch_;  // bf16, int8: each thread's prepared activation vector (decode)
@@ -885,8 +907,8 @@ void cpu_int8_products(const int8_t* q, const float* sc, int64_t rows, int64_t n
   const int64_t blocks = (n + RESIDENT_INT8_BLOCK - 1) / RESIDENT_INT8_BLOCK;
   HookMat h(Dtype::Int8, rows, n);
   for (int64_t o = 0; o < rows; ++o) h.m.put_row(o, q + o * n, sc + o * blocks);
-  const ActScratch scratch(Dtype::Int8, 1, n);
-  const kern::PanelAct in = scratch.prepare(S, x, n, 0);
+  const ActScratch scratch(Dtype::Int8, 1, n, 1);
+  const kern::PanelAct in = scratch.prepare(S, x, 1, n, n, 0);
   h.m.gemm(1, in, 0, rows, y, 0, false, h.ws().p);
   std::memcpy(xq, in.q, size_t(n));
   std::memcpy(xs, in.s, size_t(blocks) * sizeof(float));
@@ -914,8 +936,8 @@ void cpu_bf16_products(const uint16_t* w, int64_t rows, int64_t n, const float* 
   const Simd& S = simd();
   HookMat h(Dtype::BF16, rows, n);
   for (int64_t o = 0; o < rows; ++o) h.m.put_row(o, w + o * n, nullptr);
-  const ActScratch scratch(Dtype::BF16, 1, n);
-  const kern::PanelAct in = scratch.prepare(S, x, n, 0);
+  const ActScratch scratch(Dtype::BF16, 1, n, 1);
+  const kern::PanelAct in = scratch.prepare(S, x, 1, n, n, 0);
   h.m.gemm(1, in, 0, rows, y, 0, false, h.ws().p);
   std::memcpy(xb, in.b, size_t(n) * sizeof(uint16_t));
 }
