@@ -21,7 +21,9 @@
 // Never materialized: the normed x (each thread rebuilds its own private copy of it, D values,
 // instead of paying a barrier), gate and up separately (the row that computes gate j also
 // computes up j and writes only act j), any [T]-sized per-layer state beyond one score row.
-// Every weight element is read exactly once per token, by the thread that owns its row.
+// Every weight element is read exactly once per step, by the thread that owns its row. A step
+// of several sequences (slots, each its own KV region) runs the same stages on up to 16 rows
+// at once (decode_rows): each panel block multiplies every row while it is hot.
 //
 // Prefill runs blocks of M <= PREFILL_BLOCK tokens through each layer as matrix-matrix
 // products on the same panels (PanelOps::gemm, which never packs a weight: the panels are the

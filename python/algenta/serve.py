@@ -32,18 +32,22 @@ MAX_STOP_STRINGS = 4  # OpenAI's limit
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, param=None, code=None, headers=None):
+    def __init__(self, status: int, message: str, *, param=None, code=None, headers=None,
+                 resident=None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.headers = headers or {}
+        self.resident = resident  # the residentk status code behind a refusal, when one is
 
     _TYPES = {400: "invalid_request_error", 401: "authentication_error",
               404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error"}
 
     def body(self) -> dict:
-        return {"error": {"message": self.message,
-                          "type": self._TYPES.get(self.status, "server_error"),
-                          "param": self.param, "code": self.code}}
+        err = {"message": self.message, "type": self._TYPES.get(self.status, "server_error"),
+               "param": self.param, "code": self.code}
+        if self.resident is not None:  # beside OpenAI's fields: clients ignore what they
+            err["status"] = self.resident  # do not know
+        return {"error": err}
 
 
 # ---- text -----------------------------------------------------------------------------------
@@ -299,7 +303,7 @@ class Server:
                                 f"prompt of {len(ids)} tokens plus {name}={max_tokens} asks "
                                 f"for {len(ids) + max_tokens} (status 606, "
                                 f"resident_context_full)", param=name,
-                           code="context_length_exceeded")
+                           code="context_length_exceeded", resident=606)
         try:
             job = self.sched.submit(ids, max_tokens, temperature=temperature, top_k=top_k,
                                     top_p=None if top_p == 1.0 else top_p, seed=seed,
@@ -308,7 +312,7 @@ class Server:
             raise ApiError(429, f"the server is at capacity: {e}; retry shortly",
                            headers={"Retry-After": "1"}) from None
         except ResidentError as e:
-            raise ApiError(400, str(e)) from None
+            raise ApiError(400, str(e), resident=e.status) from None
         except RuntimeError as e:  # closed: shutting down
             raise ApiError(503, str(e), headers={"Retry-After": "5"}) from None
         return job, stops, stream, max_tokens

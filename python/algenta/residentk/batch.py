@@ -105,8 +105,11 @@ class Job:
     def _emit(self, ev) -> None:
         if self._q is not None:
             self._q.put(ev)
-        else:
+            return
+        try:
             self._on_event(ev)
+        except Exception:  # a consumer's failure ends its own job, never the others'
+            self._cancel.set()
 
 
 class Scheduler:
