@@ -9,10 +9,13 @@ streamed ``/v1/completions`` requests one after another (a prompt of --prompt to
 ``max_tokens`` --new, greedy; the checkpoint has no eos, so every request runs to --new). Every
 response is checked: --new tokens, finish_reason "length".
 
-Overhead: the server's aggregate tokens/s against the bare engine's at B = min(clients, slots)
-sequences (ResidentSession.step_batch in a loop, prefills included), measured in a fresh
-process before the server starts; 1 - server / bare. It covers HTTP, JSON, tokenizing and
-detokenizing, scheduling and the clients' own Python, which share the CPU with the engine here.
+Overhead, two ways: the server's aggregate tokens/s against the bare engine's at B =
+min(clients, slots) sequences (ResidentSession.step_batch in a loop, prefills included),
+measured in a fresh process before the server starts, 1 - server / bare (this counts partly
+filled batches as requests come and go, and the clients' own Python, which shares the CPU with
+the engine on a small machine); and the share of the wall time the engine computed (the
+scheduler's engine_seconds from /health), the rest being HTTP, JSON, tokenizing, scheduling and
+waiting.
 
     python perf/load_serve.py [--clients 8 --requests 4 --slots 8 --weights int8 --json]
 """
@@ -175,15 +178,22 @@ def main():
                     if time.time() > deadline or srv.poll() is not None:
                         sys.exit("the server did not start")
                     time.sleep(0.2)
+            def engine_seconds():
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                c.request("GET", "/health")
+                return json.loads(c.getresponse().read())["stats"]["engine_seconds"]
+
             out = []
             threads = [threading.Thread(target=client, args=(port, args, i, out))
                        for i in range(args.clients)]
+            e0 = engine_seconds()
             t0 = time.perf_counter()
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
             wall = time.perf_counter() - t0
+            busy = (engine_seconds() - e0) / wall
         finally:
             srv.terminate()
             rc = srv.wait(60)
@@ -195,7 +205,7 @@ def main():
            "clients": args.clients, "requests": len(out), "slots": args.slots,
            "weights": args.weights, "prompt": args.prompt, "new": args.new,
            "throughput_tok_s": toks / wall, "bare_tok_s": bare,
-           "overhead": 1.0 - (toks / wall) / bare,
+           "overhead": 1.0 - (toks / wall) / bare, "engine_busy": busy,
            "ttft_ms": {"p50": 1e3 * np.percentile(ttft, 50), "p99": 1e3 * np.percentile(ttft, 99)},
            "itl_ms": {"p50": 1e3 * np.percentile(itl, 50), "p99": 1e3 * np.percentile(itl, 99)},
            "server_exit": rc}
@@ -206,7 +216,8 @@ def main():
     print(f"{args.clients} clients x {args.requests} streamed requests ({args.prompt} prompt + "
           f"{args.new} new tokens, {args.weights}), {args.slots} slots")
     print(f"  throughput {res['throughput_tok_s']:.1f} tok/s; the engine alone at {B} sequences "
-          f"{bare:.1f} tok/s: server overhead {100 * res['overhead']:.1f}%")
+          f"{bare:.1f} tok/s: {100 * res['overhead']:.1f}% less; the engine computed "
+          f"{100 * busy:.1f}% of the wall time")
     print(f"  time to first token p50 {res['ttft_ms']['p50']:.1f} ms, p99 "
           f"{res['ttft_ms']['p99']:.1f} ms; inter-token p50 {res['itl_ms']['p50']:.2f} ms, p99 "
           f"{res['itl_ms']['p99']:.2f} ms; server exit status {rc} on SIGTERM")

@@ -80,7 +80,9 @@ def test_stop_ids_cancel_and_the_bounded_queue():
             with pytest.raises(ResidentError) as e:
                 sched.submit(*bad)
             assert e.value.status == status
-        assert sched.load() == {"slots": 1, "active": 0, "waiting": 0}
+        load = sched.load()
+        assert (load["slots"], load["active"], load["waiting"]) == (1, 0, 0)
+        assert load["stats"]["engine_seconds"] > 0 and load["stats"]["cancelled"] == 1
     finally:
         gate.set()
         sched.close()
@@ -256,6 +258,29 @@ def test_text_stream_holds_back_a_possible_stop_string():
     assert ts.push(5) == (" ", False)
     assert ts.push(6) == ("", True)
     assert ts.text.startswith("w3 w5 w7 w5 w6") and ts.finish() == ""
+
+
+def test_text_stream_is_the_whole_decode_for_byte_level_tokens():
+    # byte-level BPE: a multi-byte character spans tokens and decodes to U+FFFD until complete
+    tk = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tk.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = tokenizers.decoders.ByteLevel()
+    tk.train_from_iterator(["plain words here"], tokenizers.trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
+    text = "h\u00e9llo \U0001F642 w\u00f6rld, \u4e16\u754c words here"
+    ids = tk.encode(text).ids
+    assert len(ids) > len(text.encode()) // 2  # the emoji and CJK took several byte tokens
+    ts = TextStream(tk)
+    got = "".join(ts.push(t)[0] for t in ids) + ts.finish()
+    assert got == tk.decode(ids) == text
+    ts = TextStream(tk, stops=["\u754c w"])  # a stop string across tokens and characters
+    got = ""
+    for t in ids:
+        piece, stopped = ts.push(t)
+        got += piece
+        if stopped:
+            break
+    assert stopped and got == text[:text.index("\u754c w")]
 
 
 def test_errors_answer_in_openai_shape_and_the_server_keeps_serving(live):

@@ -64,14 +64,34 @@ class TextStream:
         self.sent = 0  # characters of the text already returned
         self.text = ""
         self.stopped = False
+        # Incremental decoding: only the ids from `prefix` on are decoded per token, and the
+        # text they gave up to `read` is the part already appended (decoding a window with one
+        # token of left context keeps a word's leading space; a whole-sequence decode per
+        # token would cost O(n) each).
+        self.prefix = self.read = 0
 
     def push(self, token_id: int):
         if self.stopped:
             return "", True
         self.ids.append(int(token_id))
-        text = self.tok.decode(self.ids)
-        if text.endswith("\ufffd"):
-            return "", False
+        before = self.tok.decode(self.ids[self.prefix:self.read])
+        now = self.tok.decode(self.ids[self.prefix:])
+        if now.endswith("\ufffd") or len(now) <= len(before) or not now.startswith(before):
+            return "", False  # mid-character, or nothing visible yet
+        self.prefix, self.read = self.read, len(self.ids)
+        return self._advance(self.text + now[len(before):], final=False)
+
+    def finish(self) -> str:
+        """What is left once no more tokens come: the held-back tail, and any text the last
+        ids gave (the whole sequence decoded once more); nothing after a stop string."""
+        if self.stopped:
+            return ""
+        full = self.tok.decode(self.ids)
+        return self._advance(full if full.startswith(self.text[:self.sent]) else self.text,
+                             final=True)[0]
+
+    def _advance(self, text: str, final: bool):
+        """The text is now `text`: return (what can be sent, stopped)."""
         self.text = text
         cut = None
         for s in self.stops:
@@ -82,16 +102,12 @@ class TextStream:
             self.stopped = True
             return self._take(max(cut, self.sent)), True
         hold = 0
-        for s in self.stops:  # the longest tail of the text that starts a stop string
+        for s in ([] if final else self.stops):  # the longest tail that starts a stop string
             for k in range(min(len(s) - 1, len(text)), hold, -1):
                 if text.endswith(s[:k]):
                     hold = k
                     break
         return self._take(max(len(text) - hold, self.sent)), False
-
-    def finish(self) -> str:
-        """The held-back tail, once no more tokens come (nothing after a stop string)."""
-        return "" if self.stopped else self._take(len(self.text))
 
     def _take(self, end: int) -> str:
         out = self.text[self.sent:end]

@@ -138,8 +138,11 @@ class Scheduler:
         self._closing = False
         self._placing = 0
         self._stop_now = False
+        # counters since the scheduler started: decode steps and the sequences they carried,
+        # prompt tokens prefilled and reused from a cache, jobs cancelled, and the seconds the
+        # engine computed (prefills and steps): the rest of the wall time is the service's own
         self.stats = {"steps": 0, "step_rows": 0, "prefill_tokens": 0, "reused_tokens": 0,
-                      "cancelled": 0}
+                      "cancelled": 0, "engine_seconds": 0.0}
         self._thread = threading.Thread(target=self._run, name="algenta-scheduler", daemon=True)
         self._thread.start()
 
@@ -179,11 +182,11 @@ class Scheduler:
         return job
 
     def load(self) -> dict:
-        """Slots in use and jobs waiting, now."""
+        """Slots in use and jobs waiting, now, and a copy of the counters (``stats``)."""
         with self._cv:
             return {"slots": self._slots,
                     "active": sum(b is not None for b in self._busy) + self._placing,
-                    "waiting": len(self._waiting)}
+                    "waiting": len(self._waiting), "stats": dict(self.stats)}
 
     def close(self, *, cancel: bool = False, timeout=None) -> None:
         """Stop accepting; finish what runs (or cancel it), then stop the worker. With a
@@ -291,7 +294,9 @@ class Scheduler:
                 continue
             end = min(job.prompt.size, job.fed + budget)
             chunk = job.prompt[job.fed:end]
+            t0 = time.perf_counter()
             logits = self.session.prefill(chunk, slot=job.slot)
+            self.stats["engine_seconds"] += time.perf_counter() - t0
             self._cache[job.slot].extend(chunk.tolist())
             self.stats["prefill_tokens"] += int(chunk.size)
             budget -= int(chunk.size)
@@ -304,7 +309,9 @@ class Scheduler:
                 and not j.cancelled]
         if not rows:
             return
+        t0 = time.perf_counter()
         logits = self.session.step_batch([j.slot for j in rows], [j.pending for j in rows])
+        self.stats["engine_seconds"] += time.perf_counter() - t0
         self.stats["steps"] += 1
         self.stats["step_rows"] += len(rows)
         for b, j in enumerate(rows):
