@@ -34,15 +34,33 @@ def cpu_flags() -> str:
     return "unknown"
 
 
-def add_model_dims_args(ap, *, layers_default: int = 28) -> None:
-    """The Qwen3-0.6B model dimensions (the defaults) as CLI options."""
-    ap.add_argument("--d-model", type=int, default=1024)
-    ap.add_argument("--h-q", type=int, default=16)
-    ap.add_argument("--h-kv", type=int, default=8)
-    ap.add_argument("--d-head", type=int, default=128)
-    ap.add_argument("--d-ff", type=int, default=3072)
-    ap.add_argument("--layers", type=int, default=layers_default)
-    ap.add_argument("--vocab", type=int, default=151936)
+# d_model, h_q, h_kv, d_head, d_ff, layers, vocab
+QWEN3_06B = (1024, 16, 8, 128, 3072, 28, 151936)
+SMALL = (512, 8, 4, 64, 1536, 6, 32000)  # the small model of the serving benchmarks
+
+
+def add_model_dims_args(ap, *, layers_default=None, dims=QWEN3_06B) -> None:
+    """Model dimensions as CLI options, defaulting to `dims` (Qwen3-0.6B's), with
+    layers_default in place of its layer count when given."""
+    d, hq, hkv, dh, ff, layers, vocab = dims
+    layers = layers if layers_default is None else layers_default
+    ap.add_argument("--d-model", type=int, default=d)
+    ap.add_argument("--h-q", type=int, default=hq)
+    ap.add_argument("--h-kv", type=int, default=hkv)
+    ap.add_argument("--d-head", type=int, default=dh)
+    ap.add_argument("--d-ff", type=int, default=ff)
+    ap.add_argument("--layers", type=int, default=layers)
+    ap.add_argument("--vocab", type=int, default=vocab)
+
+
+def same_prefix(a, b) -> int:
+    """How many leading elements two sequences share (greedy tokens agreeing)."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def add_model_shape_args(ap, *, new_default: int, reps_default: int) -> None:

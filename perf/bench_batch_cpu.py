@@ -40,7 +40,8 @@ import types
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import cpu_flags, cpu_name  # noqa: E402
+from _common import (SMALL, add_model_dims_args, cpu_flags, cpu_name,  # noqa: E402
+                     same_prefix)
 
 FORMATS = ("f32", "bf16", "f16", "int8")
 LLAMA_TYPE = {"f32": "F32", "bf16": "BF16", "f16": "F16", "int8": "Q8_0"}
@@ -221,28 +222,13 @@ def llama_available():
     return llama_cpp, f"llama-cpp-python {getattr(llama_cpp, '__version__', '?')}"
 
 
-def agree(a, b):
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 # ---- main -----------------------------------------------------------------------------------
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--weights", type=csv(str), default=list(FORMATS))
     ap.add_argument("--batch", type=csv(int), default=[1, 2, 4, 8, 16])
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--d-model", type=int, default=512)
-    ap.add_argument("--h-q", type=int, default=8)
-    ap.add_argument("--h-kv", type=int, default=4)
-    ap.add_argument("--d-head", type=int, default=64)
-    ap.add_argument("--d-ff", type=int, default=1536)
-    ap.add_argument("--layers", type=int, default=6)
-    ap.add_argument("--vocab", type=int, default=32000)
+    add_model_dims_args(ap, dims=SMALL)
     ap.add_argument("--prompt", type=int, default=8)
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
@@ -313,7 +299,7 @@ def main():
                 if llm is not None:
                     r["llama_tok_s"] = B * args.new / best["llama"]
                     r["ratio"] = r["algenta_tok_s"] / r["llama_tok_s"]
-                    r["greedy_agree"] = [agree(a, b) for a, b in zip(ours, theirs)]
+                    r["greedy_agree"] = [same_prefix(a, b) for a, b in zip(ours, theirs)]
                 rows[B] = r
                 log(f"{fmt} B={B}: algenta {r['algenta_tok_s']:.1f} tok/s" +
                     (f", llama.cpp {r['llama_tok_s']:.1f} ({r['ratio']:.2f}x)" if llm else ""))

@@ -50,7 +50,7 @@ import time
 
 import numpy as np
 
-from _common import add_model_shape_args, cpu_name
+from _common import add_model_shape_args, cpu_name, same_prefix
 
 FORMATS = ("f32", "bf16", "f16", "int8")
 LLAMA_TYPE = {"f32": "F32", "bf16": "BF16", "f16": "F16", "int8": "Q8_0"}
@@ -126,15 +126,6 @@ def prompts(args):
     rng = np.random.default_rng(1)
     pre = {P: rng.integers(0, args.vocab, P).tolist() for P in args.prefill}
     return prompt, pre
-
-
-def same_prefix(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 # ---- parent: checkpoint, reference, GGUFs; one child per thread count ---------------------------

@@ -37,7 +37,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import cpu_flags, cpu_name  # noqa: E402
+from _common import SMALL, add_model_dims_args, cpu_flags, cpu_name  # noqa: E402
 
 
 def write_checkpoint(path, args):
@@ -145,13 +145,7 @@ def main():
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--max-ctx", type=int, default=512)
-    ap.add_argument("--d-model", type=int, default=512)
-    ap.add_argument("--h-q", type=int, default=8)
-    ap.add_argument("--h-kv", type=int, default=4)
-    ap.add_argument("--d-head", type=int, default=64)
-    ap.add_argument("--d-ff", type=int, default=1536)
-    ap.add_argument("--layers", type=int, default=6)
-    ap.add_argument("--vocab", type=int, default=32000)
+    add_model_dims_args(ap, dims=SMALL)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 

@@ -25,6 +25,22 @@ using algenta::Dtype;
   throw algenta::StatusError(algenta::Family::Resident, code, msg);
 }
 
+// ids appended to one slot -> the last one's logits (vocab)
+py::array_t<float> prefill_slot(Session& x, int64_t slot, const I64& ids) {
+  if (ids.ndim() != 1)
+    refuse(algenta::residentk::RESIDENT_ERR_EMPTY_DIMENSION,
+           "prefill takes a 1-D sequence of token ids");
+  py::array_t<float> out(x.config().vocab);
+  float* o = out.mutable_data();
+  const int64_t* p = ids.data();
+  const int64_t n = ids.shape(0);
+  {
+    py::gil_scoped_release nogil;
+    x.prefill_slot(slot, p, n, o);
+  }
+  return out;
+}
+
 }  // namespace
 
 void bind_session_cuda(py::module_& s);
@@ -59,21 +75,7 @@ void bind_session(py::module_& m) {
            "exactly to float32 and checked finite.")
       .def("missing_weights", &Session::missing_weights)
       .def("weight_shape", &Session::weight_shape, py::arg("name"))
-      .def("prefill",
-           [](Session& x, const I64& ids) {
-             if (ids.ndim() != 1)
-               refuse(algenta::residentk::RESIDENT_ERR_EMPTY_DIMENSION,
-                      "prefill takes a 1-D sequence of token ids");
-             py::array_t<float> out(x.config().vocab);
-             float* o = out.mutable_data();
-             const int64_t* p = ids.data();
-             const int64_t n = ids.shape(0);
-             {
-               py::gil_scoped_release nogil;
-               x.prefill(p, n, o);
-             }
-             return out;
-           },
+      .def("prefill", [](Session& x, const I64& ids) { return prefill_slot(x, 0, ids); },
            py::arg("ids"))
       .def("step",
            [](Session& x, int64_t id) {
@@ -96,22 +98,7 @@ void bind_session(py::module_& m) {
       .def("reset", &Session::reset)
       .def_property_readonly("slots", &Session::slots)
       .def("slot_position", &Session::slot_position, py::arg("slot"))
-      .def("prefill_slot",
-           [](Session& x, int64_t slot, const I64& ids) {
-             if (ids.ndim() != 1)
-               refuse(algenta::residentk::RESIDENT_ERR_EMPTY_DIMENSION,
-                      "prefill takes a 1-D sequence of token ids");
-             py::array_t<float> out(x.config().vocab);
-             float* o = out.mutable_data();
-             const int64_t* p = ids.data();
-             const int64_t n = ids.shape(0);
-             {
-               py::gil_scoped_release nogil;
-               x.prefill_slot(slot, p, n, o);
-             }
-             return out;
-           },
-           py::arg("slot"), py::arg("ids"))
+      .def("prefill_slot", &prefill_slot, py::arg("slot"), py::arg("ids"))
       .def("step_slots",
            [](Session& x, const I64& slots, const I64& ids) {
              if (slots.ndim() != 1 || ids.ndim() != 1 || slots.shape(0) != ids.shape(0))

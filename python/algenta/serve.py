@@ -393,16 +393,16 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
             if isinstance(body.get("stream_options"), dict) else False
 
         def usage():
-            n = len(job.generated)
+            n = len(text.ids)  # the tokens the text took (none past a stop string)
             return {"prompt_tokens": len(ids), "completion_tokens": n,
                     "total_tokens": len(ids) + n}
 
         def finish_reason(reason):
             return "length" if reason == "length" else "stop"
 
-        async def next_event():
-            """The job's next event; ("stopped",) once a stop string ended the text."""
-            ev = await events.get()
+        def on(ev):
+            """An event of the job -> ("piece", text, "stop" when a stop string ended it),
+            ("done", reason) or ("error", ApiError)."""
             if ev[0] == "token":
                 piece, stopped = text.push(ev[1])
                 if stopped:
@@ -410,8 +410,14 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
                     return ("piece", piece, "stop")
                 return ("piece", piece, None)
             if ev[0] == "error":
-                return ("error", ev[1])
+                return ("error", ApiError(500, f"decoding failed: {ev[1]}"))
+            if ev[1] == "cancelled":  # not by this response: the server is shutting down
+                return ("error", ApiError(503, "the server is shutting down; the request was "
+                                               "cancelled", headers={"Retry-After": "5"}))
             return ("done", ev[1])
+
+        async def next_event():
+            return on(await events.get())
 
         def chunk(delta_text, reason=None, *, role=False):
             if chat:
@@ -448,9 +454,8 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
                                 yield chunk(tail)
                             reason = finish_reason(ev[1])
                             break
-                        else:
-                            err = ApiError(500, f"decoding failed: {ev[1]}").body()
-                            yield "data: " + json.dumps(err) + "\n\n"
+                        else:  # the status line is sent: the error goes in the stream
+                            yield "data: " + json.dumps(ev[1].body()) + "\n\n"
                             return
                     yield chunk("", reason)
                     if include_usage:
@@ -465,17 +470,20 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
             return StreamingResponse(sse(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
 
-        # not streamed: wait, watching for the client leaving
+        # not streamed: wait, watching for the client leaving (one pending get, never
+        # cancelled, so no event can be lost to a timeout)
         parts = []
+        getter = None
         try:
             while True:
-                try:
-                    ev = await asyncio.wait_for(next_event(), timeout=0.25)
-                except asyncio.TimeoutError:
+                getter = getter or asyncio.ensure_future(events.get())
+                done, _ = await asyncio.wait({getter}, timeout=0.25)
+                if not done:
                     if await request.is_disconnected():
                         job.cancel()
                         return JSONResponse({}, status_code=499)  # nginx's "client closed request"
                     continue
+                ev, getter = on(getter.result()), None
                 if ev[0] == "piece":
                     parts.append(ev[1])
                     if ev[2]:
@@ -486,9 +494,11 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
                     reason = finish_reason(ev[1])
                     break
                 else:
-                    return error_response(ApiError(500, f"decoding failed: {ev[1]}"))
+                    return error_response(ev[1])
         finally:
             job.cancel()
+            if getter is not None:
+                getter.cancel()
         out_text = "".join(parts)
         if chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": out_text},
