@@ -370,6 +370,9 @@ def test_cli_serves_a_checkpoint_and_exits_0_on_sigterm(tmp_path):
     big = subprocess.run(cmd + ["--slots", "1024", "--max-ctx", "65536"], capture_output=True,
                          text=True, timeout=120)
     assert big.returncode == 2 and "slots fit" in big.stderr and "Traceback" not in big.stderr
+    gpu = subprocess.run(cmd + ["--device", "cuda", "--slots", "2"], capture_output=True,
+                         text=True, timeout=120)
+    assert gpu.returncode == 2 and "device='cpu'" in gpu.stderr and "601" in gpu.stderr
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -41,8 +41,9 @@ def register(subparsers) -> None:
                    help="sequences decoded together (default 4)")
     p.add_argument("--max-ctx", type=_positive_int, default=2048, metavar="N",
                    help="positions per slot: a prompt plus max_tokens (default 2048)")
-    p.add_argument("--device", choices=("cpu", "auto"), default="cpu",
-                   help="the CPU engine (several slots run on it; the CUDA engine holds one)")
+    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                   help="cpu (default); cuda holds one sequence (--slots 1); auto takes the GPU "
+                        "for --slots 1 when one is usable")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks one)")
     p.add_argument("--api-key", metavar="KEY", default=os.environ.get("ALGENTA_API_KEY"),
@@ -148,7 +149,13 @@ def run(args) -> int:
                              cap, tied=c.tie_word_embeddings, check_tier=False,
                              format=args.weights, kv_format=args.kv)
     need = int(fp["weight_bytes"]) + args.slots * int(fp["kv_bytes"])
-    avail = _mem_available()
+    from . import _core
+
+    # Where the session will live: the CUDA engine checks device memory itself, before it
+    # allocates; on the CPU the question is this host's available memory.
+    on_host = args.device == "cpu" or args.slots > 1 or (
+        args.device == "auto" and not _core.session.cuda_backend()["usable"])
+    avail = _mem_available() if on_host else 0
     if avail and need > avail:
         per = int(fp["kv_bytes"])
         fit = residentk_slots_fitting(c.d_model, c.h_q, c.h_kv, c.d_head, c.d_ff, c.n_layers,
