@@ -123,10 +123,9 @@ class Scheduler:
                  max_queue: int = 64):
         if not isinstance(session, ResidentSession):
             raise TypeError("session must be a ResidentSession")
-        for name, v in (("prefill_chunk", prefill_chunk), ("max_queue", max_queue)):
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < (name == "prefill_chunk"):
-                raise ResidentError(f"{name} must be an int >= {int(name == 'prefill_chunk')}, "
-                                    f"got {v!r}", 601)
+        for name, v, least in (("prefill_chunk", prefill_chunk, 1), ("max_queue", max_queue, 0)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < least:
+                raise ResidentError(f"{name} must be an int >= {least}, got {v!r}", 601)
         self.session = session
         self.prefill_chunk = int(prefill_chunk)
         self.max_queue = int(max_queue)
@@ -337,11 +336,8 @@ class Scheduler:
             job.pending = t
 
     def _fail_running(self, e: Exception) -> None:
-        with self._cv:
-            for j in list(self._busy):
-                if j is not None:
-                    # the slot's cache may hold a partial step: forget what it held
-                    self._cache[j.slot] = []
-                    self.session.truncate(0, slot=j.slot)
-                    self._finish(j, error=e)
-            self._cv.notify_all()
+        # A refused or failed engine call leaves every position where it was (the session's
+        # contract), so the slots' caches still match what they hold; the jobs end with it.
+        for j in list(self._busy):
+            if j is not None:
+                self._finish(j, error=e)
