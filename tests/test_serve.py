@@ -90,6 +90,31 @@ def test_stop_ids_cancel_and_the_bounded_queue():
         sched.submit([1], 1)
 
 
+def test_an_engine_failure_ends_the_running_jobs_and_the_scheduler_serves_on():
+    # The CUDA emulator fails the n-th next CUDA call on request: a 608 inside a step must end
+    # the jobs that were running with that error, leave the slot's cache consistent, and the
+    # next job must decode what the session decodes alone.
+    from algenta import _core
+    from algenta.errors import ResidentUnavailableError
+
+    if _core.session.cuda_backend()["kind"] != "emulator":
+        pytest.skip("failure injection is a hook of the CUDA emulator build")
+    s = random_session(1, device="cuda")
+    want = random_session(1, device="cuda").generate([4, 2], 5)
+    sched = Scheduler(s)
+    try:
+        assert _core.session.cuda_emulator_fail_after(3)
+        first = sched.submit([4, 2], 5)
+        with pytest.raises(ResidentUnavailableError) as e:
+            first.result(timeout=120)
+        assert e.value.status == 608 and first.finish_reason == "error"
+        _core.session.cuda_emulator_fail_after(0)
+        assert sched.submit([4, 2], 5).result(timeout=120) == want
+    finally:
+        _core.session.cuda_emulator_fail_after(0)
+        sched.close()
+
+
 # ---- the HTTP server ------------------------------------------------------------------------
 starlette = pytest.importorskip("starlette")
 uvicorn = pytest.importorskip("uvicorn")
