@@ -19,6 +19,7 @@ A client that disconnects frees its slot at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import numbers
@@ -331,12 +332,11 @@ class Server:
             raise ApiError(400, str(e), resident=e.status) from None
         except RuntimeError as e:  # closed: shutting down
             raise ApiError(503, str(e), headers={"Retry-After": "5"}) from None
-        return job, stops, stream, max_tokens
+        return job, stops, stream
 
 
 def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
-              chat_template=None, bos_token="", eos_token="", api_key=None, max_body=1 << 20,
-              on_shutdown=None):
+              chat_template=None, bos_token="", eos_token="", api_key=None, max_body=1 << 20):
     """The ASGI application (see the module docstring). ``tokenizer``: a ``tokenizers``
     Tokenizer (``encode(text, add_special_tokens=...)``, ``decode(ids)``)."""
     from starlette.applications import Starlette
@@ -381,7 +381,7 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
                 loop.call_soon_threadsafe(events.put_nowait, ev)
 
             ctx = srv.sched.session.max_ctx
-            job, stops, stream, _ = srv.submit(
+            job, stops, stream = srv.submit(
                 ids, body, on_event=on_event,
                 default_max=(lambda n: max(1, ctx - n)) if chat else (lambda n: 16))
         except ApiError as e:
@@ -515,8 +515,6 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
     async def chat_completions(request):
         return await generate(request, chat=True)
 
-    import contextlib
-
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
@@ -524,8 +522,6 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
         # past its graceful timeout): cancel what is left and stop the worker.
         await asyncio.get_running_loop().run_in_executor(
             None, lambda: scheduler.close(cancel=True))
-        if on_shutdown is not None:
-            on_shutdown()
 
     from starlette.exceptions import HTTPException
 

@@ -30,7 +30,6 @@ past the slot capacity (606), a bad sampling argument, a full queue (:class:`Que
 from __future__ import annotations
 
 import collections
-import itertools
 import numbers
 import queue
 import threading
@@ -55,19 +54,13 @@ class Job:
     ``("token", id)`` per generated id, then exactly one of ``("done", reason)`` with reason
     "stop" (a stop id), "length" (``max_tokens``) or "cancelled", or ``("error", exception)``."""
 
-    _ids = itertools.count(1)
-
     def __init__(self, prompt, max_tokens, pick, stop_ids, on_event):
-        self.id = next(Job._ids)
         self.prompt = prompt  # int64 array
         self.max_tokens = max_tokens
         self.pick = pick
         self.stop_ids = stop_ids
         self.generated = []
-        self.cached = 0  # prompt tokens found in the cache (prefix reuse)
         self.finish_reason = None
-        self.submitted = time.perf_counter()
-        self.first_token_at = None
         self._on_event = on_event
         self._q = queue.SimpleQueue() if on_event is None else None
         self._cancel = threading.Event()
@@ -279,7 +272,7 @@ class Scheduler:
                 self._finish(job, error=e)
                 continue
             self._busy[dst] = job
-            job.slot, job.fed, job.cached = dst, n, n
+            job.slot, job.fed = dst, n
             self.stats["reused_tokens"] += n
 
     def _prefill_some(self) -> None:
@@ -324,8 +317,6 @@ class Scheduler:
         except Exception as e:  # NaN logits under sampling (609): this job alone fails
             self._finish(job, error=e)
             return
-        if job.first_token_at is None:
-            job.first_token_at = time.perf_counter()
         job.generated.append(t)
         job._emit(("token", t))
         if t in job.stop_ids:
