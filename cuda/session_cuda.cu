@@ -694,6 +694,9 @@ class CudaSession final : public SessionBase {
 }  // namespace
 
 std::unique_ptr<Session> make_cuda_session(const SessionConfig& cfg, int64_t max_ctx) {
+  session_open_check(cfg, max_ctx);
+  const std::string gap = cuda_family_gap(cfg);
+  if (!gap.empty()) throw StatusError(Family::Resident, RESIDENT_ERR_WEIGHT_LENGTH, gap);
   return std::unique_ptr<Session>(new CudaSession(cfg, max_ctx));
 }
 

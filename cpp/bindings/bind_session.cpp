@@ -9,6 +9,7 @@
 #include "algenta/session_weights.hpp"
 #include "algenta/status_error.hpp"
 #include "dtype_args.hpp"
+#include "family_args.hpp"
 #include "session_args.hpp"
 
 namespace py = pybind11;
@@ -129,17 +130,19 @@ void bind_session(py::module_& m) {
       "cpu_session",
       [](int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
          int64_t n_layers, int64_t vocab, double rms_eps, double rope_theta, bool tied,
-         int64_t max_ctx, const std::string& weights, const std::string& kv, int64_t slots) {
-        const SessionConfig c = algenta::residentk::session_config(
+         int64_t max_ctx, const std::string& weights, const std::string& kv, int64_t slots,
+         const py::dict& family) {
+        SessionConfig c = algenta::residentk::session_config(
             d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, rms_eps, rope_theta, tied, weights,
             kv);
+        algenta::residentk::apply_family(c, family);
         py::gil_scoped_release nogil;
         return algenta::residentk::make_cpu_session(c, max_ctx, slots);
       },
       py::arg("d_model"), py::arg("h_q"), py::arg("h_kv"), py::arg("d_head"), py::arg("d_ff"),
       py::arg("n_layers"), py::arg("vocab"), py::arg("rms_eps"), py::arg("rope_theta"),
       py::arg("tie_word_embeddings"), py::arg("max_ctx"), py::arg("weights") = "f32",
-      py::arg("kv") = "f32", py::arg("slots") = 1,
+      py::arg("kv") = "f32", py::arg("slots") = 1, py::arg("family") = py::dict(),
       "A CPU session of `slots` sequences holding its weight matrices in `weights` ('f32', 'bf16', 'f16', 'int8') "
       "and its KV cache in `kv` ('f32', 'bf16', 'f16'); weights are set afterwards with "
       "set_weight.");
@@ -147,19 +150,51 @@ void bind_session(py::module_& m) {
   s.def(
       "tensor_table",
       [](int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
-         int64_t n_layers, int64_t vocab, bool tied) {
-        const SessionConfig c = algenta::residentk::session_config(
+         int64_t n_layers, int64_t vocab, bool tied, const py::dict& family) {
+        SessionConfig c = algenta::residentk::session_config(
             d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, 1e-6, 1e6, tied);
+        algenta::residentk::apply_family(c, family);
         py::list out;
-        for (const auto& t : algenta::residentk::qwen3_tensors(c))
+        for (const auto& t : algenta::residentk::model_tensors(c))
           out.append(py::make_tuple(t.name, py::tuple(py::cast(t.shape)), t.layer,
                                     algenta::residentk::field_name(t.field)));
         return out;
       },
       py::arg("d_model"), py::arg("h_q"), py::arg("h_kv"), py::arg("d_head"), py::arg("d_ff"),
       py::arg("n_layers"), py::arg("vocab"), py::arg("tie_word_embeddings"),
+      py::arg("family") = py::dict(),
       "(name, shape, layer, field) of every tensor a session with this config holds, in "
       "checkpoint order: the engines' own table.");
+
+  s.def(
+      "decode_stages",
+      [](int64_t n_layers, const py::dict& family) {
+        SessionConfig c;
+        c.n_layers = n_layers;
+        algenta::residentk::apply_family(c, family);
+        return algenta::residentk::decode_stages(c);
+      },
+      py::arg("n_layers"), py::arg("family") = py::dict(),
+      "Decode stages (dispatches) per token of a session of this family: n_layers * 6 + 3 for "
+      "Qwen3, 8 per layer for the families with sandwich norms.");
+
+  {
+    py::list archs;
+    for (const auto& a : algenta::residentk::arch_specs()) {
+      py::dict d;
+      d["name"] = a.name;
+      d["hf_class"] = a.hf_class;
+      d["qk_norm"] = a.qk_norm;
+      d["qkv_bias"] = a.qkv_bias;
+      d["norm_plus_one"] = a.norm_plus_one;
+      d["embed_scaled"] = a.embed_scaled;
+      d["sandwich"] = a.sandwich;
+      d["act"] = a.act == algenta::residentk::Act::Silu ? "silu" : "gelu_pytorch_tanh";
+      d["mlp_norm"] = a.mlp_norm;
+      archs.append(d);
+    }
+    s.attr("ARCHS") = archs;
+  }
 
   s.def(
       "greedy_argmax",

@@ -9,6 +9,7 @@
 #include "algenta/residentk.hpp"
 #include "algenta/session.hpp"
 #include "algenta/session_cuda_plan.hpp"
+#include "family_args.hpp"
 #include "session_args.hpp"
 
 namespace py = pybind11;
@@ -56,17 +57,19 @@ void bind_session_cuda(py::module_& s) {
       "cuda_session",
       [](int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
          int64_t n_layers, int64_t vocab, double rms_eps, double rope_theta, bool tied,
-         int64_t max_ctx, const std::string& weights, const std::string& kv) {
-        const SessionConfig c =
+         int64_t max_ctx, const std::string& weights, const std::string& kv,
+         const py::dict& family) {
+        SessionConfig c =
             algenta::residentk::session_config(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab,
                                               rms_eps, rope_theta, tied, weights, kv);
+        algenta::residentk::apply_family(c, family);
         py::gil_scoped_release nogil;
         return algenta::residentk::make_cuda_session(c, max_ctx);
       },
       py::arg("d_model"), py::arg("h_q"), py::arg("h_kv"), py::arg("d_head"), py::arg("d_ff"),
       py::arg("n_layers"), py::arg("vocab"), py::arg("rms_eps"), py::arg("rope_theta"),
       py::arg("tie_word_embeddings"), py::arg("max_ctx"), py::arg("weights") = "f32",
-      py::arg("kv") = "f32",
+      py::arg("kv") = "f32", py::arg("family") = py::dict(),
       "A CUDA session holding its weight matrices in `weights` and its KV cache in `kv` (the CPU "
       "session's formats; 604 without a CUDA backend, 605 without a usable device).");
 

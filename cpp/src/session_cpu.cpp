@@ -344,9 +344,15 @@ struct Layer {
   Buf q_norm;      // (Dh)
   Buf k_norm;      // (Dh)
   WMat wo;         // (D, Hq*Dh)
-  Buf post_norm;   // (D)
+  Buf post_norm;   // (D) the norm before the MLP
   WMat wg, wu;     // (F, D)
   WMat wd;         // (D, F)
+  // What a family adds (model_tensors), each null when the model has none: biases (float32,
+  // as norms), the sandwich norms on the attention and MLP outputs.
+  Buf qkv_b, o_b, g_b, u_b, d_b;  // (Q), (D), (F), (F), (D)
+  Buf attn_out_norm, mlp_out_norm;  // (D)
+  bool slides = false;        // attention sees the last sliding_window keys
+  const float* rope = nullptr;  // this layer's RoPE table (global or local)
 };
 
 constexpr int64_t PREFILL_BLOCK = 256;
@@ -386,11 +392,32 @@ class CpuSession final : public SessionBase {
     arena_.open(need);
     matrices(nullptr);
     final_norm_ = Buf(D);
+    const ArchSpec& A = arch_spec(c.arch);
+    act_ = A.act;
+    sandwich_ = A.sandwich;
+    qk_norm_ = A.qk_norm;
+    embed_scale_ = A.embed_scaled ? float(std::sqrt(double(D))) : 0.f;
+    attn_scale_ = float(c.attn_scale > 0.0 ? c.attn_scale : 1.0 / std::sqrt(double(Dh)));
     for (Layer& l : layers_) {
       l.in_norm = Buf(D);
       l.q_norm = Buf(Dh);
       l.k_norm = Buf(Dh);
       l.post_norm = Buf(D);
+    }
+    // the family's extra vectors, allocated where its table has them
+    for (const TensorSpec& t : weights_.table()) {
+      if (t.layer < 0) continue;
+      Layer& l = layers_[size_t(t.layer)];
+      switch (t.field) {
+        case Field::QBias: l.qkv_b = Buf(q_rows_); break;
+        case Field::OBias: l.o_b = Buf(D); break;
+        case Field::GateBias: l.g_b = Buf(F); break;
+        case Field::UpBias: l.u_b = Buf(F); break;
+        case Field::DownBias: l.d_b = Buf(D); break;
+        case Field::AttnOutNorm: l.attn_out_norm = Buf(D); break;
+        case Field::MlpOutNorm: l.mlp_out_norm = Buf(D); break;
+        default: break;
+      }
     }
     const int64_t widest = std::max({D, F, c.h_q * Dh});
     step_rows_ = std::min<int64_t>(slots_, kMaxStepRows);
@@ -410,18 +437,30 @@ class CpuSession final : public SessionBase {
     slot_elems_ = residentk_cache_elements(c.n_layers, c.h_kv, Dh, cap_);
     kv_ = KvCache(c.kv, slot_elems_ * slots_);
 
-    // RoPE table: cos (T, hw) then sin (T, hw), rotate-half pairing (i, i + Dh/2).
-    const std::vector<float> rope = rope_table(c, cap_);
-    rope_ = Buf(int64_t(rope.size()));
-    std::memcpy(rope_.p, rope.data(), rope.size() * sizeof(float));
+    // RoPE tables: cos (T, hw) then sin (T, hw), rotate-half pairing (i, i + Dh/2); the local
+    // one only where sliding layers have a base of their own.
+    const auto table = [&](bool local) {
+      const std::vector<float> r = rope_table(c, cap_, local);
+      Buf b(int64_t(r.size()));
+      std::memcpy(b.p, r.data(), r.size() * sizeof(float));
+      return b;
+    };
+    rope_ = table(false);
+    if (c.rope_local_theta > 0.0) rope_local_ = table(true);
     rope_hw_ = std::max<int64_t>(Dh / 2, 1);
+    for (int64_t li = 0; li < c.n_layers; ++li) {
+      Layer& l = layers_[size_t(li)];
+      l.slides = c.layer_slides(li);
+      l.rope = layer_rope_local(c, li) ? rope_local_.p : rope_.p;
+    }
 
     // a decode step's rows (step_rows_ of them at most)
     x_ = Buf(step_rows_ * D);
     xf_ = Buf(step_rows_ * D);
     qkv_ = Buf(step_rows_ * q_rows_);
     attn_ = Buf(step_rows_ * c.h_q * Dh);
-    act_ = Buf(step_rows_ * F);
+    sub_ = Buf(step_rows_ * D);
+    act_buf_ = Buf(step_rows_ * F);
     logits_ = Buf(c.vocab);
     scratch_ = Buf(int64_t(nt_) * step_rows_ * std::max(D, F));
     gate_up_ = Buf(int64_t(nt_) * 2 * step_rows_ * kMaxTaskRows);
@@ -513,12 +552,22 @@ class CpuSession final : public SessionBase {
   // The float32 buffer a norm's weight lives in; null for a matrix.
   float* vec_dest(const TensorSpec& t) {
     Layer* l = t.layer >= 0 ? &layers_[size_t(t.layer)] : nullptr;
+    const int64_t Dh = c_.d_head;
     switch (t.field) {
       case Field::FinalNorm: return final_norm_.p;
       case Field::InNorm: return l->in_norm.p;
       case Field::QNorm: return l->q_norm.p;
       case Field::KNorm: return l->k_norm.p;
       case Field::PostNorm: return l->post_norm.p;
+      case Field::QBias: return l->qkv_b.p;
+      case Field::KBias: return l->qkv_b.p + c_.h_q * Dh;
+      case Field::VBias: return l->qkv_b.p + (c_.h_q + c_.h_kv) * Dh;
+      case Field::OBias: return l->o_b.p;
+      case Field::GateBias: return l->g_b.p;
+      case Field::UpBias: return l->u_b.p;
+      case Field::DownBias: return l->d_b.p;
+      case Field::AttnOutNorm: return l->attn_out_norm.p;
+      case Field::MlpOutNorm: return l->mlp_out_norm.p;
       default: return nullptr;
     }
   }
@@ -555,12 +604,15 @@ class CpuSession final : public SessionBase {
     return kcache(s, l) + c_.h_kv * cap_ * c_.d_head;
   }
 
-  // In place on one head vector h (Dh): per-head RMSNorm with w, then rotate-half RoPE at p.
-  void norm_rope(float* h, const float* w, int64_t p) const {
+  // In place on one head vector h (Dh): its bias b (or none), per-head RMSNorm with w where the
+  // family has one, then rotate-half RoPE at p from table `rope`.
+  void norm_rope(float* h, const float* b, const float* w, const float* rope, int64_t p) const {
     const int64_t Dh = c_.d_head, half = Dh / 2;
-    rmsnorm(h, w, Dh, c_.rms_eps, h);
-    const float* cs = rope_.p + p * rope_hw_;
-    const float* sn = rope_.p + cap_ * rope_hw_ + p * rope_hw_;
+    if (b)
+      for (int64_t i = 0; i < Dh; ++i) h[i] += b[i];
+    if (qk_norm_) rmsnorm(h, w, Dh, c_.rms_eps, h);
+    const float* cs = rope + p * rope_hw_;
+    const float* sn = rope + cap_ * rope_hw_ + p * rope_hw_;
     for (int64_t i = 0; i < half; ++i)
       session_math::rope_pair(h[i], h[i + half], cs[i], sn[i], &h[i], &h[i + half]);
   }
@@ -571,26 +623,35 @@ class CpuSession final : public SessionBase {
   void head_rope_store(const Layer& L, int64_t Kc, int64_t Vc, int64_t h, float* v,
                        int64_t p) {
     const int64_t Hq = c_.h_q, Hkv = c_.h_kv, Dh = c_.d_head;
+    const float* b = L.qkv_b.p ? L.qkv_b.p + h * Dh : nullptr;
     if (h < Hq) {
-      norm_rope(v, L.q_norm.p, p);
+      norm_rope(v, b, L.q_norm.p, L.rope, p);
     } else if (h < Hq + Hkv) {
-      norm_rope(v, L.k_norm.p, p);
+      norm_rope(v, b, L.k_norm.p, L.rope, p);
       kv_.store(Kc + ((h - Hq) * cap_ + p) * Dh, v, Dh);
     } else {
+      if (b)
+        for (int64_t i = 0; i < Dh; ++i) v[i] += b[i];
       kv_.store(Vc + ((h - Hq - Hkv) * cap_ + p) * Dh, v, Dh);
     }
   }
 
-  // out (Dh) = softmax(q . K[0..n) * scale) V[0..n); K, V (n, Dh) rows of one KV head at
-  // element offsets K and V of the cache; s (n) scratch. Normalized once at the end, as
-  // softmax-then-matmul rounds similarly.
-  void attend(const Simd& S, const float* q, int64_t K, int64_t V, int64_t n, float* s,
-              float* out) const {
+  // out (Dh) = softmax(q . K[lo..n) * scale) V[lo..n); K, V (n, Dh) rows of one KV head at
+  // element offsets K and V of the cache; lo = n - sliding_window on a sliding layer, else 0;
+  // scores soft-capped where the family caps them; s (n) scratch. Normalized once at the end,
+  // as softmax-then-matmul rounds similarly.
+  void attend(const Simd& S, const Layer& L, const float* q, int64_t K, int64_t V, int64_t n,
+              float* s, float* out) const {
     const int64_t Dh = c_.d_head;
-    const float scale = float(1.0 / std::sqrt(double(Dh)));
+    if (L.slides && n > c_.sliding_window) {
+      const int64_t lo = n - c_.sliding_window;
+      K += lo * Dh, V += lo * Dh, n -= lo;
+    }
+    const float scale = attn_scale_, cap = float(c_.attn_softcap);
     float mx = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < n; ++j) {
       s[j] = kv_.dot(S, q, K + j * Dh, Dh) * scale;
+      if (cap > 0.f) s[j] = session_math::softcap(s[j], cap);
       mx = std::max(mx, s[j]);
     }
     double tot = 0.0;
@@ -608,6 +669,47 @@ class CpuSession final : public SessionBase {
   // may wait a scheduler tick), so a stage too small to repay that runs as a team of one. Bits
   // do not change: a cell's owner and reduction order never depend on the team size.
   int team(int64_t work) const { return work >= PARALLEL_MIN_FLOATS ? cur_nt_ : 1; }
+
+  // The MLP gate of one element: act(g + bg) * (u + bu), biases where the family has them.
+  float gate(float g, float u, const Layer& L, int64_t j) const {
+    if (L.g_b.p) g += L.g_b.p[j], u += L.u_b.p[j];
+    return act_ == Act::Silu ? session_math::silu_mul(g, u) : session_math::gelu_tanh_mul(g, u);
+  }
+  // Whether a projection's output goes straight onto the residual (the panel GEMM accumulating
+  // into x, Qwen3's path), or through Y with a bias or a sandwich norm first.
+  bool direct(const Buf& bias) const { return !bias.p && !sandwich_; }
+  // Columns [j0, j1) of M rows of a projection's output Y (ld apart) onto the residual X (ld
+  // apart): X += Y + b without a sandwich norm; with one, Y += b only (out_norm_add finishes).
+  void bias_add(float* X, float* Y, int64_t ld, int64_t M, const float* b, int64_t j0,
+                int64_t j1) const {
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t j = j0; j < j1; ++j) {
+        const float y = b ? Y[r * ld + j] + b[j] : Y[r * ld + j];
+        if (sandwich_)
+          Y[r * ld + j] = y;
+        else
+          X[r * ld + j] += y;
+      }
+  }
+  // Row r of a sandwich family's sublayer output Y: X += rmsnorm(Y, w), Y overwritten.
+  void out_norm_add(float* X, float* Y, const float* w, int64_t r) const {
+    const int64_t D = c_.d_model;
+    rmsnorm(Y + r * D, w, D, c_.rms_eps, Y + r * D);
+    for (int64_t j = 0; j < D; ++j) X[r * D + j] += Y[r * D + j];
+  }
+  // Logits [j0, j1) of M rows (ld apart) soft-capped where the family caps them.
+  void cap_logits(float* Z, int64_t ld, int64_t M, int64_t j0, int64_t j1) const {
+    const float cap = float(c_.final_softcap);
+    if (!(cap > 0.f)) return;
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t j = j0; j < j1; ++j) Z[r * ld + j] = session_math::softcap(Z[r * ld + j], cap);
+  }
+  // Row id of the embedding into x (D), scaled where the family scales it.
+  void embed_row(int64_t id, float* x) const {
+    embed_.get_row(id, x);
+    if (embed_scale_ > 0.f)
+      for (int64_t j = 0; j < c_.d_model; ++j) x[j] *= embed_scale_;
+  }
 
   // M rows of X (n values, ldx apart) as this session's matrices consume them, prepared by
   // thread t for its own products.
@@ -634,14 +736,14 @@ class CpuSession final : public SessionBase {
     const int64_t G = Hq / Hkv, HD = Hq * Dh, V = c_.vocab, heads = Hq + 2 * Hkv;
     int64_t p[kMaxStepRows];
     for (int64_t r = 0; r < M; ++r) p[r] = pos_[slot[r]];
-    float *X = x_.p, *QKV = qkv_.p, *A = attn_.p, *Act = act_.p, *XF = xf_.p;
+    float *X = x_.p, *QKV = qkv_.p, *A = attn_.p, *Act = act_buf_.p, *XF = xf_.p, *Y = sub_.p;
     int64_t stages = 0;
     // Weight rows per task: one panel block for one row (a matrix-vector product); for several,
     // prefill's larger tasks, since each task packs the M activation rows once for all of its
     // blocks (64-row tasks cost a third of a 16-row step in packing on Zen 4).
     const auto chunk = [&](int64_t rows) { return M == 1 ? ROWS_PER_TASK : task_rows(rows); };
 
-    for (int64_t r = 0; r < M; ++r) embed_.get_row(ids[r], X + r * D);  // M rows: no team
+    for (int64_t r = 0; r < M; ++r) embed_row(ids[r], X + r * D);  // M rows: no team
     ++stages;
 
     for (int64_t li = 0; li < c_.n_layers; ++li) {
@@ -669,7 +771,7 @@ class CpuSession final : public SessionBase {
 #pragma omp parallel for num_threads(team(Hq * span * Dh * 2)) schedule(static)
       for (int64_t rh = 0; rh < M * Hq; ++rh) {
         const int64_t r = rh / Hq, h = rh % Hq, g = h / G;
-        attend(S, QKV + r * q_rows_ + h * Dh, kcache(slot[r], li) + g * cap_ * Dh,
+        attend(S, L, QKV + r * q_rows_ + h * Dh, kcache(slot[r], li) + g * cap_ * Dh,
                vcache(slot[r], li) + g * cap_ * Dh, p[r] + 1,
                scores_.p + int64_t(omp_get_thread_num()) * cap_, A + r * HD + h * Dh);
       }
@@ -679,10 +781,17 @@ class CpuSession final : public SessionBase {
         const int t = omp_get_thread_num();
         const kern::PanelAct in = input(S, A, M, HD, HD, t);
         rows_dynamic(D, chunk(D), [&](int64_t r0, int64_t r1) {
-          L.wo.gemm(M, in, r0, r1, X + r0, D, true, ws(t));
+          if (direct(L.o_b)) return L.wo.gemm(M, in, r0, r1, X + r0, D, true, ws(t));
+          L.wo.gemm(M, in, r0, r1, Y + r0, D, false, ws(t));
+          bias_add(X, Y, D, M, L.o_b.p, r0, r1);
         });
       }
       ++stages;
+      if (sandwich_) {
+#pragma omp parallel for num_threads(team(M * D)) schedule(static)
+        for (int64_t r = 0; r < M; ++r) out_norm_add(X, Y, L.attn_out_norm.p, r);
+        ++stages;
+      }
 #pragma omp parallel num_threads(team(2 * F * D))
       {
         const int t = omp_get_thread_num();
@@ -699,7 +808,7 @@ class CpuSession final : public SessionBase {
           L.wu.gemm(M, in, r0, r1, u, ck, false, ws(t));
           for (int64_t r = 0; r < M; ++r)
             for (int64_t j = r0; j < r1; ++j)
-              Act[r * F + j] = session_math::silu_mul(g[r * ck + j - r0], u[r * ck + j - r0]);
+              Act[r * F + j] = gate(g[r * ck + j - r0], u[r * ck + j - r0], L, j);
         });
       }
       ++stages;
@@ -708,10 +817,17 @@ class CpuSession final : public SessionBase {
         const int t = omp_get_thread_num();
         const kern::PanelAct in = input(S, Act, M, F, F, t);
         rows_dynamic(D, chunk(D), [&](int64_t r0, int64_t r1) {
-          L.wd.gemm(M, in, r0, r1, X + r0, D, true, ws(t));
+          if (direct(L.d_b)) return L.wd.gemm(M, in, r0, r1, X + r0, D, true, ws(t));
+          L.wd.gemm(M, in, r0, r1, Y + r0, D, false, ws(t));
+          bias_add(X, Y, D, M, L.d_b.p, r0, r1);
         });
       }
       ++stages;
+      if (sandwich_) {
+#pragma omp parallel for num_threads(team(M * D)) schedule(static)
+        for (int64_t r = 0; r < M; ++r) out_norm_add(X, Y, L.mlp_out_norm.p, r);
+        ++stages;
+      }
     }
 
 #pragma omp parallel for num_threads(team(M * D)) schedule(static)
@@ -723,6 +839,7 @@ class CpuSession final : public SessionBase {
       const kern::PanelAct in = input(S, XF, M, D, D, t);
       rows_dynamic(V, chunk(V), [&](int64_t r0, int64_t r1) {
         head().gemm(M, in, r0, r1, logits + r0, V, false, ws(t));
+        cap_logits(logits, V, M, r0, r1);
       });
     }
     ++stages;
@@ -737,6 +854,7 @@ class CpuSession final : public SessionBase {
       const kern::PanelAct in = input(S, xf_.p, 1, c_.d_model, c_.d_model, t);
       rows_dynamic(c_.vocab, ROWS_PER_TASK, [&](int64_t r0, int64_t r1) {
         head().gemm(1, in, r0, r1, logits + r0, 0, false, ws(t));
+        cap_logits(logits, 0, 1, r0, r1);
       });
     }
   }
@@ -808,7 +926,18 @@ class CpuSession final : public SessionBase {
     const int64_t D = c_.d_model, Dh = c_.d_head, F = c_.d_ff, Hq = c_.h_q, Hkv = c_.h_kv;
     const int64_t G = Hq / Hkv, HD = Hq * Dh;
     Buf X(M * D), Xn(M * D), QKV(M * q_rows_), A(M * HD), Gt(M * F), U(M * F);
-    for (int64_t r = 0; r < M; ++r) embed_.get_row(ids[r], X.p + r * D);
+    Buf Y(sandwich_ || c_.o_bias || c_.mlp_bias ? M * D : 0);
+    for (int64_t r = 0; r < M; ++r) embed_row(ids[r], X.p + r * D);
+    // X += the sublayer output Wm . In (+ its bias, through its sandwich norm), each element
+    // as a decode step computes it.
+    const auto residual = [&](const float* In, const WMat& Wm, const Buf& b, const Buf& out_norm) {
+      if (direct(b)) return project(S, In, M, Wm, X.p, true);
+      project(S, In, M, Wm, Y.p, false);
+      bias_add(X.p, Y.p, D, M, b.p, 0, D);
+      if (!sandwich_) return;
+#pragma omp parallel for num_threads(nt_) schedule(static)
+      for (int64_t r = 0; r < M; ++r) out_norm_add(X.p, Y.p, out_norm.p, r);
+    };
 
     for (int64_t li = 0; li < c_.n_layers; ++li) {
       const Layer& L = layers_[size_t(li)];
@@ -830,12 +959,12 @@ class CpuSession final : public SessionBase {
 #pragma omp for schedule(dynamic, 4)
         for (int64_t rh = 0; rh < M * Hq; ++rh) {
           const int64_t r = rh / Hq, h = rh % Hq, g = h / G;
-          attend(S, QKV.p + r * q_rows_ + h * Dh, Kc + g * cap_ * Dh, Vc + g * cap_ * Dh,
+          attend(S, L, QKV.p + r * q_rows_ + h * Dh, Kc + g * cap_ * Dh, Vc + g * cap_ * Dh,
                  p0 + r + 1, s, A.p + r * HD + h * Dh);
         }
       }
       as_consumed(A.p, M, HD);
-      project(S, A.p, M, L.wo, X.p, true);
+      residual(A.p, L.wo, L.o_b, L.attn_out_norm);
 #pragma omp parallel for num_threads(nt_) schedule(static)
       for (int64_t r = 0; r < M; ++r)
         rmsnorm(X.p + r * D, L.post_norm.p, D, c_.rms_eps, Xn.p + r * D);
@@ -843,9 +972,9 @@ class CpuSession final : public SessionBase {
       project(S, Xn.p, M, L.wg, Gt.p, false);
       project(S, Xn.p, M, L.wu, U.p, false);
 #pragma omp parallel for num_threads(nt_) schedule(static)
-      for (int64_t i = 0; i < M * F; ++i) Gt.p[i] = session_math::silu_mul(Gt.p[i], U.p[i]);
+      for (int64_t i = 0; i < M * F; ++i) Gt.p[i] = gate(Gt.p[i], U.p[i], L, i % F);
       as_consumed(Gt.p, M, F);
-      project(S, Gt.p, M, L.wd, X.p, true);
+      residual(Gt.p, L.wd, L.d_b, L.mlp_out_norm);
     }
     if (!logits) return;
     rmsnorm(X.p + (M - 1) * D, final_norm_.p, D, c_.rms_eps, xf_.p);
@@ -853,6 +982,11 @@ class CpuSession final : public SessionBase {
   }
 
   int64_t q_rows_ = 0, rope_hw_ = 1;
+  // the family (arch_spec) as this engine applies it
+  Act act_ = Act::Silu;
+  bool sandwich_ = false, qk_norm_ = true;
+  float embed_scale_ = 0.f;  // 0: embeddings unscaled
+  float attn_scale_ = 1.f;
   int64_t step_rows_ = 1;  // sequences one decode pass carries: min(slots, kMaxStepRows)
   int nt_ = 1;       // threads prefill uses, omp_get_max_threads() at construction
   int cur_nt_ = 1;   // threads the decode step in flight uses (1 or nt_)
@@ -861,11 +995,12 @@ class CpuSession final : public SessionBase {
   int64_t tokens_ = 0, next_probe_ = 2, probe_every_ = 16;
   Arena arena_;  // every WMat's storage; declared first of them, so freed after them
   WMat embed_, head_;
-  Buf final_norm_, rope_;
+  Buf final_norm_, rope_, rope_local_;
   KvCache kv_;              // slots_ regions of slot_elems_ (kcache, vcache)
   int64_t slot_elems_ = 0;
   std::vector<Layer> layers_;
-  Buf x_, xf_, qkv_, attn_, act_, logits_, scratch_, scores_;
+  Buf x_, xf_, qkv_, attn_, act_buf_, sub_, logits_, scratch_, scores_;
+  // sub_: a step's sublayer outputs (o_proj, down) where they do not accumulate into x_
   Buf gate_up_;  // each thread's gate and up rows of one task, for a decode step's rows
   Buf staging_;             // a tensor's float32 rows on their way into the panels (load)
   ABuf<char> row_tmp_;      // each thread's converted row on its way (load)

@@ -1,9 +1,10 @@
-// The session core shared by every engine: tensor table, registry, conversions, open check, RoPE
-// table, greedy argmax (see session_weights.hpp).
+// The session core shared by every engine: the family table, the tensor table, registry,
+// conversions, open check, RoPE tables, greedy argmax (see session_weights.hpp).
 #include "algenta/session_weights.hpp"
 
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 
 #include "algenta/half.hpp"
 #include "algenta/quant.hpp"
@@ -45,33 +46,141 @@ const char* field_name(Field f) {
     case Field::Down: return "down_proj";
     case Field::FinalNorm: return "final_norm";
     case Field::LmHead: return "lm_head";
+    case Field::QBias: return "q_bias";
+    case Field::KBias: return "k_bias";
+    case Field::VBias: return "v_bias";
+    case Field::OBias: return "o_bias";
+    case Field::GateBias: return "gate_bias";
+    case Field::UpBias: return "up_bias";
+    case Field::DownBias: return "down_bias";
+    case Field::AttnOutNorm: return "attention_output_norm";
+    case Field::MlpOutNorm: return "mlp_output_norm";
   }
   return "?";
 }
 
-std::vector<TensorSpec> qwen3_tensors(const SessionConfig& c) {
+const std::vector<ArchSpec>& arch_specs() {
+  // name, HF class, qk_norm, qkv_bias, norm_plus_one, embed_scaled, sandwich, act, mlp_norm
+  static const std::vector<ArchSpec> t = {
+      {Arch::Qwen3, "qwen3", "Qwen3ForCausalLM", true, false, false, false, false, Act::Silu,
+       "post_attention_layernorm"},
+      {Arch::Llama, "llama", "LlamaForCausalLM", false, false, false, false, false, Act::Silu,
+       "post_attention_layernorm"},
+      {Arch::Qwen2, "qwen2", "Qwen2ForCausalLM", false, true, false, false, false, Act::Silu,
+       "post_attention_layernorm"},
+      {Arch::Mistral, "mistral", "MistralForCausalLM", false, false, false, false, false,
+       Act::Silu, "post_attention_layernorm"},
+      // Gemma's "post_attention_layernorm" normalizes the attention output; the MLP's input
+      // norm is "pre_feedforward_layernorm".
+      {Arch::Gemma2, "gemma2", "Gemma2ForCausalLM", false, false, true, true, true,
+       Act::GeluTanh, "pre_feedforward_layernorm"},
+      {Arch::Gemma3, "gemma3_text", "Gemma3ForCausalLM", true, false, true, true, true,
+       Act::GeluTanh, "pre_feedforward_layernorm"},
+  };
+  return t;
+}
+
+const ArchSpec& arch_spec(Arch a) {
+  const auto& t = arch_specs();
+  const size_t i = size_t(a);
+  if (i >= t.size()) throw std::logic_error("arch_spec: not an Arch");  // a bug, not input
+  return t[i];
+}
+
+int64_t decode_stages(const SessionConfig& c) {
+  return 3 + c.n_layers * (arch_spec(c.arch).sandwich ? 8 : 6);
+}
+
+std::vector<TensorSpec> model_tensors(const SessionConfig& c) {
+  const ArchSpec& A = arch_spec(c.arch);
   const int64_t D = c.d_model, Hq = c.h_q, Hkv = c.h_kv, Dh = c.d_head, F = c.d_ff, V = c.vocab;
+  const bool qkv_b = A.qkv_bias || c.qkv_bias, pl = A.norm_plus_one;
   std::vector<TensorSpec> t;
-  t.reserve(size_t(3 + 11 * c.n_layers));
+  t.reserve(size_t(3 + 20 * c.n_layers));
   t.push_back({"model.embed_tokens.weight", {V, D}, -1, Field::Embed});
   for (int64_t i = 0; i < c.n_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
-    t.push_back({p + "input_layernorm.weight", {D}, i, Field::InNorm});
-    t.push_back({p + "self_attn.q_proj.weight", {Hq * Dh, D}, i, Field::QProj});
-    t.push_back({p + "self_attn.k_proj.weight", {Hkv * Dh, D}, i, Field::KProj});
-    t.push_back({p + "self_attn.v_proj.weight", {Hkv * Dh, D}, i, Field::VProj});
-    t.push_back({p + "self_attn.q_norm.weight", {Dh}, i, Field::QNorm});
-    t.push_back({p + "self_attn.k_norm.weight", {Dh}, i, Field::KNorm});
-    t.push_back({p + "self_attn.o_proj.weight", {D, Hq * Dh}, i, Field::OProj});
-    t.push_back({p + "post_attention_layernorm.weight", {D}, i, Field::PostNorm});
-    t.push_back({p + "mlp.gate_proj.weight", {F, D}, i, Field::Gate});
-    t.push_back({p + "mlp.up_proj.weight", {F, D}, i, Field::Up});
-    t.push_back({p + "mlp.down_proj.weight", {D, F}, i, Field::Down});
+    const std::string a = p + "self_attn.", m = p + "mlp.";
+    t.push_back({p + "input_layernorm.weight", {D}, i, Field::InNorm, pl});
+    t.push_back({a + "q_proj.weight", {Hq * Dh, D}, i, Field::QProj});
+    if (qkv_b) t.push_back({a + "q_proj.bias", {Hq * Dh}, i, Field::QBias});
+    t.push_back({a + "k_proj.weight", {Hkv * Dh, D}, i, Field::KProj});
+    if (qkv_b) t.push_back({a + "k_proj.bias", {Hkv * Dh}, i, Field::KBias});
+    t.push_back({a + "v_proj.weight", {Hkv * Dh, D}, i, Field::VProj});
+    if (qkv_b) t.push_back({a + "v_proj.bias", {Hkv * Dh}, i, Field::VBias});
+    if (A.qk_norm) {
+      t.push_back({a + "q_norm.weight", {Dh}, i, Field::QNorm, pl});
+      t.push_back({a + "k_norm.weight", {Dh}, i, Field::KNorm, pl});
+    }
+    t.push_back({a + "o_proj.weight", {D, Hq * Dh}, i, Field::OProj});
+    if (c.o_bias) t.push_back({a + "o_proj.bias", {D}, i, Field::OBias});
+    if (A.sandwich)
+      t.push_back({p + "post_attention_layernorm.weight", {D}, i, Field::AttnOutNorm, pl});
+    t.push_back({p + A.mlp_norm + ".weight", {D}, i, Field::PostNorm, pl});
+    t.push_back({m + "gate_proj.weight", {F, D}, i, Field::Gate});
+    if (c.mlp_bias) t.push_back({m + "gate_proj.bias", {F}, i, Field::GateBias});
+    t.push_back({m + "up_proj.weight", {F, D}, i, Field::Up});
+    if (c.mlp_bias) t.push_back({m + "up_proj.bias", {F}, i, Field::UpBias});
+    t.push_back({m + "down_proj.weight", {D, F}, i, Field::Down});
+    if (c.mlp_bias) t.push_back({m + "down_proj.bias", {D}, i, Field::DownBias});
+    if (A.sandwich)
+      t.push_back({p + "post_feedforward_layernorm.weight", {D}, i, Field::MlpOutNorm, pl});
   }
-  t.push_back({"model.norm.weight", {D}, -1, Field::FinalNorm});
+  t.push_back({"model.norm.weight", {D}, -1, Field::FinalNorm, pl});
   if (!c.tie_word_embeddings) t.push_back({"lm_head.weight", {V, D}, -1, Field::LmHead});
   return t;
 }
+
+std::string cuda_family_gap(const SessionConfig& c) {
+  std::string gap;
+  const auto add = [&](const std::string& what) { gap += (gap.empty() ? "" : ", ") + what; };
+  if (c.arch != Arch::Qwen3)
+    add(std::string("the ") + arch_spec(c.arch).hf_class + " family");
+  if (c.qkv_bias || c.o_bias || c.mlp_bias) add("projection biases");
+  if (c.sliding_window > 0) add("sliding-window attention");
+  if (c.attn_softcap > 0.0 || c.final_softcap > 0.0) add("soft caps");
+  if (c.attn_scale > 0.0) add("attention scale");
+  if (c.rope_type != RopeType::Default || c.rope_local_theta > 0.0) add("scaled or local RoPE");
+  if (gap.empty()) return gap;
+  return "the CUDA engine computes plain Qwen3 only; this config needs " + gap +
+         " (the CPU engine computes it: device='cpu')";
+}
+
+namespace {
+bool finite_nonneg(double x) { return std::isfinite(x) && x >= 0.0; }
+bool finite_pos(double x) { return std::isfinite(x) && x > 0.0; }
+
+// The family fields' own checks (session_open_status), "" when they pass.
+std::string family_refusal(const SessionConfig& c, int* code) {
+  *code = RESIDENT_ERR_NON_FINITE;
+  if (int(c.arch) < 0 || size_t(c.arch) >= arch_specs().size()) {
+    *code = RESIDENT_ERR_EMPTY_DIMENSION;
+    return "arch " + std::to_string(int(c.arch)) + " is not a family the session computes";
+  }
+  if (!finite_nonneg(c.attn_scale) || !finite_nonneg(c.attn_softcap) ||
+      !finite_nonneg(c.final_softcap) || !finite_nonneg(c.rope_local_theta))
+    return "attn_scale, attn_softcap, final_softcap and rope_local_theta must be finite and "
+           ">= 0 (0: the default)";
+  if (c.sliding_window < 0) {
+    *code = RESIDENT_ERR_EMPTY_DIMENSION;
+    return "sliding_window must be >= 0 (0: none), got " + std::to_string(c.sliding_window);
+  }
+  if (!c.sliding_layers.empty() && int64_t(c.sliding_layers.size()) != c.n_layers) {
+    *code = RESIDENT_ERR_WEIGHT_LENGTH;
+    return "sliding_layers names " + std::to_string(c.sliding_layers.size()) +
+           " layers, the model has " + std::to_string(c.n_layers);
+  }
+  if (c.rope_type != RopeType::Default) {
+    if (!finite_pos(c.rope_factor)) return "rope factor must be finite and > 0";
+    if (c.rope_type == RopeType::Llama3 &&
+        (!finite_pos(c.rope_low_freq_factor) || !finite_pos(c.rope_high_freq_factor) ||
+         !(c.rope_high_freq_factor > c.rope_low_freq_factor) || c.rope_original_ctx < 1))
+      return "llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor and "
+             "original_max_position_embeddings >= 1";
+  }
+  return "";
+}
+}  // namespace
 
 int session_open_status(const SessionConfig& c, int64_t max_ctx, int64_t* capacity,
                         std::string* why) {
@@ -86,6 +195,12 @@ int session_open_status(const SessionConfig& c, int64_t max_ctx, int64_t* capaci
       !std::isfinite(c.rope_theta) || !(c.rope_theta > 0.0)) {
     if (why) *why = "rms_eps and rope_theta must be finite and > 0";
     return RESIDENT_ERR_NON_FINITE;
+  }
+  int fcode = RESIDENT_OK;
+  const std::string fam = family_refusal(c, &fcode);
+  if (!fam.empty()) {
+    if (why) *why = fam;
+    return fcode;
   }
   if (std::string(residentk_weight_format_name(c.weights)) == "?") {
     if (why) *why = std::string("weights='") + dtype_name(c.weights) + "' is not a weight format";
@@ -114,11 +229,26 @@ int64_t session_open_check(const SessionConfig& c, int64_t max_ctx) {
   return cap;
 }
 
-std::vector<float> rope_table(const SessionConfig& c, int64_t T) {
+std::vector<float> rope_table(const SessionConfig& c, int64_t T, bool local) {
   const int64_t Dh = c.d_head, half = Dh / 2, hw = half > 0 ? half : 1;
+  const double theta = local ? c.rope_local_theta : c.rope_theta;
+  const RopeType type = local ? RopeType::Default : c.rope_type;
+  const double pi = 3.14159265358979323846;
   std::vector<float> r(size_t(2 * T * hw), 0.f);
   for (int64_t i = 0; i < half; ++i) {
-    const double inv_freq = std::pow(c.rope_theta, -double(2 * i) / double(Dh));
+    double inv_freq = std::pow(theta, -double(2 * i) / double(Dh));
+    if (type == RopeType::Linear) {
+      inv_freq /= c.rope_factor;
+    } else if (type == RopeType::Llama3) {
+      const double old_ctx = double(c.rope_original_ctx), lo = c.rope_low_freq_factor,
+                   hi = c.rope_high_freq_factor, wavelen = 2.0 * pi / inv_freq;
+      if (wavelen > old_ctx / lo) {
+        inv_freq /= c.rope_factor;
+      } else if (!(wavelen < old_ctx / hi)) {  // between the bands: a linear blend
+        const double smooth = (old_ctx / wavelen - lo) / (hi - lo);
+        inv_freq = (1.0 - smooth) * inv_freq / c.rope_factor + smooth * inv_freq;
+      }
+    }
     for (int64_t p = 0; p < T; ++p) {
       const double a = double(p) * inv_freq;
       r[size_t(p * hw + i)] = float(std::cos(a));
@@ -206,7 +336,7 @@ void refuse_past_range(const std::string& tensor, Dtype f, float value, int64_t 
                   : "it rounds to infinity): load it with weights='f32'"));
 }
 
-WeightRegistry::WeightRegistry(const SessionConfig& c) : table_(qwen3_tensors(c)) {
+WeightRegistry::WeightRegistry(const SessionConfig& c) : table_(model_tensors(c)) {
   set_.assign(table_.size(), 0);
   for (size_t i = 0; i < table_.size(); ++i) index_[table_[i].name] = i;
 }

@@ -10,8 +10,9 @@
 // for its whole life. Fixed regions, not a pool of blocks: attention then reads one contiguous
 // run of keys per head, the capacity question is exact arithmetic answered before allocation
 // (slots x one sequence's cache), and a server bounds max_ctx per request anyway. Tokens are appended one KV
-// slot each, written in place; nothing is ever reallocated or copied to grow. The model is Qwen3
-// exactly as HuggingFace transformers computes it (see session_cpu.cpp for the stage list).
+// slot each, written in place; nothing is ever reallocated or copied to grow. The model is one of
+// the families of SessionConfig::arch exactly as HuggingFace transformers computes it (see
+// session_cpu.cpp for the stage list, session_weights.hpp for what each family changes).
 //
 // A session may be shared between threads: calls that write (set_weight, prefill, step,
 // step_greedy, reset) are serialized by the implementation, and the property reads never block.
@@ -34,6 +35,13 @@
 namespace algenta {
 namespace residentk {
 
+// The model families a session computes, each as transformers computes it; what sets them
+// apart is data (session_weights.hpp, arch_spec), read by the tensor table and every engine.
+enum class Arch : int { Qwen3, Llama, Qwen2, Mistral, Gemma2, Gemma3 };
+// RoPE frequency scaling (transformers' rope_type): none, every frequency divided by a factor,
+// or Llama 3's banded rule (low frequencies divided, high kept, a smooth ramp between).
+enum class RopeType : int { Default, Linear, Llama3 };
+
 struct SessionConfig {
   int64_t d_model = 0;   // D
   int64_t h_q = 0;       // Hq
@@ -45,6 +53,35 @@ struct SessionConfig {
   double rms_eps = 1e-6;
   double rope_theta = 1e6;
   bool tie_word_embeddings = true;  // the head reuses model.embed_tokens.weight
+
+  // ---- the family (session_weights.hpp: arch_spec says what each computes) ----------------
+  // Every field below keeps Qwen3's behaviour at its default, so a Qwen3 config is unchanged.
+  Arch arch = Arch::Qwen3;
+  bool qkv_bias = false;   // q, k and v projections carry biases (Qwen2 always, Llama's
+                           // attention_bias)
+  bool o_bias = false;     // o_proj carries a bias (Llama's attention_bias)
+  bool mlp_bias = false;   // gate, up and down carry biases (Llama's mlp_bias)
+  // Keys a sliding layer's query sees, itself included (key j is seen from position p when
+  // p - W < j <= p, as transformers' sliding mask); 0: no layer slides.
+  int64_t sliding_window = 0;
+  // Per layer, 1 where the layer slides (its size is n_layers, or 0 for "every layer" when
+  // sliding_window > 0).
+  std::vector<uint8_t> sliding_layers;
+  double attn_scale = 0.0;     // what q.k is multiplied by; 0: 1/sqrt(d_head)
+  double attn_softcap = 0.0;   // scores become cap * tanh(s / cap); 0: none (Gemma 2: 50)
+  double final_softcap = 0.0;  // the same on the logits (Gemma 2: 30)
+  // RoPE of the full-attention layers (of every layer when rope_local_theta is 0): scaled as
+  // rope_type says. Sliding layers use plain RoPE at rope_local_theta when it is > 0 (Gemma 3).
+  RopeType rope_type = RopeType::Default;
+  double rope_factor = 1.0;             // linear, llama3
+  double rope_low_freq_factor = 1.0;    // llama3
+  double rope_high_freq_factor = 4.0;   // llama3
+  int64_t rope_original_ctx = 8192;     // llama3: original_max_position_embeddings
+  double rope_local_theta = 0.0;
+  bool layer_slides(int64_t l) const {
+    return sliding_window > 0 &&
+           (sliding_layers.empty() || (l < int64_t(sliding_layers.size()) && sliding_layers[size_t(l)]));
+  }
   // How the weight matrices are held resident (residentk.hpp); norms, activations and RoPE are
   // float32 whatever this says.
   Dtype weights = Dtype::F32;

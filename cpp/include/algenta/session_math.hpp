@@ -1,8 +1,8 @@
 // The per-element arithmetic of a decode step that the CPU engine (session_cpu.cpp) and the CUDA
 // engine (cuda/session_*.cu, also under the emulator) both compute: RMSNorm's scale, the SiLU
-// gate, the rotate-half RoPE pair and the argmax order. Each engine keeps its own reduction
-// structure (one thread's loop, a block's tree) around these; what an element's value is, is
-// written here once.
+// and GELU gates, the soft cap, the rotate-half RoPE pair and the argmax order. Each engine
+// keeps its own reduction structure (one thread's loop, a block's tree) around these; what an
+// element's value is, is written here once.
 #pragma once
 
 #include <cmath>
@@ -32,6 +32,28 @@ ALGENTA_HD float silu_mul(float g, float u) {
   return g / (1.0f + expf(-g)) * u;
 #else
   return g / (1.0f + std::exp(-g)) * u;
+#endif
+}
+
+// gelu(g) * u with gelu's tanh approximation (transformers' gelu_pytorch_tanh, Gemma's gate),
+// in float, in torch's order: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))).
+ALGENTA_HD float gelu_tanh_mul(float g, float u) {
+  const float beta = 0.7978845608028654f, kappa = 0.044715f;
+  const float inner = beta * (g + kappa * (g * g * g));
+#if defined(__CUDA_ARCH__)
+  return 0.5f * g * (1.0f + tanhf(inner)) * u;
+#else
+  return 0.5f * g * (1.0f + std::tanh(inner)) * u;
+#endif
+}
+
+// cap * tanh(x / cap): Gemma 2's soft cap of attention scores and logits, in float, in
+// transformers' order (divide, tanh, multiply).
+ALGENTA_HD float softcap(float x, float cap) {
+#if defined(__CUDA_ARCH__)
+  return tanhf(x / cap) * cap;
+#else
+  return std::tanh(x / cap) * cap;
 #endif
 }
 

@@ -1,4 +1,5 @@
-// What every resident session engine shares, written once: the Qwen3 tensor table, the weight
+// What every resident session engine shares, written once: the family table and the tensor
+// table it makes for a config, the weight
 // registry (name and shape checks, a ready counter, the checked conversions to float32), the
 // checks a session opens with, the RoPE table and greedy argmax. The CPU engine binds each table
 // entry to one of its buffers, the CUDA engine to an offset in its device arena; neither knows
@@ -17,29 +18,66 @@
 namespace algenta {
 namespace residentk {
 
-// Which tensor of the model a table entry is; the per-layer ones carry their layer.
+// Which tensor of the model a table entry is; the per-layer ones carry their layer. AttnNorm
+// and MlpNorm are the norms before attention and before the MLP; AttnOutNorm and MlpOutNorm the
+// ones Gemma 2/3 put after them (on the sublayer's output, before the residual add).
 enum class Field : int {
   Embed, InNorm, QProj, KProj, VProj, QNorm, KNorm, OProj, PostNorm, Gate, Up, Down, FinalNorm,
-  LmHead,
+  LmHead, QBias, KBias, VBias, OBias, GateBias, UpBias, DownBias, AttnOutNorm, MlpOutNorm,
 };
 const char* field_name(Field f);
 
+enum class Act : int { Silu, GeluTanh };
+
+// One model family as data: what its layers hold and compute beyond the config's sizes. The
+// tensor table, the config readers (through the bindings) and both engines read this; no
+// engine compares architectures.
+struct ArchSpec {
+  Arch arch;
+  const char* name;        // "qwen3", "llama", ...: transformers' model_type
+  const char* hf_class;    // config.json's architectures entry
+  bool qk_norm;            // per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3)
+  bool qkv_bias;           // q/k/v biases whatever the config says (Qwen2)
+  bool norm_plus_one;      // RMSNorm scales by (1 + w): stored as 1 + w at load (Gemma)
+  bool embed_scaled;       // embeddings multiplied by float(sqrt(d_model)) (Gemma)
+  bool sandwich;           // AttnOutNorm / MlpOutNorm on each sublayer's output (Gemma 2/3)
+  Act act;                 // the MLP gate: silu, or gelu with the tanh approximation
+  const char* mlp_norm;    // the HF name of the norm before the MLP (PostNorm's tensor)
+};
+const ArchSpec& arch_spec(Arch a);
+// Every family, in Arch order (for lookups by name and the refusal naming them).
+const std::vector<ArchSpec>& arch_specs();
+
+// Decode stages a step of this config runs (what dispatches_per_token measures): embed, final
+// norm and head, and per layer norm+QKV, q/k norm+RoPE+KV write, attention, o_proj, norm+gate/up,
+// down, plus the two output norms of a sandwich family. Qwen3: n_layers * 6 + 3, the seed's
+// residentk_dispatch_budget.
+int64_t decode_stages(const SessionConfig& c);
+
+// What in this config the CUDA engine does not compute yet ("" when nothing): it computes
+// Qwen3 without biases, sliding windows, soft caps, a custom attention scale or scaled RoPE.
+// make_cuda_session refuses anything else with 607 naming it, before any allocation.
+std::string cuda_family_gap(const SessionConfig& c);
+
 struct TensorSpec {
   std::string name;            // the HuggingFace name
-  std::vector<int64_t> shape;  // (rows, cols) for a matrix, (n) for a norm's weight
+  std::vector<int64_t> shape;  // (rows, cols) for a matrix, (n) for a norm's weight or a bias
   int64_t layer = -1;          // -1 for model-level tensors
   Field field = Field::Embed;
+  bool plus_one = false;       // a (1 + w) norm: stored as 1 + w (rounded once, in float32)
   int64_t rows() const { return shape.size() == 2 ? shape[0] : 1; }
   int64_t cols() const { return shape.back(); }
   int64_t elems() const { return rows() * cols(); }
 };
 
-// Every tensor a Qwen3 session with this config holds, in a HuggingFace checkpoint's order:
-// the embedding; per layer input norm, q, k, v, q_norm, k_norm, o, post-attention norm, gate, up,
-// down; the final norm; lm_head when the head is not tied to the embedding.
+// Every tensor a session with this config holds, in a HuggingFace checkpoint's order: the
+// embedding; per layer input norm, q, k, v (each with its bias when the family or config has
+// one), q_norm, k_norm (qk_norm families), o (+ bias), the norm after attention (Gemma), the
+// norm before the MLP, gate, up, down (+ biases), the norm after the MLP (Gemma); the final norm;
+// lm_head when the head is not tied to the embedding.
 //   embed (V, D)  q (Hq*Dh, D)  k, v (Hkv*Dh, D)  q_norm, k_norm (Dh)  o (D, Hq*Dh)
-//   gate, up (F, D)  down (D, F)  norms (D)  lm_head (V, D)
-std::vector<TensorSpec> qwen3_tensors(const SessionConfig& c);
+//   gate, up (F, D)  down (D, F)  norms (D)  lm_head (V, D)  biases (their matrix's rows)
+std::vector<TensorSpec> model_tensors(const SessionConfig& c);
 
 // The checks a session runs before it allocates anything, in order: the model shape (601-603,
 // residentk_shape_check), rms_eps and rope_theta finite and > 0 (609), max_ctx in
@@ -50,11 +88,19 @@ int session_open_status(const SessionConfig& c, int64_t max_ctx, int64_t* capaci
 // The same, throwing StatusError(Resident) on a refusal; returns the capacity.
 int64_t session_open_check(const SessionConfig& c, int64_t max_ctx);
 
-// The RoPE table both engines use: cos (T, hw) then sin (T, hw), hw = max(Dh/2, 1), for the
-// rotate-half pairing (i, i + Dh/2) at positions 0..T-1. Angles p * theta^(-2i/Dh) are formed in
+// The RoPE tables both engines use: cos (T, hw) then sin (T, hw), hw = max(Dh/2, 1), for the
+// rotate-half pairing (i, i + Dh/2) at positions 0..T-1. Angles p * inv_freq(i) are formed in
 // double and rounded to float once (transformers forms them in float32: a difference far below
-// the tests' logit tolerance).
-std::vector<float> rope_table(const SessionConfig& c, int64_t T);
+// the tests' logit tolerance). The global table serves full-attention layers: theta^(-2i/Dh)
+// scaled by rope_type (linear divides by the factor; llama3 divides wavelengths past
+// original_ctx / low_freq_factor by the factor, keeps those under original_ctx /
+// high_freq_factor, and blends between, as transformers' _compute_llama3_parameters). The local
+// table (local=true) is plain RoPE at rope_local_theta, for sliding layers when it is set.
+std::vector<float> rope_table(const SessionConfig& c, int64_t T, bool local = false);
+// Whether layer l reads the local table.
+inline bool layer_rope_local(const SessionConfig& c, int64_t l) {
+  return c.rope_local_theta > 0.0 && c.layer_slides(l);
+}
 
 // numpy.argmax of logits[0..n): the first maximum, with a NaN counting as larger than any number
 // (so the first NaN wins). n >= 1.
@@ -114,6 +160,8 @@ class WeightRegistry {
       float* dst = stage(t, r0, r1);
       const int64_t bad = widen_checked(data, type, r0 * cols, (r1 - r0) * cols, dst);
       if (bad >= 0) non_finite(name, bad);
+      if (t.plus_one)  // exact as transformers' float32 (1.0 + weight.float())
+        for (int64_t i = 0; i < (r1 - r0) * cols; ++i) dst[i] = 1.0f + dst[i];
       commit(t, r0, r1);
     }
     set_[i] = 1;
