@@ -131,7 +131,7 @@ def resolve_shape(args):
     else:
         v = _parse_dims(args.dims)
         shape = presets.ModelShape(name="custom", **dict(zip(_DIM_NAMES, v)), tied=True,
-                                   rope_theta=1000000.0, rms_eps=1e-6)
+                                   rope_theta=1000000.0, rms_eps=1e-6, family={})
         source = "--dims"
     if args.untied and shape.tied:
         shape = presets.ModelShape(**{**dict(shape), "tied": False})
@@ -143,7 +143,7 @@ def resolve_shape(args):
 _TERMS = ("attn", "mlp", "norms", "embed", "lm_head")
 
 
-def _term_bytes(fp: dict, dims, tied: bool, tp: int, fmt: str) -> dict:
+def _term_bytes(fp: dict, dims, tied: bool, tp: int, fmt: str, family=None) -> dict:
     """Bytes of each weight term of the footprint ``fp`` (per GPU at ``tp``) with the matrices in
     ``fmt``: every matrix through :func:`residentk_matrix_bytes` (int8's scales depend on each
     matrix's row length), the norms in float32. The table's per-term rows; the contract itself
@@ -158,8 +158,15 @@ def _term_bytes(fp: dict, dims, tied: bool, tp: int, fmt: str) -> dict:
     def mb(rows, cols):  # a (rows, cols) weight: rows outputs, cols inputs (its row length)
         return rc.residentk_matrix_bytes(rows, cols, fmt)
 
-    out = {"attn": n_layers * (mb(hq * dh, d) + 2 * mb(hkv * dh, d) + mb(d, hq * dh)),  # q k v o
-           "mlp": n_layers * (2 * mb(ff, d) + mb(d, ff)),                              # gate up down
+    extra = {"attn": 0, "mlp": 0}  # a family's biases, float32 (weights.family_vector_elems)
+    if family:
+        from .residentk.weights import family_vector_elems
+
+        extra = family_vector_elems(dict(zip(_DIM_NAMES, dims), tie_word_embeddings=tied,
+                                         family=family), tp)
+    out = {"attn": n_layers * (mb(hq * dh, d) + 2 * mb(hkv * dh, d) + mb(d, hq * dh))  # q k v o
+           + 4 * extra["attn"],
+           "mlp": n_layers * (2 * mb(ff, d) + mb(d, ff)) + 4 * extra["mlp"],          # gate up down
            "norms": 4 * fp["norms"],
            "embed": mb(vocab, d),
            "lm_head": 0 if tied else mb(vocab, d)}
@@ -175,6 +182,23 @@ def _bytes(at_ctx: dict, at_bucket: dict, terms: dict) -> dict:
     return {"weight_terms": terms, "weights": at_ctx["weight_bytes"],
             "kv_cache": at_ctx["kv_bytes"], "total": at_ctx["total_bytes"],
             "kv_cache_bucket": at_bucket["kv_bytes"], "total_bucket": at_bucket["total_bytes"]}
+
+
+def _dispatches(shape) -> int:
+    """Decode dispatches per token of the shape's family, counted from its stage list (the
+    seed's residentk_dispatch_budget for Qwen3); 0 where that budget refuses the layer count."""
+    from . import _core
+    from .residentk import contract as rc
+
+    if rc.residentk_dispatch_budget(shape.n_layers) == 0:
+        return 0
+    fam = {k: (list(v) if k == "sliding_layers" else v) for k, v in shape.family.items()}
+    return _core.session.decode_stages(shape.n_layers, fam)
+
+
+def _footprint(rc, shape, *args, **kw):
+    """residentk_footprint of the shape's family (its biases and extra norms counted)."""
+    return rc.residentk_footprint(*args, family=shape.family, **kw)
 
 
 def plan(shape, *, ctx: int = 512, tp: int = 1, gpu_mem=None, train_tokens=None, chunk=None,
@@ -196,27 +220,28 @@ def plan(shape, *, ctx: int = 512, tp: int = 1, gpu_mem=None, train_tokens=None,
     status, reason = rc.residentk_shape_reason(*dims)
     # A shape refused only for the shared-memory tier is still sized: the sizes are what a
     # rebuild with a larger ALGENTA_SMEM_TIER_BYTES would hold.
-    sized = rc.residentk_footprint(*dims, ctx, tied=shape.tied, check_tier=False, format=weights,
+    sized = _footprint(rc, shape, *dims, ctx, tied=shape.tied, check_tier=False, format=weights,
                                    kv_format=kv)
     tier_only = status != rc.RESIDENT_OK and sized["status"] == rc.RESIDENT_OK
     if status != rc.RESIDENT_OK and not tier_only:
-        sized = rc.residentk_footprint(*dims, ctx, tied=shape.tied, format=weights,
+        sized = _footprint(rc, shape, *dims, ctx, tied=shape.tied, format=weights,
                                        kv_format=kv)  # all zero
     bucket = rc.resident_bucket_ctx(ctx)
-    at_bucket = rc.residentk_footprint(*dims, bucket, tied=shape.tied, check_tier=not tier_only,
+    at_bucket = _footprint(rc, shape, *dims, bucket, tied=shape.tied, check_tier=not tier_only,
                                        format=weights, kv_format=kv)
     probe = rp.resident_session_probe(*dims)
 
     out = {
         "model": shape.name,
         "shape": {**{n: shape[n] for n in _DIM_NAMES}, "tied": shape.tied,
-                  "rope_theta": shape.rope_theta, "rms_eps": shape.rms_eps},
+                  "rope_theta": shape.rope_theta, "rms_eps": shape.rms_eps,
+                  "family": dict(shape.family)},
         "status": status,
         "status_name": rc.residentk_status_name(status),
         "reason": reason,
         "smem_tier_bytes": rc.residentk_smem_tier_bytes(),
         "sized_beyond_tier": tier_only,
-        "dispatch_budget": rc.residentk_dispatch_budget(shape.n_layers),
+        "dispatch_budget": _dispatches(shape),
         "dispatch_budget_deep": rc.residentk_dispatch_budget_deep(shape.n_layers),
         "ctx": ctx,
         "ctx_bucket": bucket,
@@ -229,7 +254,7 @@ def plan(shape, *, ctx: int = 512, tp: int = 1, gpu_mem=None, train_tokens=None,
         "resident_bucket_bytes": 4 * at_bucket["total"],
         "weight_format": weights,
         "kv_format": kv,
-        "bytes": _bytes(sized, at_bucket, _term_bytes(sized, dims, shape.tied, 1, weights)),
+        "bytes": _bytes(sized, at_bucket, _term_bytes(sized, dims, shape.tied, 1, weights, shape.family)),
         "build": {"kernels_compiled": probe.kernels_compiled,
                   "device_present": probe.device_present,
                   "probe_status": probe.status,
@@ -237,12 +262,12 @@ def plan(shape, *, ctx: int = 512, tp: int = 1, gpu_mem=None, train_tokens=None,
     }
     per_gpu = at_bucket
     if tp != 1:
-        share = rc.residentk_footprint(*dims, ctx, tied=shape.tied, tp=tp, check_tier=not tier_only,
+        share = _footprint(rc, shape, *dims, ctx, tied=shape.tied, tp=tp, check_tier=not tier_only,
                                        format=weights, kv_format=kv)
         if share["status"] == rc.RESIDENT_ERR_HEAD_GEOMETRY and sized["status"] == rc.RESIDENT_OK:
             raise CliError(f"--tp {tp} must divide h_q {shape.h_q}, h_kv {shape.h_kv} and d_ff "
                            f"{shape.d_ff} (the heads and the MLP are split {tp} ways)")
-        per_gpu = rc.residentk_footprint(*dims, bucket, tied=shape.tied, tp=tp,
+        per_gpu = _footprint(rc, shape, *dims, bucket, tied=shape.tied, tp=tp,
                                          check_tier=not tier_only, format=weights,
                                          kv_format=kv)
         out["tp"] = {"n": tp, "weight_terms": {k: share[k] for k in ("attn", "mlp", "norms",
@@ -253,7 +278,7 @@ def plan(shape, *, ctx: int = 512, tp: int = 1, gpu_mem=None, train_tokens=None,
                      "kv_cache_bucket_elems": per_gpu["kv_cache"],
                      "resident_bucket_bytes": 4 * per_gpu["total"],
                      "bytes": _bytes(share, per_gpu,
-                                     _term_bytes(share, dims, shape.tied, tp, weights))}
+                                     _term_bytes(share, dims, shape.tied, tp, weights, shape.family))}
     if gpu_mem is not None:
         need = per_gpu["total_bytes"]  # per GPU, at the bucket, weights in the format
         ok = status == rc.RESIDENT_OK or tier_only
@@ -366,7 +391,8 @@ def render(report: dict, source: str) -> str:
     L = s["n_layers"]
     lines += [""] + _table([
         "dispatches per decode token",
-        ("standard", f"{report['dispatch_budget']:,}", f"{L} layers x 6 + 3"),
+        ("standard", f"{report['dispatch_budget']:,}",
+         f"{L} layers x {(report['dispatch_budget'] - 3) // L} + 3"),
         ("split-K attention", f"{report['dispatch_budget_deep']:,}", f"1 + {L} layers x 7 + 2"),
     ], "lrl")
 

@@ -147,7 +147,7 @@ def run(args) -> int:
     cap = resident_bucket_ctx(args.max_ctx)
     fp = residentk_footprint(c.d_model, c.h_q, c.h_kv, c.d_head, c.d_ff, c.n_layers, c.vocab,
                              cap, tied=c.tie_word_embeddings, check_tier=False,
-                             format=args.weights, kv_format=args.kv)
+                             format=args.weights, kv_format=args.kv, family=c.family)
     need = int(fp["weight_bytes"]) + args.slots * int(fp["kv_bytes"])
     from . import _core
 
@@ -161,7 +161,7 @@ def run(args) -> int:
         fit = residentk_slots_fitting(c.d_model, c.h_q, c.h_kv, c.d_head, c.d_ff, c.n_layers,
                                       c.vocab, args.max_ctx, avail, tied=c.tie_word_embeddings,
                                       check_tier=False, format=args.weights,
-                                      kv_format=args.kv)
+                                      kv_format=args.kv, family=c.family)
         raise CliError(f"the weights ({int(fp['weight_bytes']) / 2**30:.2f} GiB, {args.weights}) "
                        f"and {args.slots} slots of {cap} positions ({per / 2**30:.2f} GiB each, "
                        f"kv {args.kv}) need {need / 2**30:.2f} GiB; this host has "

@@ -84,7 +84,7 @@ def weight_bytes(session) -> int:
     c = session.config
     fp = residentk_footprint(c.d_model, c.h_q, c.h_kv, c.d_head, c.d_ff, c.n_layers, c.vocab,
                              512, tied=c.tie_word_embeddings, check_tier=False,
-                             format=session.weights)
+                             format=session.weights, family=c.family)
     row = residentk_matrix_bytes(1, c.d_model, session.weights)
     embed = residentk_matrix_bytes(c.vocab, c.d_model, session.weights)
     # a tied table is read whole as the head and one row as the embedding; an untied one, one row

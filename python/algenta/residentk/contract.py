@@ -212,7 +212,8 @@ def residentk_matrix_bytes(rows, cols, format="f32") -> int:
 
 
 def residentk_footprint(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, max_ctx=512, *,
-                        tied=True, tp=1, check_tier=True, format="f32", kv_format="f32") -> dict:
+                        tied=True, tp=1, check_tier=True, format="f32", kv_format="f32",
+                        family=None) -> dict:
     """The terms behind :func:`residentk_weight_elems`, per GPU when the heads and the MLP are
     split ``tp`` ways (norms and embeddings replicated): ``attn``, ``mlp``, ``norms``,
     ``embed``, ``lm_head``, ``weights``, ``kv_cache``, ``kv_per_pos``, ``total`` (float32
@@ -223,13 +224,30 @@ def residentk_footprint(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, max_c
     does not divide h_q, h_kv and d_ff is refused with 603; every size is 0 when the status is
     not 600. ``check_tier=False`` skips only the shared-memory tier check: the sizes a build
     with a larger tier would hold. An unknown ``format`` or ``kv_format`` name raises
-    ``ResidentError`` (601)."""
+    ``ResidentError`` (601). ``family`` (a ResidentConfig's family dict; None or {} for Qwen3)
+    adds what that family holds beyond Qwen3's table, all float32 vectors: its biases to
+    ``attn`` and ``mlp``, its extra norms (less q_norm and k_norm where it has none) to
+    ``norms``, and their sum to the weight and total terms."""
     if not isinstance(tied, bool) or not isinstance(check_tier, bool):
         raise TypeError("tied and check_tier must be bools")
-    return dict(_c.residentk_footprint(*_shape(d_model, h_q, h_kv, d_head, d_ff),
-                                       _i64(n_layers, "n_layers"), _i64(vocab, "vocab"),
-                                       _i64(max_ctx, "max_ctx"), tied, _i64(tp, "tp"), check_tier,
-                                       _format(format), _kv_format(kv_format)))
+    fp = dict(_c.residentk_footprint(*_shape(d_model, h_q, h_kv, d_head, d_ff),
+                                     _i64(n_layers, "n_layers"), _i64(vocab, "vocab"),
+                                     _i64(max_ctx, "max_ctx"), tied, _i64(tp, "tp"), check_tier,
+                                     _format(format), _kv_format(kv_format)))
+    if family and fp["status"] == RESIDENT_OK:
+        from .weights import family_vector_elems
+
+        extra = family_vector_elems(dict(d_model=d_model, h_q=h_q, h_kv=h_kv, d_head=d_head,
+                                         d_ff=d_ff, n_layers=n_layers, vocab=vocab,
+                                         tie_word_embeddings=tied, family=family), tp)
+        n = sum(extra.values())
+        for k, v in extra.items():
+            fp[k] += v
+        fp["weights"] += n
+        fp["total"] += n
+        fp["weight_bytes"] += 4 * n
+        fp["total_bytes"] += 4 * n
+    return fp
 
 
 def residentk_max_ctx_fitting(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, budget_bytes, *,
@@ -252,16 +270,17 @@ def residentk_max_ctx_fitting(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab,
 
 def residentk_slots_fitting(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, max_ctx,
                             budget_bytes, *, tied=True, tp=1, check_tier=True, format="f32",
-                            kv_format="f32") -> int:
+                            kv_format="f32", family=None) -> int:
     """Most sequences (slots) of ``max_ctx`` positions one session holds within
     ``budget_bytes``: the weights once, in ``format``, and one KV cache per slot at the bucketed
     capacity ``resident_bucket_ctx(max_ctx)`` (what a session allocates), in ``kv_format``; per
     GPU at ``tp``. 0 when the weights and one slot do not fit or the shape is refused; at most
     ``RESIDENT_MAX_SLOTS``. The arithmetic ``ResidentSession(slots=N).resident_bytes`` and
-    ``algenta serve`` use."""
+    ``algenta serve`` use. ``family`` as in :func:`residentk_footprint`."""
     fp = residentk_footprint(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab,
                              resident_bucket_ctx(max_ctx), tied=tied, tp=tp,
-                             check_tier=check_tier, format=format, kv_format=kv_format)
+                             check_tier=check_tier, format=format, kv_format=kv_format,
+                             family=family)
     budget = _i64(budget_bytes, "budget_bytes")
     if fp["status"] != RESIDENT_OK or fp["kv_bytes"] <= 0:
         return 0

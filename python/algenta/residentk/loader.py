@@ -1,4 +1,4 @@
-"""Read a HuggingFace Qwen3 checkpoint directory: ``open_checkpoint(path)`` checks it whole and
+"""Read a HuggingFace checkpoint directory of a family the session computes: ``open_checkpoint(path)`` checks it whole and
 gives its session config and a stream of (name, tensor) pairs that ``ResidentSession`` consumes
 (``ResidentSession.from_pretrained`` is exactly that). The loader never touches a session.
 
@@ -224,8 +224,8 @@ def open_checkpoint(path) -> "Checkpoint":
                 continue  # decided below, once every header is read
             want = shapes.get(name)
             if want is None:
-                raise _refuse(f"{f.name}: tensor '{name}' is not part of a Qwen3 model with this "
-                              "config")
+                raise _refuse(f"{f.name}: tensor '{name}' is not part of a "
+                              f"{cfg.family.get('arch', 'qwen3')} model with this config")
             if e[1] != want:
                 raise _refuse(f"{f.name}: tensor '{name}' has shape {list(e[1])}, config.json "
                               f"declares {list(want)}")

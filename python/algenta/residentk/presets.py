@@ -13,10 +13,12 @@ from .config import SHAPE_KEYS, parse_hf_config, read_json_file
 
 ModelShape = record_type(
     "ModelShape",
-    ("name",) + SHAPE_KEYS + ("tied", "rope_theta", "rms_eps"),
+    ("name",) + SHAPE_KEYS + ("tied", "rope_theta", "rms_eps", "family"),
     """One decoder-only transformer shape: the seven residentk dimensions (``d_model``, ``h_q``,
     ``h_kv``, ``d_head``, ``d_ff``, ``n_layers``, ``vocab``), whether the embedding is ``tied`` to
-    the lm_head, and the RoPE base and RMSNorm eps a session needs.""",
+    the lm_head, the RoPE base and RMSNorm eps a session needs, and the model ``family`` (a
+    ResidentConfig family dict, {} for Qwen3; what a config the session cannot compute would
+    hold, planning sizes all the same).""",
 )
 ModelShape.__module__ = __name__  # so records pickle by reference to this module
 
@@ -24,7 +26,7 @@ ModelShape.__module__ = __name__  # so records pickle by reference to this modul
 def _qwen3(name, d_model, h_q, d_ff, n_layers, tied):
     return ModelShape(name=name, d_model=d_model, h_q=h_q, h_kv=8, d_head=128, d_ff=d_ff,
                       n_layers=n_layers, vocab=151936, tied=tied, rope_theta=1000000.0,
-                      rms_eps=1e-6)
+                      rms_eps=1e-6, family={})
 
 
 PRESETS = {
@@ -61,7 +63,7 @@ def shape_from_hf_config(cfg: dict, name: str = "config") -> ModelShape:
     return ModelShape(
         name=str(src.get("_name_or_path") or name), d_model=m.d_model, h_q=m.h_q, h_kv=m.h_kv,
         d_head=m.d_head, d_ff=m.d_ff, n_layers=m.n_layers, vocab=m.vocab, tied=m.tied,
-        rope_theta=m.rope_theta, rms_eps=m.rms_eps)
+        rope_theta=m.rope_theta, rms_eps=m.rms_eps, family=dict(m.family))
 
 
 def load_hf_config(path) -> ModelShape:

@@ -72,14 +72,15 @@ def _open_engine(cfg: ResidentConfig, max_ctx: int, device: str, weights: str = 
         raise ResidentError(f"kv must be one of {KV_FORMATS}, got {kv!r}", 601)
     dims = (cfg.d_model, cfg.h_q, cfg.h_kv, cfg.d_head, cfg.d_ff, cfg.n_layers, cfg.vocab,
             cfg.rms_eps, cfg.rope_theta, cfg.tie_word_embeddings, max_ctx)
+    fam = {k: (list(v) if k == "sliding_layers" else v) for k, v in cfg.family.items()}
     if slots != 1 and device == "cuda":
         # Refused, not run one slot at a time: a server sized for batched decode would get a
         # fraction of the throughput it planned for, silently.
         raise ResidentError(f"device='cuda' holds one sequence per session (slots=1) in this "
                             f"release; slots={slots} runs on device='cpu'", 601)
     if (slots != 1 and device == "auto") or _resolve_device(device) == "cpu":
-        return _core.session.cpu_session(*dims, weights=weights, kv=kv, slots=slots)
-    return _core.session.cuda_session(*dims, weights=weights, kv=kv)
+        return _core.session.cpu_session(*dims, weights=weights, kv=kv, slots=slots, family=fam)
+    return _core.session.cuda_session(*dims, weights=weights, kv=kv, family=fam)
 
 
 def _out_of_vocab(what: str, token, vocab: int) -> ResidentError:
@@ -263,11 +264,13 @@ class ResidentSession:
     @classmethod
     def random(cls, d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, *, max_ctx=512,
                device="cpu", seed=0, rms_eps=1e-6, rope_theta=1_000_000.0,
-               tie_word_embeddings=True, weights="f32", kv="f32", slots=1):
-        """A session over reproducible random weights (see random_weights): benchmarks, tests."""
+               tie_word_embeddings=True, weights="f32", kv="f32", slots=1, family=None):
+        """A session over reproducible random weights (see random_weights): benchmarks, tests.
+        ``family``: a ResidentConfig family dict (``{"arch": "llama"}``, ...; None: Qwen3)."""
         cfg = make_config(dict(d_model=d_model, h_q=h_q, h_kv=h_kv, d_head=d_head, d_ff=d_ff,
                                n_layers=n_layers, vocab=vocab, rms_eps=rms_eps,
-                               rope_theta=rope_theta, tie_word_embeddings=tie_word_embeddings))
+                               rope_theta=rope_theta, tie_word_embeddings=tie_word_embeddings,
+                               family=family or {}))
         self = cls.__new__(cls)
         self._open(cfg, random_weights(cfg, seed), max_ctx, device, weights, kv, check_head=False,
                    slots=slots)
@@ -276,7 +279,8 @@ class ResidentSession:
     @classmethod
     def from_pretrained(cls, path, *, max_ctx: int = 512, device: str = "cpu", progress=None,
                         weights: str = "f32", kv: str = "f32", slots: int = 1):
-        """A HuggingFace Qwen3 checkpoint directory (config.json + model.safetensors or a sharded
+        """A HuggingFace checkpoint directory of a family the session computes (Qwen3, Llama,
+        Qwen2, Mistral, Gemma 2, Gemma 3 text) (config.json + model.safetensors or a sharded
         index), streamed tensor by tensor into the engine. Every header is checked against
         config.json before the session allocates anything (see algenta.residentk.loader).
 
@@ -313,7 +317,7 @@ class ResidentSession:
         c = self._config
         fp = residentk_footprint(c.d_model, c.h_q, c.h_kv, c.d_head, c.d_ff, c.n_layers, c.vocab,
                                  self.capacity, tied=c.tie_word_embeddings, check_tier=False,
-                                 format=self._weights, kv_format=self._kv)
+                                 format=self._weights, kv_format=self._kv, family=c.family)
         return int(fp["weight_bytes"]) + self.slots * int(fp["kv_bytes"])
 
     dispatches_per_token = property(

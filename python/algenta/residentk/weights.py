@@ -1,5 +1,6 @@
-"""The tensors of a resident Qwen3 session: the engines' own table of names and shapes, a
-reproducible random model, and the conversion of a tensor on its way into an engine.
+"""The tensors of a resident session: the engines' own table of names and shapes (one per model
+family, built by the session core), a reproducible random model, the bytes a family holds
+beyond Qwen3's table, and the conversion of a tensor on its way into an engine.
 
 A tensor reaches an engine as its stored elements, float32, float16 or bfloat16, and the engine
 widens it to float32 itself (exactly: every half and bfloat16 value is a float32), straight into
@@ -18,7 +19,7 @@ import numpy as np
 
 from .. import _core
 from .._dtypes import Bf16Bits, HalfBits
-from .config import make_config
+from .config import ARCHS, make_config
 
 
 def tensor_table(config) -> list:
@@ -26,7 +27,35 @@ def tensor_table(config) -> list:
     checkpoint's order: the table the engines themselves check against."""
     c = make_config(config)
     return _core.session.tensor_table(c.d_model, c.h_q, c.h_kv, c.d_head, c.d_ff, c.n_layers,
-                                      c.vocab, c.tie_word_embeddings)
+                                      c.vocab, c.tie_word_embeddings, family=dict(c.family))
+
+
+# Fields of the vectors a family may add, by the footprint term they count in; the column-split
+# ones (q, k, v, gate, up biases: one per output row) shrink with tensor parallelism, the norms
+# and the o/down biases are replicated on every GPU.
+_TERM_OF = {"q_bias": "attn", "k_bias": "attn", "v_bias": "attn", "o_bias": "attn",
+            "gate_bias": "mlp", "up_bias": "mlp", "down_bias": "mlp"}
+_SPLIT = {"q_bias", "k_bias", "v_bias", "gate_bias", "up_bias"}
+
+
+def family_vector_elems(config, tp: int = 1) -> dict:
+    """Float32 elements per footprint term (``attn``, ``mlp``, ``norms``) that this config's
+    family holds beyond a Qwen3 table of the same sizes, per GPU at ``tp``: biases (attn, mlp),
+    the sandwich norms (norms), minus q_norm and k_norm where the family has none. Read off the
+    two tensor tables, so planning counts exactly what the engines hold. Every matrix is the
+    same in every family; only these float32 vectors differ."""
+    c = make_config(config)
+    out = dict.fromkeys(("attn", "mlp", "norms"), 0)
+    for sign, fam in ((1, dict(c.family)), (-1, {})):
+        table = _core.session.tensor_table(c.d_model, c.h_q, c.h_kv, c.d_head, c.d_ff,
+                                           c.n_layers, c.vocab, c.tie_word_embeddings,
+                                           family=fam)
+        for _, shape, _, field in table:
+            if len(shape) != 1:
+                continue
+            n = shape[0] // tp if field in _SPLIT else shape[0]
+            out[_TERM_OF.get(field, "norms")] += sign * n
+    return out
 
 
 def expected_shapes(config) -> dict:
@@ -36,13 +65,20 @@ def expected_shapes(config) -> dict:
 
 
 def random_weights(config, seed: int = 0) -> Iterator:
-    """(HF name, float32 array) pairs of a reproducible random Qwen3 model, one tensor at a time
-    (so a multi-GB benchmark model is never held twice). Projections are N(0, 1/fan_in), the
-    embedding N(0, 1), norm weights 1 + N(0, 0.01): activations stay O(1) at any depth."""
+    """(HF name, float32 array) pairs of a reproducible random model of the config's family, one
+    tensor at a time (so a multi-GB benchmark model is never held twice). Projections are
+    N(0, 1/fan_in), the embedding N(0, 1), biases N(0, 0.01), norm weights 1 + N(0, 0.01)
+    (N(0, 0.01) where the family scales by 1 + w): activations stay O(1) at any depth."""
     rng = np.random.default_rng(seed)
-    for name, shape, _, field in tensor_table(config):
+    c = make_config(config)
+    plus_one = ARCHS[c.family.get("arch", "qwen3")]["norm_plus_one"]
+    for name, shape, _, field in tensor_table(c):
         if field == "embed":
             yield name, rng.standard_normal(shape, dtype=np.float32)
+        elif field.endswith("_bias"):
+            yield name, (0.1 * rng.standard_normal(shape[0])).astype(np.float32)
+        elif len(shape) == 1 and plus_one:
+            yield name, (0.1 * rng.standard_normal(shape[0])).astype(np.float32)
         elif len(shape) == 1:
             yield name, (1.0 + 0.1 * rng.standard_normal(shape[0])).astype(np.float32)
         else:
@@ -129,5 +165,6 @@ def _same_values(a: tuple, b: tuple, rows_per_block: int = 4096) -> bool:
                for lo in range(0, x.shape[0], rows_per_block))
 
 
-__all__ = ["Bf16Bits", "tensor_table", "expected_shapes", "random_weights", "engine_tensor",
+__all__ = ["Bf16Bits", "tensor_table", "expected_shapes", "family_vector_elems",
+           "random_weights", "engine_tensor",
            "head_differs", "warn_untied_head", "HEAD", "EMBED"]
