@@ -1,4 +1,4 @@
-// The CUDA resident decode engine: Qwen3 with float32 activations, weight matrices resident in
+// The CUDA resident decode engine: the session's model families with float32 activations, weight matrices resident in
 // float32, bfloat16, float16 or int8 (SessionConfig::weights: the CPU engine's formats, stored by
 // the same conversion, session_weights.hpp's narrow_row) and a fixed-capacity KV cache in
 // float32, bfloat16 or float16 (SessionConfig::kv), all in device memory for the session's whole
@@ -10,7 +10,16 @@
 // Q = (Hq + 2*Hkv)*Dh fused q/k/v rows, A = Hq*Dh, F d_ff, L layers, V vocab, T capacity,
 // P position, M prefill block rows, S split-K splits.
 //
-// Decode launches, per token, exactly the stages residentk_dispatch_budget counts:
+// The model is any family of SessionConfig::arch (session_weights.hpp's ArchSpec table), as the
+// CPU engine computes it: biases added where the table has them (q/k/v in k_qk_norm_rope, o and
+// down in k_matvec_residual's epilogue, gate/up in the gate), q/k norms only where the family
+// has them, the GELU gate, sliding windows and soft caps inside k_attn_partial and
+// k_head_argmax, scaled embeddings in k_embed, a second RoPE table for sliding layers with a
+// base of their own, and for the sandwich families (Gemma 2/3) o_proj and down written to a
+// buffer that k_out_norm_residual norms onto the residual: two more launches a layer
+// (decode_stages).
+//
+// Decode launches, per token, exactly the stages residentk_dispatch_budget counts (Qwen3):
 //   fixed:     k_embed (x = E[tok])  ...  k_rmsnorm_rows (xf)  ...  k_head_argmax (logits, argmax)
 //   per layer: 1 k_norm_qkv        qkv = Wqkv rmsnorm(x)         (norm fused: each block stages it)
 //              2 k_qk_norm_rope    per head q/k RMSNorm + RoPE; K and V written to slot P in place
@@ -220,6 +229,15 @@ class CudaSession final : public SessionBase {
 
     const std::vector<float> rope = rope_table(c, plan_.capacity);
     upload(rope_.f(), rope.data(), int64_t(rope.size()) * 4);
+    if (c.rope_local_theta > 0.0) {  // sliding layers' own base, after the global table
+      const std::vector<float> local = rope_table(c, plan_.capacity, true);
+      upload(rope_.f() + rope.size(), local.data(), int64_t(local.size()) * 4);
+    }
+    const ArchSpec& arch = arch_spec(c.arch);
+    gelu_ = arch.act == residentk::Act::GeluTanh;  // qualified: Act here is the prefill rows' struct
+    sandwich_ = arch.sandwich;
+    embed_scale_ = arch.embed_scaled ? float(std::sqrt(double(c.d_model))) : 0.f;
+    attn_scale_ = float(c.attn_scale > 0.0 ? c.attn_scale : 1.0 / std::sqrt(double(c.d_head)));
 
     const int optin = int(prop.sharedMemPerBlockOptin);
     load_kernel(k_rmsnorm_rows, "k_rmsnorm_rows", 0);
@@ -231,7 +249,9 @@ class CudaSession final : public SessionBase {
       default: use_kv<Dtype::F32>(optin); break;  // f32 (session_open_status refused the rest)
     }
     load_kernel(k_attn_merge, "k_attn_merge", 0);
-    load_kernel(k_silu_mul, "k_silu_mul", 0);
+    load_kernel(k_gate_act, "k_gate_act", 0);
+    load_kernel(k_out_norm_residual, "k_out_norm_residual", 0);
+    load_kernel(k_bias_residual, "k_bias_residual", 0);
     by_format([&](auto f) { load_format_kernels<decltype(f)::value>(optin); });
 
     // The two decode graphs (standard path, and split-K with the split count read on the
@@ -266,7 +286,11 @@ class CudaSession final : public SessionBase {
     const int64_t cols = t.cols(), n = r1 - r0;
     const Place at = place(t);
     const int64_t row = at.row0 + r0;  // the first row in the (fused) matrix; 0 for a norm
-    if (at.vector || c_.weights == Dtype::F32) {
+    if (at.vector) {  // a norm, a bias, or q/k/v's part of the fused bias (from float row0)
+      upload(base + at.data + (at.row0 + r0 * cols) * 4, staging_.p, n * cols * 4);
+      return;
+    }
+    if (c_.weights == Dtype::F32) {
       upload(base + at.data + row * cols * 4, staging_.p, n * cols * 4);
       return;
     }
@@ -352,6 +376,15 @@ class CudaSession final : public SessionBase {
       case Field::Gate: return matrix(l->wg, 0);
       case Field::Up: return matrix(l->wu, 0);
       case Field::Down: return matrix(l->wd, 0);
+      case Field::QBias: return Place{true, l->qkv_b, -1, 0};
+      case Field::KBias: return Place{true, l->qkv_b, -1, c_.h_q * Dh};
+      case Field::VBias: return Place{true, l->qkv_b, -1, (c_.h_q + c_.h_kv) * Dh};
+      case Field::OBias: return vec(l->o_b);
+      case Field::GateBias: return vec(l->g_b);
+      case Field::UpBias: return vec(l->u_b);
+      case Field::DownBias: return vec(l->d_b);
+      case Field::AttnOutNorm: return vec(l->attn_out_norm);
+      case Field::MlpOutNorm: return vec(l->mlp_out_norm);
     }
     return Place{};
   }
@@ -403,8 +436,10 @@ class CudaSession final : public SessionBase {
   }
 
   Control* ctl() const { return static_cast<Control*>(ctl_.p); }
-  // A float32 norm vector and a weight matrix of the arena.
+  // A float32 norm or bias vector and a weight matrix of the arena; W of an offset of -1 (a
+  // tensor the family does not hold) is null.
   const float* W(int64_t off) const {
+    if (off < 0) return nullptr;
     return reinterpret_cast<const float*>(static_cast<const char*>(weights_dev_.p) + off);
   }
   DevMat mat(const MatOffsets& m) const {
@@ -524,17 +559,19 @@ class CudaSession final : public SessionBase {
   void norm_rope(const LayerOffsets& l, int64_t li, float* qkv, int64_t M) {
     k_qk_norm_rope_<<<dim3(unsigned(c_.h_q + 2 * c_.h_kv), unsigned(M)),
                    unsigned(plan_.norm_rope_threads), 0, stream_>>>(
-        qkv, plan_.q_rows, W(l.q_norm), W(l.k_norm), rope_.f(), ctl(), c_.h_q, c_.h_kv,
+        qkv, plan_.q_rows, W(l.qkv_b), W(l.q_norm), W(l.k_norm), rope_.f() + l.rope, ctl(),
+        c_.h_q, c_.h_kv,
         c_.d_head, plan_.capacity, c_.rms_eps, kcache(li), vcache(li));
     launched("k_qk_norm_rope");
   }
   void attention(int64_t li, const float* qkv, int64_t M, int64_t S_grid, bool splits_on_device,
                  bool finalize, float* out) {
-    const float scale = float(1.0 / std::sqrt(double(c_.d_head)));
+    const int64_t window = plan_.layers[size_t(li)].slides ? c_.sliding_window : 0;
     k_attn_partial_<<<dim3(unsigned(c_.h_q), unsigned(S_grid), unsigned(M)), ATTN_THREADS,
                    size_t(plan_.attn_smem_bytes), stream_>>>(
         qkv, plan_.q_rows, kcache(li), vcache(li), ctl(), plan_.capacity, c_.h_q / c_.h_kv,
-        c_.d_head, scale, splits_on_device, finalize, out, A(plan_.part_acc), A(plan_.part_ml));
+        c_.d_head, attn_scale_, window, float(c_.attn_softcap), splits_on_device, finalize, out,
+        A(plan_.part_acc), A(plan_.part_ml));
     launched("k_attn_partial");
   }
 
@@ -583,7 +620,7 @@ class CudaSession final : public SessionBase {
     const int64_t D = c_.d_model, F = c_.d_ff, Aw = plan_.attn_width;
     int64_t n = 0;
     k_embed<Fw><<<dim3(unsigned(ceil_div(D, ROW_THREADS)), 1), ROW_THREADS, 0, stream_>>>(
-        mat(plan_.embed), &ctl()->tok, A(plan_.x), D);
+        mat(plan_.embed), &ctl()->tok, A(plan_.x), D, embed_scale_);
     launched("k_embed");
     ++n;
     for (int64_t li = 0; li < c_.n_layers; ++li) {
@@ -603,22 +640,49 @@ class CudaSession final : public SessionBase {
         launched("k_attn_merge");
         ++n;
       }
+      float* y = sandwich_ ? A(plan_.y) : nullptr;  // sublayer outputs through their norm
       k_matvec_residual<Fw><<<unsigned(plan_.o_mv.grid), MATVEC_THREADS, smem(Aw), stream_>>>(
-          mat(l.wo), A(plan_.attn), Aw, D, plan_.o_mv.rows_per_block, A(plan_.x));
+          mat(l.wo), A(plan_.attn), Aw, D, plan_.o_mv.rows_per_block, W(l.o_b), y, A(plan_.x));
       launched("k_matvec_residual(o_proj)");
       ++n;
+      n += out_norm(A(plan_.x), y, l.attn_out_norm, 1);
       k_norm_gateup<Fw><<<unsigned(plan_.gateup_mv.grid), MATVEC_THREADS, smem(D), stream_>>>(
           mat(l.wg), mat(l.wu), A(plan_.x), W(l.post_norm), D, F, c_.rms_eps,
-          plan_.gateup_mv.rows_per_block, A(plan_.act));
+          plan_.gateup_mv.rows_per_block, W(l.g_b), W(l.u_b), gelu_, A(plan_.act));
       launched("k_norm_gateup");
       ++n;
       k_matvec_residual<Fw><<<unsigned(plan_.down_mv.grid), MATVEC_THREADS, smem(F), stream_>>>(
-          mat(l.wd), A(plan_.act), F, D, plan_.down_mv.rows_per_block, A(plan_.x));
+          mat(l.wd), A(plan_.act), F, D, plan_.down_mv.rows_per_block, W(l.d_b), y, A(plan_.x));
       launched("k_matvec_residual(down)");
       ++n;
+      n += out_norm(A(plan_.x), y, l.mlp_out_norm, 1);
     }
     n += head<Fw>(A(plan_.x));
     return n;
+  }
+
+  // A sandwich family's X (M, D) += rmsnorm(Y) * w (norm at offset w_off); returns the launches
+  // (0 for a family without sandwich norms).
+  int64_t out_norm(float* X, const float* Y, int64_t w_off, int64_t M) {
+    if (!sandwich_) return 0;
+    k_out_norm_residual<<<unsigned(M), ROW_THREADS, 0, stream_>>>(X, Y, W(w_off), c_.d_model,
+                                                                  c_.rms_eps);
+    launched("k_out_norm_residual");
+    return 1;
+  }
+
+  // Prefill's X += Wt . act (M rows): straight into X where the family adds nothing, else
+  // through Y with the bias (k_bias_residual) and the sandwich norm (out_norm).
+  template <Dtype Fw>
+  void residual(const Act& a, int64_t M, int64_t K, DevMat Wt, int64_t b_off, int64_t norm_off,
+                float* X, float* Y) {
+    const int64_t D = c_.d_model;
+    if (b_off < 0 && !sandwich_) return gemm<Fw>(a, M, K, Wt, D, X, true);
+    gemm<Fw>(a, M, K, Wt, D, Y, false);
+    k_bias_residual<<<unsigned(ceil_div(M * D, ROW_THREADS)), ROW_THREADS, 0, stream_>>>(
+        X, Y, W(b_off), M, D, sandwich_);
+    launched("k_bias_residual");
+    out_norm(X, Y, norm_off, M);
   }
 
   // Final norm of row x (D), the head and its argmax (into the control block).
@@ -629,7 +693,8 @@ class CudaSession final : public SessionBase {
                                                    A(plan_.xf));
     launched("k_rmsnorm_rows(final)");
     k_head_argmax<Fw><<<unsigned(plan_.head_mv.grid), MATVEC_THREADS, smem(D), stream_>>>(
-        mat(plan_.head), A(plan_.xf), D, c_.vocab, plan_.head_mv.rows_per_block, A(plan_.logits),
+        mat(plan_.head), A(plan_.xf), D, c_.vocab, plan_.head_mv.rows_per_block,
+        float(c_.final_softcap), A(plan_.logits),
         A(plan_.argmax_val), static_cast<int64_t*>(blk_idx_.p), ctl());
     launched("k_head_argmax");
     return 2;
@@ -645,9 +710,10 @@ class CudaSession final : public SessionBase {
     set_control(0, p0, 1);
     CK(cudaMemcpyAsync(ids_.p, ids, size_t(M) * 8, cudaMemcpyHostToDevice, stream_));
     float *X = P(plan_.p_x), *Xn = P(plan_.p_xn), *QKV = P(plan_.p_qkv), *At = P(plan_.p_attn);
-    float *Gt = P(plan_.p_gate), *U = P(plan_.p_up);
+    float *Gt = P(plan_.p_gate), *U = P(plan_.p_up), *Y = P(plan_.p_y);
     k_embed<Fw><<<dim3(unsigned(ceil_div(D, ROW_THREADS)), unsigned(M)), ROW_THREADS, 0,
-                   stream_>>>(mat(plan_.embed), static_cast<const int64_t*>(ids_.p), X, D);
+                   stream_>>>(mat(plan_.embed), static_cast<const int64_t*>(ids_.p), X, D,
+                              embed_scale_);
     launched("k_embed(prefill)");
     for (int64_t li = 0; li < c_.n_layers; ++li) {
       const LayerOffsets& l = plan_.layers[size_t(li)];
@@ -656,16 +722,17 @@ class CudaSession final : public SessionBase {
       gemm<Fw>(as_consumed<Fw>(Xn, M, D), M, D, mat(l.wqkv), Q, QKV, false);
       norm_rope(l, li, QKV, M);
       attention(li, QKV, M, 1, false, true, At);
-      gemm<Fw>(as_consumed<Fw>(At, M, Aw), M, Aw, mat(l.wo), D, X, true);
+      residual<Fw>(as_consumed<Fw>(At, M, Aw), M, Aw, mat(l.wo), l.o_b, l.attn_out_norm, X, Y);
       k_rmsnorm_rows<<<unsigned(M), ROW_THREADS, 0, stream_>>>(X, W(l.post_norm), D, c_.rms_eps,
                                                                Xn);
       launched("k_rmsnorm_rows(post)");
       const Act xn = as_consumed<Fw>(Xn, M, D);
       gemm<Fw>(xn, M, D, mat(l.wg), F, Gt, false);
       gemm<Fw>(xn, M, D, mat(l.wu), F, U, false);
-      k_silu_mul<<<unsigned(ceil_div(M * F, ROW_THREADS)), ROW_THREADS, 0, stream_>>>(Gt, U, M * F);
-      launched("k_silu_mul");
-      gemm<Fw>(as_consumed<Fw>(Gt, M, F), M, F, mat(l.wd), D, X, true);
+      k_gate_act<<<unsigned(ceil_div(M * F, ROW_THREADS)), ROW_THREADS, 0, stream_>>>(
+          Gt, U, M * F, F, W(l.g_b), W(l.u_b), gelu_);
+      launched("k_gate_act");
+      residual<Fw>(as_consumed<Fw>(Gt, M, F), M, F, mat(l.wd), l.d_b, l.mlp_out_norm, X, Y);
     }
     if (logits) {
       head<Fw>(X + (M - 1) * D);
@@ -689,14 +756,15 @@ class CudaSession final : public SessionBase {
   decltype(&k_qk_norm_rope<Dtype::F32>) k_qk_norm_rope_ = nullptr;
   decltype(&k_attn_partial<Dtype::F32>) k_attn_partial_ = nullptr;
   bool use_graphs_ = true;
+  // the family (arch_spec) as the kernels take it
+  bool gelu_ = false, sandwich_ = false;
+  float embed_scale_ = 0.f;  // 0: embeddings unscaled
+  float attn_scale_ = 1.f;
 };
 
 }  // namespace
 
 std::unique_ptr<Session> make_cuda_session(const SessionConfig& cfg, int64_t max_ctx) {
-  session_open_check(cfg, max_ctx);
-  const std::string gap = cuda_family_gap(cfg);
-  if (!gap.empty()) throw StatusError(Family::Resident, RESIDENT_ERR_WEIGHT_LENGTH, gap);
   return std::unique_ptr<Session>(new CudaSession(cfg, max_ctx));
 }
 

@@ -1,7 +1,7 @@
 // The CUDA resident session's device code: the decode and prefill kernels session_cuda.cu
 // launches (see its header for the stage list, the numerics and the limits), and the control
-// block a step reads. The per-element math (RMSNorm's scale, the SiLU gate, RoPE, the argmax
-// order) is session_math.hpp's, the bf16/f16 conversions half.hpp's and the int8 block rule
+// block a step reads. The per-element math (RMSNorm's scale, the SiLU and GELU gates, the soft
+// cap, RoPE, the argmax order) is session_math.hpp's, the bf16/f16 conversions half.hpp's and the int8 block rule
 // quant.hpp's, all shared with the CPU engine.
 //
 // Weight formats: every kernel that reads a weight matrix is a template over the session's
@@ -267,14 +267,16 @@ static_assert(offsetof(Control, pos) == 8 && offsetof(Control, n_splits) == 16,
 
 // ---- kernels ------------------------------------------------------------------------------
 
-// X (M, D) row r = E[ids[r]] widened to float32. grid (ceil(D / ROW_THREADS), M). ids validated
-// on the host.
+// X (M, D) row r = E[ids[r]] widened to float32, times `scale` where it is > 0 (a family that
+// scales its embeddings). grid (ceil(D / ROW_THREADS), M). ids validated on the host.
 template <Dtype F>
 __global__ void k_embed(DevMat E /* (V, D) */, const int64_t* __restrict__ ids,
-                        float* __restrict__ X /* (M, D) */, int64_t D) {
+                        float* __restrict__ X /* (M, D) */, int64_t D, float scale) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t r = blockIdx.y;
-  if (i < D) st(X + r * D + i, w_at<F>(E, ld(ids + r), D, i));
+  if (i >= D) return;
+  const float e = w_at<F>(E, ld(ids + r), D, i);
+  st(X + r * D + i, scale > 0.f ? e * scale : e);
 }
 
 // Y (M, D) row r = rmsnorm(X row r) * w. grid M, ROW_THREADS.
@@ -304,14 +306,23 @@ __global__ void k_norm_qkv(DevMat W, const float* __restrict__ x, const float* _
   }
 }
 
-// act (Fd) = silu(Wg . xn) * (Wu . xn), xn = rmsnorm(x (D)) * nw staged in shared memory
-// (stage_bytes(D, F)). The warp owning row r forms gate r and up r together and writes only
-// act r.
+// The MLP gate of one element: act(g + bg) * (u + bu) (biases where the family has them),
+// silu or gelu-tanh as the family computes it; the CPU engine's CpuSession::gate.
+__device__ __forceinline__ float gate_act(float g, float u, const float* __restrict__ gb,
+                                          const float* __restrict__ ub, int64_t j, bool gelu) {
+  if (gb) g += __ldg(gb + j), u += __ldg(ub + j);
+  return gelu ? session_math::gelu_tanh_mul(g, u) : session_math::silu_mul(g, u);
+}
+
+// act (Fd) = act(Wg . xn + bg) * (Wu . xn + bu), xn = rmsnorm(x (D)) * nw staged in shared
+// memory (stage_bytes(D, F)). The warp owning row r forms gate r and up r together and writes
+// only act r.
 template <Dtype F>
 __global__ void k_norm_gateup(DevMat Wg /* (Fd, D) */, DevMat Wu /* (Fd, D) */,
                               const float* __restrict__ x, const float* __restrict__ nw, int64_t D,
                               int64_t Fd, double eps, int64_t rows_per_block,
-                              float* __restrict__ act) {
+                              const float* __restrict__ gb, const float* __restrict__ ub,
+                              bool gelu, float* __restrict__ act) {
   extern __shared__ float4 smem4[];
   const Staged v = staged(smem4, D);
   block_rmsnorm<false>(x, nw, D, eps, v.x);
@@ -322,15 +333,17 @@ __global__ void k_norm_gateup(DevMat Wg /* (Fd, D) */, DevMat Wu /* (Fd, D) */,
   for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {
     const float g = warp_dot<F>(Wg, r, v, D, lane);
     const float u = warp_dot<F>(Wu, r, v, D, lane);
-    if (lane == 0) st(act + r, session_math::silu_mul(g, u));
+    if (lane == 0) st(act + r, gate_act(g, u, gb, ub, r, gelu));
   }
 }
 
-// x (N) += W (N, K) . a (K); a staged in shared memory (stage_bytes(K, F)). Row r of x is read
-// and written only by the warp that owns it, so the residual add needs no atomics.
+// x (N) += W (N, K) . a (K) (+ bias b where given); a staged in shared memory (stage_bytes(K,
+// F)). With y given (a sandwich family) the sum goes to y instead, for k_out_norm_residual.
+// Row r of x is read and written only by the warp that owns it: no atomics.
 template <Dtype F>
 __global__ void k_matvec_residual(DevMat W, const float* __restrict__ a, int64_t K, int64_t N,
-                                  int64_t rows_per_block, float* __restrict__ x) {
+                                  int64_t rows_per_block, const float* __restrict__ b,
+                                  float* __restrict__ y, float* __restrict__ x) {
   extern __shared__ float4 smem4[];
   const Staged v = staged(smem4, K);
   stage(a, K, v.x);
@@ -340,18 +353,63 @@ __global__ void k_matvec_residual(DevMat W, const float* __restrict__ a, int64_t
   const int64_t r1 = min(N, r0 + rows_per_block);
   for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {
     const float d = warp_dot<F>(W, r, v, K, lane);
-    if (lane == 0) st(x + r, ld(x + r) + d);
+    if (lane != 0) continue;
+    if (!b && !y) {
+      st(x + r, ld(x + r) + d);
+      continue;
+    }
+    const float o = b ? d + __ldg(b + r) : d;
+    if (y)
+      st(y + r, o);
+    else
+      st(x + r, ld(x + r) + o);
   }
 }
 
-// In place on qkv (M, Q): q heads and k heads get per-head RMSNorm (q_norm / k_norm) and
-// rotate-half RoPE at position P + row; k and v heads are then written to the cache slot
-// P + row. grid (Hq + 2*Hkv, M), plan.norm_rope_threads threads; thread i owns the pair
-// (i, i + Dh/2), so it reads and writes only its own two elements after the norm's reduction.
+// X (M, D) row r += rmsnorm(Y row r) * w: a sandwich family's norm of a sublayer's output,
+// then the residual add (the CPU engine's out_norm_add). grid M, ROW_THREADS.
+__global__ void k_out_norm_residual(float* __restrict__ X, const float* __restrict__ Y,
+                                    const float* __restrict__ w, int64_t D, double eps) {
+  __shared__ double red[32];
+  const int64_t r = blockIdx.x;
+  const float* y = Y + r * D;
+  double ss = 0.0;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+    const double v = ld(y + i);
+    ss += v * v;
+  }
+  ss = block_sum_d(ss, red);
+  const float inv = session_math::rms_inv(ss, D, eps);
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x)
+    st(X + r * D + i, ld(X + r * D + i) + session_math::rms_apply(ld(y + i), __ldg(w + i), inv));
+}
+
+// Prefill's X (M, D) += Y + b elementwise (a bias, no sandwich), or Y += b (a sandwich family:
+// k_out_norm_residual follows); decode's k_matvec_residual epilogue, row by row.
+// grid ceil(M * D / ROW_THREADS).
+__global__ void k_bias_residual(float* __restrict__ X, float* __restrict__ Y,
+                                const float* __restrict__ b, int64_t M, int64_t D,
+                                bool sandwich) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= M * D) return;
+  const float o = b ? ld(Y + i) + __ldg(b + i % D) : ld(Y + i);
+  if (sandwich)
+    st(Y + i, o);
+  else
+    st(X + i, ld(X + i) + o);
+}
+
+// In place on qkv (M, Q): every head first gets its bias where the family has one (bias (Q),
+// else null); q heads and k heads then get per-head RMSNorm (q_norm / k_norm; skipped when
+// qn is null, a family without them) and rotate-half RoPE at position P + row from this
+// layer's table; k and v heads are then written to the cache slot P + row. grid
+// (Hq + 2*Hkv, M), plan.norm_rope_threads threads; thread i owns the pair (i, i + Dh/2), so it
+// reads and writes only its own two elements after the norm's reduction.
 template <Dtype KV>
 __global__ void k_qk_norm_rope(float* __restrict__ qkv /* (M, Q) */, int64_t Q,
-                               const float* __restrict__ qn /* (Dh) */,
-                               const float* __restrict__ kn /* (Dh) */,
+                               const float* __restrict__ bias /* (Q) or null */,
+                               const float* __restrict__ qn /* (Dh) or null */,
+                               const float* __restrict__ kn /* (Dh) or null */,
                                const float* __restrict__ rope /* cos (T, Dh/2), sin (T, Dh/2) */,
                                const Control* __restrict__ ctl, int64_t Hq, int64_t Hkv,
                                int64_t Dh, int64_t T, double eps,
@@ -362,23 +420,33 @@ __global__ void k_qk_norm_rope(float* __restrict__ qkv /* (M, Q) */, int64_t Q,
   const int64_t p = ld(&ctl->pos) + row;
   float* v = qkv + row * Q + h * Dh;
   const int64_t half = Dh / 2;
+  if (bias) {  // the same for every thread of the block: the barrier is reached by all
+    for (int64_t i = threadIdx.x; i < Dh; i += blockDim.x) st(v + i, ld(v + i) + __ldg(bias + h * Dh + i));
+    __syncthreads();
+  }
   if (h < Hq + Hkv) {
     const float* w = h < Hq ? qn : kn;
-    double ss = 0.0;
-    for (int64_t i = threadIdx.x; i < Dh; i += blockDim.x) {
-      const double e = ld(v + i);
-      ss += e * e;
+    float inv = 1.f;
+    if (w) {
+      double ss = 0.0;
+      for (int64_t i = threadIdx.x; i < Dh; i += blockDim.x) {
+        const double e = ld(v + i);
+        ss += e * e;
+      }
+      ss = block_sum_d(ss, red);  // its barriers also order every read of v before the writes
+      inv = session_math::rms_inv(ss, Dh, eps);
     }
-    ss = block_sum_d(ss, red);  // its barriers also order every read of v before the writes
-    const float inv = session_math::rms_inv(ss, Dh, eps);
+    const auto normed = [&](int64_t i) {
+      return w ? session_math::rms_apply(ld(v + i), __ldg(w + i), inv) : ld(v + i);
+    };
     if (half == 0) {  // Dh == 1: no rotation pair exists
-      if (threadIdx.x == 0) st(v, session_math::rms_apply(ld(v), __ldg(w), inv));
+      if (threadIdx.x == 0) st(v, normed(0));
     }
     const float* cs = rope + p * (half > 0 ? half : 1);
     const float* sn = cs + T * (half > 0 ? half : 1);
     for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-      const float a = session_math::rms_apply(ld(v + i), __ldg(w + i), inv);
-      const float b = session_math::rms_apply(ld(v + i + half), __ldg(w + i + half), inv);
+      const float a = normed(i);
+      const float b = normed(i + half);
       float ra, rb;
       session_math::rope_pair(a, b, __ldg(cs + i), __ldg(sn + i), &ra, &rb);
       st(v + i, ra);
@@ -410,7 +478,8 @@ __global__ void k_attn_partial(const float* __restrict__ qkv /* (M, Q) */, int64
                                const void* __restrict__ Kc /* (Hkv, T, Dh) of KV */,
                                const void* __restrict__ Vc /* (Hkv, T, Dh) of KV */,
                                const Control* __restrict__ ctl, int64_t T, int64_t G, int64_t Dh,
-                               float scale, bool splits_on_device, bool finalize,
+                               float scale, int64_t window, float softcap,
+                               bool splits_on_device, bool finalize,
                                float* __restrict__ out /* (M, A) */,
                                float* __restrict__ part_acc /* (Hq, S, Dh) */,
                                float* __restrict__ part_ml /* (Hq, S, 2) */) {
@@ -423,9 +492,12 @@ __global__ void k_attn_partial(const float* __restrict__ qkv /* (M, Q) */, int64
   const int64_t S = splits_on_device ? ld(&ctl->n_splits) : int64_t(gridDim.y);
   if (s >= S) return;  // the whole block: no barrier has been reached yet
   const int64_t A = int64_t(gridDim.x) * Dh;
+  // Causal through n keys; a sliding layer (window > 0) sees only the last `window` of them.
   const int64_t n = ld(&ctl->pos) + row + 1;
+  const int64_t lo = window > 0 && n > window ? n - window : 0;
   int64_t k0, k1;
-  splitk_range(n, S, s, &k0, &k1);
+  splitk_range(n - lo, S, s, &k0, &k1);
+  k0 += lo, k1 += lo;
 
   const float* q = qkv + row * Q + h * Dh;
   for (int64_t d = threadIdx.x; d < Dh; d += blockDim.x) qs[d] = ld(q + d);
@@ -439,7 +511,8 @@ __global__ void k_attn_partial(const float* __restrict__ qkv /* (M, Q) */, int64
     const int64_t kr = kv + j * Dh;
     float dot = 0.f;
     for (int64_t d = lane; d < Dh; d += 32) dot = fmaf(qs[d], kv_load<KV>(Kc, kr + d), dot);
-    const float sc = warp_sum(dot) * scale;
+    float sc = warp_sum(dot) * scale;
+    if (softcap > 0.f) sc = session_math::softcap(sc, softcap);
     const float mn = fmaxf(m, sc);
     const float corr = expf(m - mn);  // m = -inf on the first key: corr = 0, nothing to rescale
     const float pj = expf(sc - mn);
@@ -470,7 +543,7 @@ __global__ void k_attn_partial(const float* __restrict__ qkv /* (M, Q) */, int64
 #pragma unroll
     for (int w = 0; w < ATTN_WARPS; ++w) a = fmaf(acc[w * Dh + d], wt[w], a);
     if (finalize)
-      st(out + row * A + h * Dh + d, a / lt);  // one split covers keys 0..P: lt >= 1
+      st(out + row * A + h * Dh + d, a / lt);  // one split covers keys lo..P: lt >= 1
     else
       st(part_acc + (h * S + s) * Dh + d, a);
   }
@@ -526,7 +599,7 @@ using session_math::argmax_beats;
 // order is numpy.argmax's (argmax_beats).
 template <Dtype F>
 __global__ void k_head_argmax(DevMat H, const float* __restrict__ xf, int64_t D, int64_t V,
-                              int64_t rows_per_block, float* __restrict__ logits,
+                              int64_t rows_per_block, float softcap, float* __restrict__ logits,
                               float* __restrict__ blk_val /* (grid) */,
                               int64_t* __restrict__ blk_idx /* (grid) */, Control* ctl) {
   extern __shared__ float4 smem4[];
@@ -542,7 +615,8 @@ __global__ void k_head_argmax(DevMat H, const float* __restrict__ xf, int64_t D,
   float best = -INFINITY;
   int64_t besti = -1;
   for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {
-    const float v = warp_dot<F>(H, r, xs, D, lane);
+    float v = warp_dot<F>(H, r, xs, D, lane);
+    if (softcap > 0.f) v = session_math::softcap(v, softcap);  // a family's final soft cap
     if (lane == 0) st(logits + r, v);
     if (argmax_beats(v, r, best, besti)) best = v, besti = r;
   }
@@ -769,10 +843,12 @@ k_gemm_q8(const int8_t* __restrict__ Xq, int64_t ldq, const float* __restrict__ 
   store_tile(acc, Y, M, N, m0 + ty * 4, n0 + tx * 4, accumulate);
 }
 
-// g (n) = silu(g) * u, elementwise (prefill's MLP activation).
-__global__ void k_silu_mul(float* __restrict__ g, const float* __restrict__ u, int64_t n) {
+// g (M, Fd) = act(g + bg) * (u + bu), elementwise (prefill's MLP activation, gate_act).
+__global__ void k_gate_act(float* __restrict__ g, const float* __restrict__ u, int64_t n,
+                           int64_t Fd, const float* __restrict__ gb, const float* __restrict__ ub,
+                           bool gelu) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) g[i] = session_math::silu_mul(g[i], u[i]);
+  if (i < n) g[i] = gate_act(g[i], u[i], gb, ub, i % Fd, gelu);
 }
 
 }  // namespace

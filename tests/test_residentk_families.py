@@ -241,9 +241,33 @@ def test_family_fields_read_as_transformers_reads_them():
         "arch": "mistral", "sliding_window": 4096}  # MistralConfig's default
 
 
-def test_cuda_engine_refuses_a_family_it_does_not_compute(root):
-    _, path = _model("llama_tied_linear", root)
-    with pytest.raises(ResidentError) as e:
-        ResidentSession.from_pretrained(path, max_ctx=64, device="cuda", progress=False)
-    assert e.value.status == 607
-    assert "LlamaForCausalLM" in str(e.value) and "device='cpu'" in str(e.value)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_family_on_the_cuda_engine(case, root):
+    """The CUDA engine (a device, or the emulator CI runs) computes each family as the CPU
+    engine does, to float32 reduction-order rounding (test_residentk_cuda.py's TOL_SMALL scaled
+    to the logits), and picks the same greedy tokens; every weight format stays near the CPU
+    engine's own result in that format, and prefill and steps agree."""
+    from conftest import need_cuda
+
+    need_cuda()
+    m, path = _model(case, root)
+    prompt = (PROMPT * 2)[:40]  # the steps after it run split-K attention (32+ keys)
+    for weights, kv in (("f32", "f32"), ("bf16", "bf16"), ("int8", "f16")):
+        cpu = ResidentSession.from_pretrained(path, max_ctx=64, weights=weights, kv=kv,
+                                              progress=False)
+        gpu = ResidentSession.from_pretrained(path, max_ctx=64, weights=weights, kv=kv,
+                                              device="cuda", progress=False)
+        want = cpu.prefill(prompt)
+        tol = (1e-4 if weights == "f32" else 2e-2) * max(1.0, float(np.abs(want).max()))
+        np.testing.assert_allclose(gpu.prefill(prompt), want, rtol=0, atol=tol, err_msg=weights)
+        for t in (3, 11, 7):
+            np.testing.assert_allclose(gpu.step(t), cpu.step(t), rtol=0, atol=tol,
+                                       err_msg=weights)
+        if weights == "f32":
+            cpu.reset()
+            gpu.reset()
+            assert gpu.generate(prompt[:8], 12) == cpu.generate(prompt[:8], 12)
+            fam = {k: (list(v) if k == "sliding_layers" else v)
+                   for k, v in gpu.config.family.items()}
+            assert gpu.dispatches_per_token == _core.session.decode_stages(gpu.config.n_layers,
+                                                                           fam)

@@ -30,8 +30,6 @@ const CudaBackend& cuda_backend() {
 
 std::unique_ptr<Session> make_cuda_session(const SessionConfig& cfg, int64_t max_ctx) {
   session_open_check(cfg, max_ctx);  // the host's refusals come first, as in a CUDA build
-  const std::string gap = cuda_family_gap(cfg);
-  if (!gap.empty()) throw StatusError(Family::Resident, RESIDENT_ERR_WEIGHT_LENGTH, gap);
   throw StatusError(Family::Resident, RESIDENT_ERR_NO_KERNELS, std::string("device='cuda': ") + kWhy);
 }
 

@@ -1,4 +1,4 @@
-// The CPU resident decode engine: Qwen3 with float32 activations, OpenMP across cores, SIMD
+// The CPU resident decode engine: the session's model families with float32 activations, OpenMP across cores, SIMD
 // within one; weight matrices resident in float32, bfloat16, float16 or int8 (SessionConfig::
 // weights) as the instruction set's weight panels (kernels.hpp: PanelOps), widened to float32
 // in registers as they stream or multiplied on bf16 / int8 dot products; the KV cache in
@@ -18,6 +18,12 @@
 //              4 o_proj + residual  x += Wo attn
 //              5 norm + gate/up     act = silu(Wg rmsnorm(x)) * (Wu rmsnorm(x))
 //              6 down + residual    x += Wd act
+// That is Qwen3's list; the other families (session_weights.hpp's ArchSpec table) change it in
+// place: biases added where their products land (q/k/v before the head norm, o and down in
+// the projection's task, gate/up in the gate), no q/k norm where the family has none, the GELU
+// gate, scaled embeddings, sliding windows and soft caps inside attend and the head, a local
+// RoPE table per sliding layer; a sandwich family (Gemma 2/3) writes o and down to sub_ and
+// norms them onto x in one more stage each (decode_stages counts them).
 // Never materialized: the normed x (each thread rebuilds its own private copy of it, D values,
 // instead of paying a barrier), gate and up separately (the row that computes gate j also
 // computes up j and writes only act j), any [T]-sized per-layer state beyond one score row.

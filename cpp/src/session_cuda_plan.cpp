@@ -69,18 +69,30 @@ Plan make_plan(const SessionConfig& c, int64_t max_ctx, int64_t sms) {
     if (c.weights == Dtype::Int8) m.scales = take_bytes(4 * rows * ceil_div(cols, RESIDENT_INT8_BLOCK));
     return m;
   };
+  const ArchSpec& arch = arch_spec(c.arch);
   p.embed = mat(V, D);
   p.layers.resize(size_t(L));
   for (LayerOffsets& l : p.layers) {
     l.in_norm = vec(D);
     l.wqkv = mat(Q, D);
-    l.q_norm = vec(Dh);
-    l.k_norm = vec(Dh);
+    if (arch.qkv_bias || c.qkv_bias) l.qkv_b = vec(Q);
+    if (arch.qk_norm) {
+      l.q_norm = vec(Dh);
+      l.k_norm = vec(Dh);
+    }
     l.wo = mat(D, A);
+    if (c.o_bias) l.o_b = vec(D);
+    if (arch.sandwich) l.attn_out_norm = vec(D);
     l.post_norm = vec(D);
     l.wg = mat(F, D);
     l.wu = mat(F, D);
     l.wd = mat(D, F);
+    if (c.mlp_bias) {
+      l.g_b = vec(F);
+      l.u_b = vec(F);
+      l.d_b = vec(D);
+    }
+    if (arch.sandwich) l.mlp_out_norm = vec(D);
   }
   p.final_norm = vec(D);
   p.head = c.tie_word_embeddings ? p.embed : mat(V, D);
@@ -89,7 +101,12 @@ Plan make_plan(const SessionConfig& c, int64_t max_ctx, int64_t sms) {
   p.kv_elems = residentk_cache_elements(L, Hkv, Dh, T);
   p.kv_elem_bytes = dtype_info(c.kv).bytes;
   p.kv_layer_stride = 2 * Hkv * T * Dh;
-  p.rope_floats = 2 * T * (Dh / 2 > 0 ? Dh / 2 : 1);
+  const int64_t table = 2 * T * (Dh / 2 > 0 ? Dh / 2 : 1);
+  p.rope_floats = c.rope_local_theta > 0.0 ? 2 * table : table;
+  for (int64_t li = 0; li < L; ++li) {
+    p.layers[size_t(li)].slides = c.layer_slides(li);
+    p.layers[size_t(li)].rope = layer_rope_local(c, li) ? table : 0;
+  }
 
   // ---- decode launches (the head's grid sizes the argmax scratch) ----
   p.qkv_mv = matvec_launch(Q, sms);
@@ -115,6 +132,7 @@ Plan make_plan(const SessionConfig& c, int64_t max_ctx, int64_t sms) {
   p.max_splits = residentk_splitk_max_n_splits(sms, Hq);
   at = 0;
   p.x = take(D);
+  p.y = take(D);
   p.xf = take(D);
   p.qkv = take(Q);
   p.attn = take(A);
@@ -130,6 +148,7 @@ Plan make_plan(const SessionConfig& c, int64_t max_ctx, int64_t sms) {
   const int64_t M = p.prefill_rows;
   at = 0;
   p.p_x = take(M * D);
+  p.p_y = take(M * D);
   p.p_xn = take(M * D);
   p.p_qkv = take(M * Q);
   p.p_attn = take(M * A);
@@ -150,7 +169,7 @@ int64_t decode_launches(const Plan& p, const SessionConfig& c, int64_t n_keys) {
   const SplitPlan s = splitk_plan(n_keys, p.sms, c.h_q);
   // Fixed: embed, final norm, head (+argmax). Per layer: norm+QKV, q/k norm+RoPE+KV write,
   // attention (partial, + merge when split), o_proj+residual, norm+gate/up, down+residual.
-  return 3 + c.n_layers * (5 + s.launches);
+  return 3 + c.n_layers * (5 + s.launches + (arch_spec(c.arch).sandwich ? 2 : 0));
 }
 
 GemmGrid prefill_gemm_grid(int64_t m_rows, int64_t n_cols, int64_t sms) {

@@ -131,21 +131,6 @@ std::vector<TensorSpec> model_tensors(const SessionConfig& c) {
   return t;
 }
 
-std::string cuda_family_gap(const SessionConfig& c) {
-  std::string gap;
-  const auto add = [&](const std::string& what) { gap += (gap.empty() ? "" : ", ") + what; };
-  if (c.arch != Arch::Qwen3)
-    add(std::string("the ") + arch_spec(c.arch).hf_class + " family");
-  if (c.qkv_bias || c.o_bias || c.mlp_bias) add("projection biases");
-  if (c.sliding_window > 0) add("sliding-window attention");
-  if (c.attn_softcap > 0.0 || c.final_softcap > 0.0) add("soft caps");
-  if (c.attn_scale > 0.0) add("attention scale");
-  if (c.rope_type != RopeType::Default || c.rope_local_theta > 0.0) add("scaled or local RoPE");
-  if (gap.empty()) return gap;
-  return "the CUDA engine computes plain Qwen3 only; this config needs " + gap +
-         " (the CPU engine computes it: device='cpu')";
-}
-
 namespace {
 bool finite_nonneg(double x) { return std::isfinite(x) && x >= 0.0; }
 bool finite_pos(double x) { return std::isfinite(x) && x > 0.0; }

@@ -94,16 +94,21 @@ struct MatOffsets {
   int64_t data = 0;
   int64_t scales = -1;
 };
-// One layer's tensors inside the weight arena (byte offsets; the norms are float32).
+// One layer's tensors inside the weight arena (byte offsets; norms and biases are float32).
+// What a family does not hold (model_tensors) is -1.
 struct LayerOffsets {
   int64_t in_norm = 0;    // (D)
   MatOffsets wqkv;        // (Q, D): q_proj rows, then k_proj, then v_proj
-  int64_t q_norm = 0;     // (Dh)
-  int64_t k_norm = 0;     // (Dh)
+  int64_t q_norm = -1;    // (Dh)
+  int64_t k_norm = -1;    // (Dh)
   MatOffsets wo;          // (D, A)
-  int64_t post_norm = 0;  // (D)
+  int64_t post_norm = 0;  // (D) the norm before the MLP
   MatOffsets wg, wu;      // (F, D)
   MatOffsets wd;          // (D, F)
+  int64_t qkv_b = -1, o_b = -1, g_b = -1, u_b = -1, d_b = -1;  // (Q), (D), (F), (F), (D)
+  int64_t attn_out_norm = -1, mlp_out_norm = -1;              // (D) sandwich norms
+  bool slides = false;    // attention sees the last sliding_window keys
+  int64_t rope = 0;       // offset (floats) of this layer's RoPE table in the rope buffer
 };
 
 struct Plan {
@@ -129,11 +134,13 @@ struct Plan {
   int64_t kv_elems = 0;
   int64_t kv_elem_bytes = 4;    // 4 (f32), 2 (bf16, f16)
   int64_t kv_layer_stride = 0;  // 2 * Hkv * T * Dh, elements
-  // RoPE table: cos (T, Dh/2) then sin (T, Dh/2).
+  // RoPE tables: cos (T, Dh/2) then sin (T, Dh/2); the global one at 0, the local one (sliding
+  // layers of a family with a base of their own) after it.
   int64_t rope_floats = 0;
 
   // Decode activations (one arena): offsets in floats.
   int64_t x = 0;        // (D) residual stream
+  int64_t y = 0;        // (D) a sublayer's output on its way through a bias or sandwich norm
   int64_t xf = 0;       // (D) final-normed
   int64_t qkv = 0;      // (Q)
   int64_t attn = 0;     // (A)
@@ -148,6 +155,7 @@ struct Plan {
   // Prefill activations (one arena, M_max = min(PREFILL_BLOCK, T) rows): offsets in floats.
   int64_t prefill_rows = 0;  // M_max
   int64_t p_x = 0;     // (M, D)
+  int64_t p_y = 0;     // (M, D) as y
   int64_t p_xn = 0;    // (M, D)
   int64_t p_qkv = 0;   // (M, Q)
   int64_t p_attn = 0;  // (M, A)
@@ -185,7 +193,8 @@ ALGENTA_HD int64_t stage_bytes(int64_t K, Dtype f) {
 }
 
 // Dispatches one decode step launches at position P (n_keys = P + 1): 3 + 6L, plus one per
-// layer when split-K is in play. Equals residentk_dispatch_budget / _deep.
+// layer when split-K is in play (residentk_dispatch_budget / _deep for Qwen3), plus two per
+// layer for a family with sandwich norms (decode_stages).
 int64_t decode_launches(const Plan& p, const SessionConfig& cfg, int64_t n_keys);
 
 // Wide GEMM grid for Y (M, N): (ceil(N / BN), ceil(M / BM)).

@@ -54,11 +54,6 @@ const std::vector<ArchSpec>& arch_specs();
 // residentk_dispatch_budget.
 int64_t decode_stages(const SessionConfig& c);
 
-// What in this config the CUDA engine does not compute yet ("" when nothing): it computes
-// Qwen3 without biases, sliding windows, soft caps, a custom attention scale or scaled RoPE.
-// make_cuda_session refuses anything else with 607 naming it, before any allocation.
-std::string cuda_family_gap(const SessionConfig& c);
-
 struct TensorSpec {
   std::string name;            // the HuggingFace name
   std::vector<int64_t> shape;  // (rows, cols) for a matrix, (n) for a norm's weight or a bias
