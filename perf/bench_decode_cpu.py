@@ -32,6 +32,10 @@ for the interleaving, about 9.1 bytes/parameter for each engine plus the transfo
 (Qwen3-0.6B: about 14 GB in all); --workdir puts the checkpoint and GGUFs (about 8 GB) elsewhere.
 
     python perf/bench_decode_cpu.py [--weights f32,int8 --threads 1,2 --prefill 16,128 --json]
+    python perf/bench_decode_cpu.py --families [--weights f32,bf16 --new 64 --reps 5]
+
+--families times decode of every model family (Llama, Qwen2, Mistral, Gemma 2, Gemma 3) against
+Qwen3 of the same shape and format instead (see families()).
 
 Defaults are Qwen3-0.6B's shape (d_model 1024, 16/8 heads of 128, d_ff 3072, 28 layers, vocab
 151,936, tied). Without llama.cpp the table is algenta's only (exit 0); without transformers the
@@ -50,7 +54,7 @@ import time
 
 import numpy as np
 
-from _common import add_model_shape_args, cpu_name, same_prefix
+from _common import add_model_shape_args, cpu_flags, cpu_name, same_prefix
 
 FORMATS = ("f32", "bf16", "f16", "int8")
 LLAMA_TYPE = {"f32": "F32", "bf16": "BF16", "f16": "F16", "int8": "Q8_0"}
@@ -489,6 +493,76 @@ def child(args):
     sys.stdout.flush()
 
 
+def family_configs(layers):
+    """One representative family dict per model family at `layers` layers (the defaults of each
+    family's published configs: Gemma 2's alternating 4096-key windows and 50/30 soft caps,
+    Gemma 3's every-sixth-layer-global pattern with a local RoPE base, Mistral's window, Qwen2's
+    q/k/v biases)."""
+    return {
+        "qwen3": {},
+        "llama": {"arch": "llama"},
+        "qwen2": {"arch": "qwen2"},
+        "mistral": {"arch": "mistral", "sliding_window": 4096},
+        "gemma2": {"arch": "gemma2", "sliding_window": 4096,
+                   "sliding_layers": [i % 2 == 0 for i in range(layers)],
+                   "attn_scale": 256 ** -0.5, "attn_softcap": 50.0, "final_softcap": 30.0},
+        "gemma3_text": {"arch": "gemma3_text", "sliding_window": 512,
+                        "sliding_layers": [(i + 1) % 6 != 0 for i in range(layers)],
+                        "attn_scale": 256 ** -0.5, "rope_local_theta": 10000.0},
+    }
+
+
+def families(args):
+    """--families: decode tokens/s of each model family at the same shape and format as Qwen3,
+    in this process (OMP_NUM_THREADS threads), random weights, interleaved rounds, the minimum
+    time of --reps kept; the ratio to Qwen3 of the same round set. The extra work a family does
+    per token (biases, the GELU gate, soft caps, Gemma's two more norms a layer) is small next
+    to streaming the weights."""
+    from algenta import _core
+    from algenta.residentk.session import ResidentSession
+
+    dims = (args.d_model, args.h_q, args.h_kv, args.d_head, args.d_ff, args.layers, args.vocab)
+    fams = family_configs(args.layers)
+    prompt = list(range(1, args.prompt + 1))
+    rows = []
+    for fmt in args.weights:
+        sessions = {}
+        for name, fam in fams.items():
+            log(f"{fmt}: building {name}")
+            sessions[name] = ResidentSession.random(*dims, weights=fmt, family=fam, seed=1,
+                                                    max_ctx=args.prompt + args.new + 8)
+        best = dict.fromkeys(fams, float("inf"))
+        names = list(fams)
+        for rep in range(args.reps):
+            for name in names[rep % len(names):] + names[:rep % len(names)]:  # rotate the order
+                s = sessions[name]
+                s.reset()
+                s.prefill(prompt)
+                t0 = time.perf_counter()
+                for t in range(args.new - 1):
+                    int(np.argmax(s.step(3 + t)))
+                best[name] = min(best[name], time.perf_counter() - t0)
+        for name in names:
+            tok_s = (args.new - 1) / best[name]
+            rows.append({"format": fmt, "family": name, "tok_s": tok_s,
+                         "vs_qwen3": best["qwen3"] / best[name],
+                         "stages": sessions[name].dispatches_per_token})
+        del sessions
+    res = {"cpu": cpu_name(), "flags": cpu_flags(), "isa": _core.isa_name(),
+           "threads": int(os.environ.get("OMP_NUM_THREADS", os.cpu_count())), "shape": dims,
+           "prompt": args.prompt, "new": args.new, "reps": args.reps, "rows": rows}
+    if args.json:
+        print(json.dumps(res))
+        return
+    print(f"# {res['cpu']} ({res['flags']}), kernels {res['isa']}, {res['threads']} threads; "
+          f"shape {dims}; prompt {args.prompt}, {args.new - 1} timed steps, best of {args.reps}")
+    print("| format | family | stages/token | tok/s | vs Qwen3 |")
+    print("|---|---|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['format']} | {r['family']} | {r['stages']} | {r['tok_s']:.2f} | "
+              f"{r['vs_qwen3']:.3f} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_shape_args(ap, new_default=32, reps_default=3)
@@ -504,12 +578,17 @@ def main():
     ap.add_argument("--workdir", default=None,
                     help="where the temporary checkpoint and GGUF files go (default: $TMPDIR)")
     ap.add_argument("--json", action="store_true", help="one JSON line instead of the tables")
+    ap.add_argument("--families", action="store_true",
+                    help="decode tok/s of every model family against Qwen3 at the same shape "
+                         "and format, in this process (OMP_NUM_THREADS), random weights")
     ap.add_argument("--_child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--no-hf", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if not args.prefill or min(args.prefill) < 1 or not args.threads or min(args.threads) < 1:
         ap.error("--prefill and --threads need positive values")
-    if args._child is not None:
+    if args.families:
+        families(args)
+    elif args._child is not None:
         child(args)
     else:
         parent(args)

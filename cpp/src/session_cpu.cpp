@@ -654,12 +654,10 @@ class CpuSession final : public SessionBase {
       K += lo * Dh, V += lo * Dh, n -= lo;
     }
     const float scale = attn_scale_, cap = float(c_.attn_softcap);
+    for (int64_t j = 0; j < n; ++j) s[j] = kv_.dot(S, q, K + j * Dh, Dh) * scale;
+    if (cap > 0.f) S.softcap(s, n, cap);
     float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < n; ++j) {
-      s[j] = kv_.dot(S, q, K + j * Dh, Dh) * scale;
-      if (cap > 0.f) s[j] = session_math::softcap(s[j], cap);
-      mx = std::max(mx, s[j]);
-    }
+    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[j]);
     double tot = 0.0;
     for (int64_t j = 0; j < n; ++j) {
       s[j] = std::exp(s[j] - mx);
@@ -676,10 +674,16 @@ class CpuSession final : public SessionBase {
   // do not change: a cell's owner and reduction order never depend on the team size.
   int team(int64_t work) const { return work >= PARALLEL_MIN_FLOATS ? cur_nt_ : 1; }
 
-  // The MLP gate of one element: act(g + bg) * (u + bu), biases where the family has them.
-  float gate(float g, float u, const Layer& L, int64_t j) const {
-    if (L.g_b.p) g += L.g_b.p[j], u += L.u_b.p[j];
-    return act_ == Act::Silu ? session_math::silu_mul(g, u) : session_math::gelu_tanh_mul(g, u);
+  // out (n) = act(g + bg) * (u + bu) for gate rows [j0, j0 + n) (out may be g), biases where
+  // the family has them: silu element by element (Qwen3's bits), GELU through the vectorized
+  // kernel.
+  void gate(const Simd& S, const float* g, const float* u, const Layer& L, int64_t j0, int64_t n,
+            float* out) const {
+    const float* gb = L.g_b.p ? L.g_b.p + j0 : nullptr;
+    const float* ub = L.u_b.p ? L.u_b.p + j0 : nullptr;
+    if (act_ == Act::GeluTanh) return S.gelu_mul(g, u, gb, ub, out, n);
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = session_math::silu_mul(gb ? g[i] + gb[i] : g[i], ub ? u[i] + ub[i] : u[i]);
   }
   // Whether a projection's output goes straight onto the residual (the panel GEMM accumulating
   // into x, Qwen3's path), or through Y with a bias or a sandwich norm first.
@@ -704,11 +708,10 @@ class CpuSession final : public SessionBase {
     for (int64_t j = 0; j < D; ++j) X[r * D + j] += Y[r * D + j];
   }
   // Logits [j0, j1) of M rows (ld apart) soft-capped where the family caps them.
-  void cap_logits(float* Z, int64_t ld, int64_t M, int64_t j0, int64_t j1) const {
+  void cap_logits(const Simd& S, float* Z, int64_t ld, int64_t M, int64_t j0, int64_t j1) const {
     const float cap = float(c_.final_softcap);
     if (!(cap > 0.f)) return;
-    for (int64_t r = 0; r < M; ++r)
-      for (int64_t j = j0; j < j1; ++j) Z[r * ld + j] = session_math::softcap(Z[r * ld + j], cap);
+    for (int64_t r = 0; r < M; ++r) S.softcap(Z + r * ld + j0, j1 - j0, cap);
   }
   // Row id of the embedding into x (D), scaled where the family scales it.
   void embed_row(int64_t id, float* x) const {
@@ -813,8 +816,7 @@ class CpuSession final : public SessionBase {
           L.wg.gemm(M, in, r0, r1, g, ck, false, ws(t));
           L.wu.gemm(M, in, r0, r1, u, ck, false, ws(t));
           for (int64_t r = 0; r < M; ++r)
-            for (int64_t j = r0; j < r1; ++j)
-              Act[r * F + j] = gate(g[r * ck + j - r0], u[r * ck + j - r0], L, j);
+            gate(S, g + r * ck, u + r * ck, L, r0, r1 - r0, Act + r * F + r0);
         });
       }
       ++stages;
@@ -845,7 +847,7 @@ class CpuSession final : public SessionBase {
       const kern::PanelAct in = input(S, XF, M, D, D, t);
       rows_dynamic(V, chunk(V), [&](int64_t r0, int64_t r1) {
         head().gemm(M, in, r0, r1, logits + r0, V, false, ws(t));
-        cap_logits(logits, V, M, r0, r1);
+        cap_logits(S, logits, V, M, r0, r1);
       });
     }
     ++stages;
@@ -860,7 +862,7 @@ class CpuSession final : public SessionBase {
       const kern::PanelAct in = input(S, xf_.p, 1, c_.d_model, c_.d_model, t);
       rows_dynamic(c_.vocab, ROWS_PER_TASK, [&](int64_t r0, int64_t r1) {
         head().gemm(1, in, r0, r1, logits + r0, 0, false, ws(t));
-        cap_logits(logits, 0, 1, r0, r1);
+        cap_logits(S, logits, 0, 1, r0, r1);
       });
     }
   }
@@ -978,7 +980,7 @@ class CpuSession final : public SessionBase {
       project(S, Xn.p, M, L.wg, Gt.p, false);
       project(S, Xn.p, M, L.wu, U.p, false);
 #pragma omp parallel for num_threads(nt_) schedule(static)
-      for (int64_t i = 0; i < M * F; ++i) Gt.p[i] = gate(Gt.p[i], U.p[i], L, i % F);
+      for (int64_t r = 0; r < M; ++r) gate(S, Gt.p + r * F, U.p + r * F, L, 0, F, Gt.p + r * F);
       as_consumed(Gt.p, M, F);
       residual(Gt.p, L.wd, L.d_b, L.mlp_out_norm);
     }

@@ -24,6 +24,7 @@
 #include "algenta/kernels.hpp"
 #include "algenta/quant.hpp"
 #include "algenta/residentk.hpp"
+#include "algenta/session_math.hpp"
 #include "panels.hpp"
 #include "simd_halves.hpp"
 
@@ -493,6 +494,41 @@ static void widen_f16(const uint16_t* a, float* d, int64_t n) {
   for (; i < n; ++i) d[i] = s_f16(a[i]);
 }
 
+// fn over [0, n) in groups of 16 elements, each group through one fixed 16-wide pass over a
+// zero-padded copy: every element takes the same instructions wherever it sits (a vector body
+// and a scalar epilogue may round differently, and a decode task and a prefill row start at
+// different places), so the families' elementwise stages stay bit-identical between decode
+// and prefill; the fixed trip count is what the compiler vectorizes.
+template <class Fn>
+static inline void by16(int64_t n, Fn&& fn) {
+  for (int64_t i0 = 0; i0 < n; i0 += 16) fn(i0, std::min<int64_t>(16, n - i0));
+}
+
+// z (n) = cap * tanh(z / cap) in place (session_math::softcap).
+static void softcap(float* z, int64_t n, float cap) {
+  by16(n, [&](int64_t i0, int64_t m) {
+    alignas(64) float x[16] = {};
+    for (int64_t k = 0; k < m; ++k) x[k] = z[i0 + k];
+    for (int k = 0; k < 16; ++k) x[k] = session_math::softcap(x[k], cap);
+    for (int64_t k = 0; k < m; ++k) z[i0 + k] = x[k];
+  });
+}
+
+// out (n) = gelu_tanh(g + gb) * (u + ub) (session_math::gelu_tanh_mul), biases may be null;
+// out may be g.
+static void gelu_mul(const float* g, const float* u, const float* gb, const float* ub,
+                     float* out, int64_t n) {
+  by16(n, [&](int64_t i0, int64_t m) {
+    alignas(64) float a[16] = {}, b[16] = {};
+    for (int64_t k = 0; k < m; ++k) {
+      a[k] = gb ? g[i0 + k] + gb[i0 + k] : g[i0 + k];
+      b[k] = ub ? u[i0 + k] + ub[i0 + k] : u[i0 + k];
+    }
+    for (int k = 0; k < 16; ++k) a[k] = session_math::gelu_tanh_mul(a[k], b[k]);
+    for (int64_t k = 0; k < m; ++k) out[i0 + k] = a[k];
+  });
+}
+
 }  // namespace
 
 extern const SessionOps session_ops;
@@ -506,6 +542,8 @@ const SessionOps session_ops = {
     widen_f16,
     round_bf16,
     quantize_q8,
+    softcap,
+    gelu_mul,
     {
         {fp_block_bytes<PANEL_F32>, fp_put_row<PANEL_F32>, fp_get_row<PANEL_F32>,
          fp_gemm<PANEL_F32>, fp_ws_bytes, ACT_F32, "fp32"},

@@ -188,6 +188,13 @@ struct SessionOps {
   // x (n) quantized in blocks of RESIDENT_INT8_BLOCK by the weights' rule (quant::q8_block):
   // codes xq zero-padded to a multiple of Q8_ACT_PAD, one scale a block in xs.
   void (*quantize_q8)(const float* x, int64_t n, int8_t* xq, float* xs);
+  // The families' elementwise stages, vectorized, each element by the same instructions
+  // wherever it sits (so decode and prefill agree bit for bit): z (n) soft-capped in place
+  // (session_math::softcap); out (n) = gelu_tanh(g + gb) * (u + ub), biases may be null, out
+  // may be g (session_math::gelu_tanh_mul).
+  void (*softcap)(float* z, int64_t n, float cap);
+  void (*gelu_mul)(const float* g, const float* u, const float* gb, const float* ub, float* out,
+                   int64_t n);
   // indexed by panel_index(weight format)
   PanelOps panels[4];
 };
