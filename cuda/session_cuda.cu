@@ -1,10 +1,11 @@
-// The CUDA resident decode engine: the session's model families with float32 activations, weight matrices resident in
-// float32, bfloat16, float16 or int8 (SessionConfig::weights: the CPU engine's formats, stored by
-// the same conversion, session_weights.hpp's narrow_row) and a fixed-capacity KV cache in
-// float32, bfloat16 or float16 (SessionConfig::kv), all in device memory for the session's whole
-// life; the same model, stage for stage and format for format, as the CPU engine
-// (cpp/src/session_cpu.cpp), which is its reference. The registry, the refusals and the position
-// are SessionBase's (cpp/include/algenta/session_base.hpp), shared with the CPU engine.
+// The CUDA resident decode engine: the session's model families with float32 activations,
+// weight matrices resident in float32, bfloat16, float16 or int8 (SessionConfig::weights: the
+// CPU engine's formats, stored by the same conversion, session_weights.hpp's narrow_row) and a
+// fixed-capacity KV cache in float32, bfloat16 or float16 (SessionConfig::kv), all in device
+// memory for the session's whole life; the same model, stage for stage and format for format,
+// as the CPU engine (cpp/src/session_cpu.cpp), which is its reference. The registry, the
+// refusals and the position are SessionBase's (cpp/include/algenta/session_base.hpp), shared
+// with the CPU engine.
 //
 // Dimension legend: D d_model, Hq query heads, Hkv key/value heads, G = Hq/Hkv, Dh d_head,
 // Q = (Hq + 2*Hkv)*Dh fused q/k/v rows, A = Hq*Dh, F d_ff, L layers, V vocab, T capacity,
@@ -234,7 +235,7 @@ class CudaSession final : public SessionBase {
       upload(rope_.f() + rope.size(), local.data(), int64_t(local.size()) * 4);
     }
     const ArchSpec& arch = arch_spec(c.arch);
-    gelu_ = arch.act == residentk::Act::GeluTanh;  // qualified: Act here is the prefill rows' struct
+    gelu_ = arch.act == residentk::Act::GeluTanh;  // (Act alone: the prefill rows' struct)
     sandwich_ = arch.sandwich;
     embed_scale_ = arch.embed_scaled ? float(std::sqrt(double(c.d_model))) : 0.f;
     attn_scale_ = float(c.attn_scale > 0.0 ? c.attn_scale : 1.0 / std::sqrt(double(c.d_head)));

@@ -1,8 +1,8 @@
 // The CUDA resident session's device code: the decode and prefill kernels session_cuda.cu
 // launches (see its header for the stage list, the numerics and the limits), and the control
 // block a step reads. The per-element math (RMSNorm's scale, the SiLU and GELU gates, the soft
-// cap, RoPE, the argmax order) is session_math.hpp's, the bf16/f16 conversions half.hpp's and the int8 block rule
-// quant.hpp's, all shared with the CPU engine.
+// cap, RoPE, the argmax order) is session_math.hpp's, the bf16/f16 conversions half.hpp's and
+// the int8 block rule quant.hpp's, all shared with the CPU engine.
 //
 // Weight formats: every kernel that reads a weight matrix is a template over the session's
 // format F (f32, bf16, f16, int8; the host instantiates the one the session holds). Decode
@@ -421,7 +421,8 @@ __global__ void k_qk_norm_rope(float* __restrict__ qkv /* (M, Q) */, int64_t Q,
   float* v = qkv + row * Q + h * Dh;
   const int64_t half = Dh / 2;
   if (bias) {  // the same for every thread of the block: the barrier is reached by all
-    for (int64_t i = threadIdx.x; i < Dh; i += blockDim.x) st(v + i, ld(v + i) + __ldg(bias + h * Dh + i));
+    for (int64_t i = threadIdx.x; i < Dh; i += blockDim.x)
+      st(v + i, ld(v + i) + __ldg(bias + h * Dh + i));
     __syncthreads();
   }
   if (h < Hq + Hkv) {

@@ -169,6 +169,19 @@ def test_family_formats_split_and_batch_invariance(case, root):
         assert np.array_equal(batch[1], alone), weights
 
 
+def test_generate_cli_decodes_each_family(root, capsys):
+    from algenta.cli import main
+
+    for case in sorted(CASES):
+        _, path = _model(case, root)
+        want = ResidentSession.from_pretrained(path, max_ctx=64, progress=False).generate(
+            [1, 17, 5], 6, stop_ids=[])
+        assert main(["generate", "--model", str(path), "--ids", "1,17,5", "--max-new", "6",
+                     "--ignore-eos"]) == 0
+        out = capsys.readouterr().out.split()
+        assert [int(t) for t in out[:6]] == want, case
+
+
 def test_plan_sizes_each_family_as_the_session_holds_it(root, capsys):
     from algenta.cli import main
 
@@ -215,6 +228,25 @@ def test_what_the_session_does_not_compute_is_refused_by_name(cfg, words):
         assert w in str(e.value)
 
 
+@pytest.mark.parametrize("family, error, status", [
+    ({"arch": 3}, TypeError, None),
+    ({"bogus": 1}, TypeError, None),
+    ({"sliding_layers": "yes"}, TypeError, None),
+    ({"arch": "gpt2"}, ResidentError, 607),
+    ({"arch": "mistral", "sliding_window": -1}, ResidentError, 601),
+    ({"arch": "gemma2", "attn_softcap": float("nan")}, ResidentError, 609),
+    ({"arch": "llama", "rope_type": "yarn"}, ResidentError, 607),
+    ({"arch": "llama", "rope_type": "llama3", "rope_factor": 8.0, "rope_low_freq_factor": 4.0,
+      "rope_high_freq_factor": 1.0}, ResidentError, 609),
+    ({"arch": "gemma3_text", "sliding_window": 4, "sliding_layers": [True]}, ResidentError, 607),
+])
+def test_family_fields_refused_before_any_allocation(family, error, status):
+    with pytest.raises(error) as e:
+        ResidentSession.random(32, 2, 1, 16, 48, 2, 50, family=family, max_ctx=16)
+    if status is not None:
+        assert e.value.status == status
+
+
 def test_family_fields_read_as_transformers_reads_them():
     fam = session_config(parse_hf_config(_config(model_type="gemma2"))).family
     assert fam["sliding_layers"] == (True, False) and fam["sliding_window"] == 4096
@@ -235,8 +267,9 @@ def test_family_fields_read_as_transformers_reads_them():
         max_window_layers=1))).family
     assert fam["sliding_layers"] == (False, True)
     # Mistral's attention_bias is not a field transformers reads: no biases
-    assert session_config(parse_hf_config(_config(model_type="mistral", attention_bias=True,
-                                                  sliding_window=None))).family == {"arch": "mistral"}
+    fam = session_config(parse_hf_config(_config(model_type="mistral", attention_bias=True,
+                                                 sliding_window=None))).family
+    assert fam == {"arch": "mistral"}
     assert session_config(parse_hf_config(_config(model_type="mistral"))).family == {
         "arch": "mistral", "sliding_window": 4096}  # MistralConfig's default
 
@@ -252,7 +285,7 @@ def test_family_on_the_cuda_engine(case, root):
     need_cuda()
     m, path = _model(case, root)
     prompt = (PROMPT * 2)[:40]  # the steps after it run split-K attention (32+ keys)
-    for weights, kv in (("f32", "f32"), ("bf16", "bf16"), ("int8", "f16")):
+    for weights, kv in (("f32", "f32"), ("bf16", "bf16"), ("f16", "f32"), ("int8", "f16")):
         cpu = ResidentSession.from_pretrained(path, max_ctx=64, weights=weights, kv=kv,
                                               progress=False)
         gpu = ResidentSession.from_pretrained(path, max_ctx=64, weights=weights, kv=kv,

@@ -85,7 +85,7 @@ def test_capacity_dispatches_and_properties(device):
     s = ResidentSession(cfg, w, max_ctx=600, device=device)
     assert s.max_ctx == 600
     assert s.capacity == RC.resident_bucket_ctx(600) == 1024
-    assert s.device == device and dict(s.config) == cfg and s.config.d_head == 8
+    assert s.device == device and dict(s.config) == {**cfg, "family": {}} and s.config.d_head == 8
     assert s.dispatches_per_token == 0
     s.prefill([1, 2, 3])
     s.step(4)

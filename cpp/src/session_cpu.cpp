@@ -1,8 +1,8 @@
-// The CPU resident decode engine: the session's model families with float32 activations, OpenMP across cores, SIMD
-// within one; weight matrices resident in float32, bfloat16, float16 or int8 (SessionConfig::
-// weights) as the instruction set's weight panels (kernels.hpp: PanelOps), widened to float32
-// in registers as they stream or multiplied on bf16 / int8 dot products; the KV cache in
-// float32, bfloat16 or float16 (SessionConfig::kv, see KvCache).
+// The CPU resident decode engine: the session's model families with float32 activations,
+// OpenMP across cores, SIMD within one; weight matrices resident in float32, bfloat16, float16
+// or int8 (SessionConfig::weights) as the instruction set's weight panels (kernels.hpp:
+// PanelOps), widened to float32 in registers as they stream or multiplied on bf16 / int8 dot
+// products; the KV cache in float32, bfloat16 or float16 (SessionConfig::kv, see KvCache).
 //
 // Dimension legend: D d_model, Hq query heads, Hkv key/value heads, G = Hq/Hkv group size,
 // Dh d_head, Q = (Hq + 2*Hkv)*Dh fused q/k/v rows, F d_ff, L layers, V vocab, T capacity,

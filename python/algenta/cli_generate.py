@@ -1,4 +1,5 @@
-"""``algenta generate``: decode from a HuggingFace checkpoint (Qwen3, Llama, Qwen2, Mistral, Gemma 2/3) with a resident session.
+"""``algenta generate``: decode from a HuggingFace checkpoint (Qwen3, Llama, Qwen2, Mistral,
+Gemma 2/3) with a resident session.
 
     algenta generate --model DIR (--prompt TEXT | --ids 1,2,3) [--max-new N] [--temperature T]
                      [--top-k K] [--top-p P] [--seed S] [--max-ctx N] [--device cpu|cuda|auto]
@@ -57,8 +58,9 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser(
         "generate", help="decode from a checkpoint with a resident session",
-        description="Decode from a HuggingFace checkpoint directory (Qwen3, Llama, Qwen2, Mistral, Gemma 2 or 3) with a resident "
-                    "session (weights and a fixed-capacity KV cache held for the whole run).")
+        description="Decode from a HuggingFace checkpoint directory (Qwen3, Llama, Qwen2, "
+                    "Mistral, Gemma 2 or 3) with a resident session (weights and a "
+                    "fixed-capacity KV cache held for the whole run).")
     p.add_argument("--model", required=True, metavar="DIR",
                    help="checkpoint directory (config.json + model.safetensors or an index)")
     src = p.add_mutually_exclusive_group(required=True)

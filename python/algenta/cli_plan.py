@@ -254,7 +254,8 @@ def plan(shape, *, ctx: int = 512, tp: int = 1, gpu_mem=None, train_tokens=None,
         "resident_bucket_bytes": 4 * at_bucket["total"],
         "weight_format": weights,
         "kv_format": kv,
-        "bytes": _bytes(sized, at_bucket, _term_bytes(sized, dims, shape.tied, 1, weights, shape.family)),
+        "bytes": _bytes(sized, at_bucket,
+                        _term_bytes(sized, dims, shape.tied, 1, weights, shape.family)),
         "build": {"kernels_compiled": probe.kernels_compiled,
                   "device_present": probe.device_present,
                   "probe_status": probe.status,
@@ -278,7 +279,8 @@ def plan(shape, *, ctx: int = 512, tp: int = 1, gpu_mem=None, train_tokens=None,
                      "kv_cache_bucket_elems": per_gpu["kv_cache"],
                      "resident_bucket_bytes": 4 * per_gpu["total"],
                      "bytes": _bytes(share, per_gpu,
-                                     _term_bytes(share, dims, shape.tied, tp, weights, shape.family))}
+                                     _term_bytes(share, dims, shape.tied, tp, weights,
+                                                 shape.family))}
     if gpu_mem is not None:
         need = per_gpu["total_bytes"]  # per GPU, at the bucket, weights in the format
         ok = status == rc.RESIDENT_OK or tier_only

@@ -29,7 +29,8 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser(
         "serve", help="serve a checkpoint over an OpenAI-compatible HTTP API",
-        description="Serve a HuggingFace checkpoint (Qwen3, Llama, Qwen2, Mistral, Gemma 2 or 3) to OpenAI clients: /v1/completions, "
+        description="Serve a HuggingFace checkpoint (Qwen3, Llama, Qwen2, Mistral, Gemma 2 or 3) "
+                    "to OpenAI clients: /v1/completions, "
                     "/v1/chat/completions (streamed or not), /v1/models, /health. Every slot "
                     "decodes in the same step (continuous batching).")
     p.add_argument("--model", required=True, metavar="DIR", help="checkpoint directory")

@@ -79,8 +79,9 @@ struct SessionConfig {
   int64_t rope_original_ctx = 8192;     // llama3: original_max_position_embeddings
   double rope_local_theta = 0.0;
   bool layer_slides(int64_t l) const {
-    return sliding_window > 0 &&
-           (sliding_layers.empty() || (l < int64_t(sliding_layers.size()) && sliding_layers[size_t(l)]));
+    if (sliding_window <= 0) return false;
+    return sliding_layers.empty() ||
+           (l < int64_t(sliding_layers.size()) && sliding_layers[size_t(l)]);
   }
   // How the weight matrices are held resident (residentk.hpp); norms, activations and RoPE are
   // float32 whatever this says.

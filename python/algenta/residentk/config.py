@@ -75,6 +75,37 @@ def _refuse(msg: str, status: int = _WEIGHT) -> ResidentError:
     return ResidentError(msg, status)
 
 
+_FAMILY_BOOLS = ("qkv_bias", "o_bias", "mlp_bias")
+_FAMILY_INTS = ("sliding_window", "rope_original_ctx")
+_FAMILY_STRS = ("arch", "rope_type")
+
+
+def _family_value(key, v):
+    """One family field checked for its type (a TypeError naming it); the session core judges
+    the values themselves (601/607/609)."""
+    if key in _FAMILY_BOOLS:
+        if not isinstance(v, bool):
+            raise TypeError(f"family[{key!r}] must be a bool, got {type(v).__name__}")
+    elif key in _FAMILY_STRS:
+        if not isinstance(v, str):
+            raise TypeError(f"family[{key!r}] must be a str, got {type(v).__name__}")
+    elif key == "sliding_layers":
+        if not isinstance(v, (list, tuple)) or not all(isinstance(b, bool) for b in v):
+            raise TypeError("family['sliding_layers'] must be a sequence of bools")
+        v = tuple(v)
+    elif key in _FAMILY_INTS:
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise TypeError(f"family[{key!r}] must be an int, got {type(v).__name__}")
+        v = int(v)
+        if not -(2**63) <= v < 2**63:
+            raise ResidentError(f"family[{key!r}] = {v} is past int64", 601 if v < 0 else 602)
+    else:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(f"family[{key!r}] must be a number, got {type(v).__name__}")
+        v = float(v)
+    return v
+
+
 def make_config(config) -> ResidentConfig:
     """A ResidentConfig from a mapping with CONFIG_KEYS (rms_eps, rope_theta,
     tie_word_embeddings and family default to Qwen3's 1e-6, 1e6, True and {})."""
@@ -104,11 +135,10 @@ def make_config(config) -> ResidentConfig:
             bad = set(v) - set(FAMILY_KEYS)
             if bad:
                 raise TypeError(f"unknown family keys {sorted(bad)}; expected {FAMILY_KEYS}")
+            v = {f: _family_value(f, v[f]) for f in FAMILY_KEYS if f in v}
             if "arch" in v and v["arch"] not in ARCHS:
                 raise ResidentError(f"family arch {v['arch']!r} is not one the session computes "
                                     f"({', '.join(ARCHS)})", _WEIGHT)
-            v = {f: (tuple(bool(b) for b in v[f]) if f == "sliding_layers" else v[f])
-                 for f in FAMILY_KEYS if f in v}
         else:
             if isinstance(v, bool) or not isinstance(v, numbers.Real):
                 raise TypeError(f"config[{k!r}] must be a number, got {type(v).__name__}")
@@ -388,6 +418,7 @@ def session_config(m: HFModel) -> ResidentConfig:
                             family=m.family))
 
 
-__all__ = ["CONFIG_KEYS", "FAMILY_KEYS", "ARCHS", "ResidentConfig", "make_config", "HFModel", "parse_hf_config",
+__all__ = ["CONFIG_KEYS", "FAMILY_KEYS", "ARCHS", "ResidentConfig", "make_config", "HFModel",
+           "parse_hf_config",
            "session_config", "load_json", "read_json_file", "MAX_CONFIG_BYTES",
            "MAX_INDEX_BYTES"]

@@ -1,6 +1,7 @@
-"""Read a HuggingFace checkpoint directory of a family the session computes: ``open_checkpoint(path)`` checks it whole and
-gives its session config and a stream of (name, tensor) pairs that ``ResidentSession`` consumes
-(``ResidentSession.from_pretrained`` is exactly that). The loader never touches a session.
+"""Read a HuggingFace checkpoint directory of a family the session computes:
+``open_checkpoint(path)`` checks it whole and gives its session config and a stream of (name,
+tensor) pairs that ``ResidentSession`` consumes (``ResidentSession.from_pretrained`` is exactly
+that). The loader never touches a session.
 
 What is read: ``config.json`` (through the one config reader, algenta.residentk.config) and
 ``model.safetensors`` or the shards a ``model.safetensors.index.json`` names. Tensors stored as
