@@ -48,9 +48,9 @@ using gpu::warp_sum_d;
 // dst (n) = w (n) * (x (n) * 1/sqrt(mean(x^2) + eps)), by the whole block; dst in global memory
 // (kGlobalDst) or shared. Squares summed in double (as the CPU engine), the inverse rounded to
 // float once. x and w are read-only here.
-template <bool kGlobalDst>
-__device__ void block_rmsnorm(const float* __restrict__ x, const float* __restrict__ w, int64_t n,
-                              double eps, float* dst) {
+// RMSNorm's inverse of x (n) by the whole block (every thread gets it): squares summed in
+// double, the inverse rounded to float once.
+__device__ float block_rms_inv(const float* __restrict__ x, int64_t n, double eps) {
   __shared__ double red[32];
   double ss = 0.0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
@@ -58,7 +58,13 @@ __device__ void block_rmsnorm(const float* __restrict__ x, const float* __restri
     ss += v * v;
   }
   ss = block_sum_d(ss, red);
-  const float inv = session_math::rms_inv(ss, n, eps);
+  return session_math::rms_inv(ss, n, eps);
+}
+
+template <bool kGlobalDst>
+__device__ void block_rmsnorm(const float* __restrict__ x, const float* __restrict__ w, int64_t n,
+                              double eps, float* dst) {
+  const float inv = block_rms_inv(x, n, eps);
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     const float y = session_math::rms_apply(__ldg(x + i), __ldg(w + i), inv);
     if (kGlobalDst)
@@ -370,16 +376,9 @@ __global__ void k_matvec_residual(DevMat W, const float* __restrict__ a, int64_t
 // then the residual add (the CPU engine's out_norm_add). grid M, ROW_THREADS.
 __global__ void k_out_norm_residual(float* __restrict__ X, const float* __restrict__ Y,
                                     const float* __restrict__ w, int64_t D, double eps) {
-  __shared__ double red[32];
   const int64_t r = blockIdx.x;
   const float* y = Y + r * D;
-  double ss = 0.0;
-  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
-    const double v = ld(y + i);
-    ss += v * v;
-  }
-  ss = block_sum_d(ss, red);
-  const float inv = session_math::rms_inv(ss, D, eps);
+  const float inv = block_rms_inv(y, D, eps);
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x)
     st(X + r * D + i, ld(X + r * D + i) + session_math::rms_apply(ld(y + i), __ldg(w + i), inv));
 }
