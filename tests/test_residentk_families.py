@@ -141,8 +141,8 @@ def test_family_matches_transformers(case, root):
     s.reset()
     assert s.generate(head, n_new) == hf_tokens
     # What the engine ran is what the family's stage list counts.
-    fam = {k: (list(v) if k == "sliding_layers" else v) for k, v in s.config.family.items()}
-    assert s.dispatches_per_token == _core.session.decode_stages(s.config.n_layers, fam)
+    assert s.dispatches_per_token == _core.session.decode_stages(s.config.n_layers,
+                                                                 dict(s.config.family))
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -193,7 +193,7 @@ def test_plan_sizes_each_family_as_the_session_holds_it(root, capsys):
         rep = json.loads(capsys.readouterr().out)
         assert rep["bytes"]["total_bucket"] == s.resident_bytes, case
         assert sum(rep["bytes"]["weight_terms"].values()) == rep["bytes"]["weights"]
-        fam = {k: (list(v) if k == "sliding_layers" else v) for k, v in s.config.family.items()}
+        fam = dict(s.config.family)
         assert rep["dispatch_budget"] == _core.session.decode_stages(s.config.n_layers, fam)
         # the tensors the session holds, by count: what plan's vector terms add up
         held = sum(int(np.prod(shape)) for _, shape, _, _ in
@@ -300,7 +300,5 @@ def test_family_on_the_cuda_engine(case, root):
             cpu.reset()
             gpu.reset()
             assert gpu.generate(prompt[:8], 12) == cpu.generate(prompt[:8], 12)
-            fam = {k: (list(v) if k == "sliding_layers" else v)
-                   for k, v in gpu.config.family.items()}
-            assert gpu.dispatches_per_token == _core.session.decode_stages(gpu.config.n_layers,
-                                                                           fam)
+            assert gpu.dispatches_per_token == _core.session.decode_stages(
+                gpu.config.n_layers, dict(gpu.config.family))

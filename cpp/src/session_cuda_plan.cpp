@@ -69,33 +69,35 @@ Plan make_plan(const SessionConfig& c, int64_t max_ctx, int64_t sms) {
     if (c.weights == Dtype::Int8) m.scales = take_bytes(4 * rows * ceil_div(cols, RESIDENT_INT8_BLOCK));
     return m;
   };
-  const ArchSpec& arch = arch_spec(c.arch);
-  p.embed = mat(V, D);
+  // Each tensor of the family's table (model_tensors, the one list of what a layer holds) in
+  // its order; k and v join q's rows in the fused wqkv, their biases q's in the fused qkv_b.
   p.layers.resize(size_t(L));
-  for (LayerOffsets& l : p.layers) {
-    l.in_norm = vec(D);
-    l.wqkv = mat(Q, D);
-    if (arch.qkv_bias || c.qkv_bias) l.qkv_b = vec(Q);
-    if (arch.qk_norm) {
-      l.q_norm = vec(Dh);
-      l.k_norm = vec(Dh);
+  for (const TensorSpec& t : model_tensors(c)) {
+    LayerOffsets* l = t.layer >= 0 ? &p.layers[size_t(t.layer)] : nullptr;
+    switch (t.field) {
+      case Field::Embed: p.embed = mat(V, D); break;
+      case Field::LmHead: p.head = mat(V, D); break;
+      case Field::FinalNorm: p.final_norm = vec(D); break;
+      case Field::InNorm: l->in_norm = vec(D); break;
+      case Field::QProj: l->wqkv = mat(Q, D); break;
+      case Field::QBias: l->qkv_b = vec(Q); break;
+      case Field::KProj: case Field::VProj: case Field::KBias: case Field::VBias: break;
+      case Field::QNorm: l->q_norm = vec(Dh); break;
+      case Field::KNorm: l->k_norm = vec(Dh); break;
+      case Field::OProj: l->wo = mat(D, A); break;
+      case Field::OBias: l->o_b = vec(D); break;
+      case Field::AttnOutNorm: l->attn_out_norm = vec(D); break;
+      case Field::PostNorm: l->post_norm = vec(D); break;
+      case Field::Gate: l->wg = mat(F, D); break;
+      case Field::GateBias: l->g_b = vec(F); break;
+      case Field::Up: l->wu = mat(F, D); break;
+      case Field::UpBias: l->u_b = vec(F); break;
+      case Field::Down: l->wd = mat(D, F); break;
+      case Field::DownBias: l->d_b = vec(D); break;
+      case Field::MlpOutNorm: l->mlp_out_norm = vec(D); break;
     }
-    l.wo = mat(D, A);
-    if (c.o_bias) l.o_b = vec(D);
-    if (arch.sandwich) l.attn_out_norm = vec(D);
-    l.post_norm = vec(D);
-    l.wg = mat(F, D);
-    l.wu = mat(F, D);
-    l.wd = mat(D, F);
-    if (c.mlp_bias) {
-      l.g_b = vec(F);
-      l.u_b = vec(F);
-      l.d_b = vec(D);
-    }
-    if (arch.sandwich) l.mlp_out_norm = vec(D);
   }
-  p.final_norm = vec(D);
-  p.head = c.tie_word_embeddings ? p.embed : mat(V, D);
+  if (c.tie_word_embeddings) p.head = p.embed;
   p.weight_bytes = at;
 
   p.kv_elems = residentk_cache_elements(L, Hkv, Dh, T);
@@ -169,7 +171,7 @@ int64_t decode_launches(const Plan& p, const SessionConfig& c, int64_t n_keys) {
   const SplitPlan s = splitk_plan(n_keys, p.sms, c.h_q);
   // Fixed: embed, final norm, head (+argmax). Per layer: norm+QKV, q/k norm+RoPE+KV write,
   // attention (partial, + merge when split), o_proj+residual, norm+gate/up, down+residual.
-  return 3 + c.n_layers * (5 + s.launches + (arch_spec(c.arch).sandwich ? 2 : 0));
+  return decode_stages(c) + c.n_layers * (s.launches - 1);  // split-K: + a merge a layer
 }
 
 GemmGrid prefill_gemm_grid(int64_t m_rows, int64_t n_cols, int64_t sms) {

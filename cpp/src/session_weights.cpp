@@ -88,7 +88,9 @@ const ArchSpec& arch_spec(Arch a) {
 }
 
 int64_t decode_stages(const SessionConfig& c) {
-  return 3 + c.n_layers * (arch_spec(c.arch).sandwich ? 8 : 6);
+  const int64_t budget = residentk_dispatch_budget(c.n_layers);  // the seed's Qwen3 count
+  if (budget == 0) return 0;
+  return budget + (arch_spec(c.arch).sandwich ? 2 * c.n_layers : 0);
 }
 
 std::vector<TensorSpec> model_tensors(const SessionConfig& c) {

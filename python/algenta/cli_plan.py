@@ -184,18 +184,6 @@ def _bytes(at_ctx: dict, at_bucket: dict, terms: dict) -> dict:
             "kv_cache_bucket": at_bucket["kv_bytes"], "total_bucket": at_bucket["total_bytes"]}
 
 
-def _dispatches(shape) -> int:
-    """Decode dispatches per token of the shape's family, counted from its stage list (the
-    seed's residentk_dispatch_budget for Qwen3); 0 where that budget refuses the layer count."""
-    from . import _core
-    from .residentk import contract as rc
-
-    if rc.residentk_dispatch_budget(shape.n_layers) == 0:
-        return 0
-    fam = {k: (list(v) if k == "sliding_layers" else v) for k, v in shape.family.items()}
-    return _core.session.decode_stages(shape.n_layers, fam)
-
-
 def _footprint(rc, shape, *args, **kw):
     """residentk_footprint of the shape's family (its biases and extra norms counted)."""
     return rc.residentk_footprint(*args, family=shape.family, **kw)
@@ -208,6 +196,7 @@ def plan(shape, *, ctx: int = 512, tp: int = 1, gpu_mem=None, train_tokens=None,
     ``f16``): they change the ``bytes`` object, the ``tp`` share's ``bytes`` and the ``gpu``
     answers; every ``*_elems`` key and ``resident_bytes`` / ``resident_bucket_bytes`` (float32
     bytes) mean the same in every format."""
+    from . import _core
     from .lossk import contract as lc
     from .lossk import cross_entropy as lce
     from .residentk import contract as rc
@@ -241,7 +230,8 @@ def plan(shape, *, ctx: int = 512, tp: int = 1, gpu_mem=None, train_tokens=None,
         "reason": reason,
         "smem_tier_bytes": rc.residentk_smem_tier_bytes(),
         "sized_beyond_tier": tier_only,
-        "dispatch_budget": _dispatches(shape),
+        # the family's own stage list: the seed's residentk_dispatch_budget for Qwen3
+        "dispatch_budget": _core.session.decode_stages(shape.n_layers, dict(shape.family)),
         "dispatch_budget_deep": rc.residentk_dispatch_budget_deep(shape.n_layers),
         "ctx": ctx,
         "ctx_bucket": bucket,

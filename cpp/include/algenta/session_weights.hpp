@@ -50,8 +50,9 @@ const std::vector<ArchSpec>& arch_specs();
 
 // Decode stages a step of this config runs (what dispatches_per_token measures): embed, final
 // norm and head, and per layer norm+QKV, q/k norm+RoPE+KV write, attention, o_proj, norm+gate/up,
-// down, plus the two output norms of a sandwich family. Qwen3: n_layers * 6 + 3, the seed's
-// residentk_dispatch_budget.
+// down, plus the two output norms of a sandwich family: residentk_dispatch_budget (the seed's
+// Qwen3 count, n_layers * 6 + 3) plus 2 * n_layers for those; 0 where the budget refuses
+// n_layers.
 int64_t decode_stages(const SessionConfig& c);
 
 struct TensorSpec {

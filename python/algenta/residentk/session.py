@@ -72,15 +72,15 @@ def _open_engine(cfg: ResidentConfig, max_ctx: int, device: str, weights: str = 
         raise ResidentError(f"kv must be one of {KV_FORMATS}, got {kv!r}", 601)
     dims = (cfg.d_model, cfg.h_q, cfg.h_kv, cfg.d_head, cfg.d_ff, cfg.n_layers, cfg.vocab,
             cfg.rms_eps, cfg.rope_theta, cfg.tie_word_embeddings, max_ctx)
-    fam = {k: (list(v) if k == "sliding_layers" else v) for k, v in cfg.family.items()}
     if slots != 1 and device == "cuda":
         # Refused, not run one slot at a time: a server sized for batched decode would get a
         # fraction of the throughput it planned for, silently.
         raise ResidentError(f"device='cuda' holds one sequence per session (slots=1) in this "
                             f"release; slots={slots} runs on device='cpu'", 601)
     if (slots != 1 and device == "auto") or _resolve_device(device) == "cpu":
-        return _core.session.cpu_session(*dims, weights=weights, kv=kv, slots=slots, family=fam)
-    return _core.session.cuda_session(*dims, weights=weights, kv=kv, family=fam)
+        return _core.session.cpu_session(*dims, weights=weights, kv=kv, slots=slots,
+                                         family=dict(cfg.family))
+    return _core.session.cuda_session(*dims, weights=weights, kv=kv, family=dict(cfg.family))
 
 
 def _out_of_vocab(what: str, token, vocab: int) -> ResidentError:
