@@ -247,6 +247,18 @@ def test_family_fields_refused_before_any_allocation(family, error, status):
         assert e.value.status == status
 
 
+def test_plan_sizes_a_family_the_session_does_not_compute(tmp_path, capsys):
+    from algenta.cli import main
+
+    cfg = _config(model_type="llama4_text", architectures=["Llama4ForCausalLM"],
+                  layer_types=["chunked_attention", "full_attention"])
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert main(["plan", "--config", str(tmp_path / "config.json"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["status_name"] == "resident_ok"
+    with pytest.raises(ResidentError, match="Llama4ForCausalLM"):
+        session_config(parse_hf_config(cfg))
+
+
 def test_family_fields_read_as_transformers_reads_them():
     fam = session_config(parse_hf_config(_config(model_type="gemma2"))).family
     assert fam["sliding_layers"] == (True, False) and fam["sliding_window"] == 4096

@@ -334,8 +334,8 @@ def _family(hf, model_type, n_layers):
     window = hf.get("sliding_window", 4096)  # the config classes' default; null: none
     if model_type in ("qwen2", "qwen3") and not hf.get("use_sliding_window"):
         window = None
-    if model_type == "llama":
-        window = None
+    if model_type == "llama" or model_type not in ARCHS:  # another family's layer kinds are
+        window = None                                      # not read: planning sizes it as is
     if window is not None:
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise _refuse(f"config.json 'sliding_window' must be an integer >= 1 or null, "
