@@ -28,81 +28,13 @@
 #include "algenta/kernels.hpp"
 #include "algenta/lossk.hpp"
 #include "algenta/lossk_math.hpp"
+#include "lossk_head.hpp"
 
 namespace algenta {
 namespace lossk {
 
-namespace {
+using head::all_finite;
 
-// True when no element is NaN or infinite. Tests the exponent bits with an integer OR, which
-// (unlike a floating-point sum) the compiler may vectorize and reassociate freely.
-template <class U>
-bool exponent_never_all_ones(const U* p, int64_t n, U mask) {
-  U bad = 0;
-#pragma omp parallel for reduction(| : bad) schedule(static) if (n > (int64_t(1) << 18))
-  for (int64_t i = 0; i < n; ++i) {
-    U b;
-    std::memcpy(&b, p + i, sizeof b);
-    bad |= U((b & mask) == mask);
-  }
-  return bad == 0;
-}
-
-template <class T>
-bool all_finite(const T* p, int64_t n) {
-  typedef typename std::conditional<sizeof(T) == 4, uint32_t, uint64_t>::type U;
-  return exponent_never_all_ones(reinterpret_cast<const U*>(p), n,
-                                 sizeof(T) == 4 ? U(0x7f800000u) : U(0x7ff0000000000000ull));
-}
-
-bool all_finite(const void* p, int64_t n, Dtype e) {
-  switch (e) {
-    case Dtype::F32: return all_finite(static_cast<const float*>(p), n);
-    case Dtype::F64: return all_finite(static_cast<const double*>(p), n);
-    case Dtype::BF16: return exponent_never_all_ones(static_cast<const uint16_t*>(p), n, uint16_t(0x7f80));
-    case Dtype::F16: return exponent_never_all_ones(static_cast<const uint16_t*>(p), n, uint16_t(0x7c00));
-    case Dtype::Int8: break;  // not an element type lossk takes (the bindings refuse it)
-  }
-  return false;
-}
-
-int half_kind(Dtype e) { return e == Dtype::F16 ? kern::HALF_F16 : kern::HALF_BF16; }
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// Splits [0, extent) into tiles of a multiple of `quantum`, at least `min_tiles` of them when
-// the extent allows. Only the work split depends on this, never the bits.
-int64_t tile_size(int64_t extent, int64_t quantum, int64_t min_tiles, int64_t max_tile) {
-  int64_t t = ceil_div(extent, min_tiles < 1 ? 1 : min_tiles);
-  t = ceil_div(t, quantum) * quantum;
-  if (t > max_tile) t = max_tile;
-  if (t < quantum) t = quantum;
-  return t;
-}
-
-constexpr int64_t ROWS = 96;  // token rows per work item: a multiple of every MR and row_quantum
-constexpr int64_t DW_ROWS = 96;  // vocab rows per d_weight item narrowed straight to half bits
-
-// Narrows n float32 values to halves in place: element i's bits end at byte 2i of the same
-// buffer. Batches of B elements: a batch starting at a >= B writes only bytes below 4a, all read
-// by earlier batches, so its threads narrow straight into place; the first batch reads its own
-// destination, so it goes through a temporary.
-void narrow_in_place(float* buf, int64_t n, int kind, const kern::IsaOps<float>& K) {
-  constexpr int64_t B = int64_t(1) << 20;
-  uint16_t* dst = reinterpret_cast<uint16_t*>(buf);
-  const int64_t first = std::min(n, B);
-  Buffer<uint16_t> tmp(static_cast<size_t>(first));
-  for (int64_t a = 0; a < n; a += B) {
-    const int64_t m = std::min(B, n - a);
-    uint16_t* out = a == 0 ? tmp.data() : dst + a;
-    const int64_t per = 16384;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < m; i += per) K.narrow_h[kind](buf + a + i, out + i, std::min(per, m - i));
-    if (a == 0) std::memcpy(dst, tmp.data(), size_t(m) * sizeof(uint16_t));
-  }
-}
-
-}  // namespace
 
 template <class T>
 double FusedOut<T>::reduced(Reduction r) const {
@@ -217,48 +149,17 @@ int fused_linear_ce_check(const FusedArgs<T>& a, std::string* why) {
   return LOSS_OK;
 }
 
-// bfloat16 inputs on an instruction set with a bf16 dot product multiply bf16 by bf16 (the
-// logits exactly as stored; d_logits rounded to bf16 once, half::f32_to_bf16, as the CUDA
-// backend rounds them). Its products take k in groups of k_quantum (a pair for vdpbf16ps, 32
-// for an AMX tile), and the d_weight product's k is the tokens, chained chunk after chunk:
-// every chunk but the last holds a multiple of k_quantum tokens, so the groups, and the bits,
-// are the same for every chunk size (a chunk below k_quantum tokens is raised to it).
-template <class T>
-bool bf16_dot_path(const FusedArgs<T>& a) {
-  return a.elem == Dtype::BF16 && kern::ops<T>().bf16dot.gemm_papb != nullptr;
-}
-
 template <class T>
 int64_t fused_linear_ce_chunk(const FusedArgs<T>& a) {
-  const int64_t N = a.n_tok;
-  int64_t C = a.chunk < N ? a.chunk : N;
-  if (bf16_dot_path(a) && C < N) {
-    const int64_t q = kern::ops<T>().bf16dot.k_quantum;
-    C = C < q ? std::min(q, N) : C / q * q;
-  }
-  return C;
+  return head::run_chunk<T>(a.elem, a.chunk, a.n_tok);
 }
 
 template <class T>
 void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
-  const kern::IsaOps<T>& K = kern::ops<T>();
-  const int64_t N = a.n_tok, D = a.d_model, V = a.vocab;
-  const bool half_in = is_half(a.elem);
-  const int hk = half_kind(a.elem);
-  const kern::Bf16DotOps& DP = K.bf16dot;
-  const bool dp = bf16_dot_path(a);
+  const int64_t N = a.n_tok, V = a.vocab;
   const int64_t C = fused_linear_ce_chunk(a);
-  // d_weight straight into half bits: only when no chain continues past this one chunk
-  const bool dw_direct = out.d_weight_half != nullptr;
-  if (dw_direct && (C < N || out.d_weight || !is_half(out.grad_elem) || sizeof(T) != 4))
-    throw std::invalid_argument("d_weight_half needs a half grad_elem, one chunk, no d_weight");
   const int64_t VB = LOSS_VOCAB_BLOCK;
-  const int64_t nVB = ceil_div(V, VB);
-  const bool want_dh = out.d_hidden != nullptr;
-  const bool want_dw = out.d_weight != nullptr || dw_direct;
-  const bool want_db = out.d_bias != nullptr;
-  const bool with_grad = want_dh || want_dw || want_db;
-  const bool half_dh = want_dh && is_half(out.grad_elem);
+  const int64_t nVB = head::ceil_div(V, VB);
   const bool want_pred = out.pred != nullptr;
   const double eps = a.label_smoothing, cap = a.has_softcap ? a.softcap : 0.0, zs = a.z_loss;
   // The gradient sweep sees tempered logits: the cap's slope at the tempered amplitude, 1/T in
@@ -270,37 +171,17 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
   // Class weights enter the statistics only through the weighted logit sum (label smoothing's,
   // or the one a caller asked for).
   const T* stats_w = eps > 0.0 || out.logit_sum ? cw : nullptr;
-  const int nthreads = omp_get_max_threads();
-  // d tiles of the d_weight product: each packed once per chunk, at most packed_b_max_cols wide.
-  const int64_t dtile_w = dp ? DP.packed_b_max_cols() : K.packed_b_max_cols();
-  const int64_t n_dtiles = ceil_div(D, dtile_w);
-  const size_t esz = half_in ? 2 : sizeof(T);
-  const unsigned char* hidden = static_cast<const unsigned char*>(a.hidden);
-  const unsigned char* weight = static_cast<const unsigned char*>(a.weight);
+  const kern::IsaOps<T>& K = kern::ops<T>();
 
   // ---- every allocation, before any work --------------------------------------------------
-  const int64_t ws_elems = K.gemm_ws_elems();
-  // one (D, VB) block of W^T, packed (a narrower vocab needs no more than its own width)
-  const int64_t wpack_elems = dp ? DP.packed_b_elems(D, std::min(VB, V))
-                                 : K.packed_b_elems(D, std::min(VB, V));
-  Buffer<T> ws(size_t(nthreads) * size_t(ws_elems));
-  Buffer<T> wpack(dp ? 0 : size_t(nthreads) * size_t(wpack_elems));
-  Buffer<uint32_t> wpack_dp(dp ? size_t(nthreads) * size_t(wpack_elems) : 0);
-  Buffer<T> tiles(with_grad ? 0 : size_t(nthreads) * size_t(ROWS * VB));
-  ChunkScratch logits_mem(with_grad ? sizeof(T) * size_t(C * V) : 0);
-  T* const logits = logits_mem.as<T>();  // (C, V): the one chunk in flight
-  std::vector<int64_t> hpack_off(size_t(n_dtiles) + 1, 0);
-  for (int64_t j = 0; j < n_dtiles; ++j) {
-    const int64_t cols = D - j * dtile_w < dtile_w ? D - j * dtile_w : dtile_w;
-    hpack_off[size_t(j) + 1] =
-        hpack_off[size_t(j)] + (dp ? DP.packed_b_elems(C, cols) : K.packed_b_elems(C, cols));
-  }
-  // (C, D) packed for the d_weight product, and the chunk's hidden rows packed for the logits:
-  // float32 panels, or bf16 pairs on the dot-product path.
-  const size_t hpack_n = want_dw ? size_t(hpack_off[size_t(n_dtiles)]) : 0;
-  const size_t apack_n = size_t(dp ? DP.packed_a_elems(C, D) : K.packed_a_elems(C, D));
-  Buffer<T> hpack(dp ? 0 : hpack_n), apack(dp ? 0 : apack_n);
-  Buffer<uint32_t> hpack_dp(dp ? hpack_n : 0), apack_dp(dp ? apack_n : 0);
+  head::Grads<T> grads;
+  grads.d_hidden = out.d_hidden;
+  grads.d_weight = out.d_weight;
+  grads.d_weight_half = out.d_weight_half;
+  grads.d_bias = out.d_bias;
+  grads.grad_elem = out.grad_elem;
+  head::Head<T> hd(a.hidden, a.weight, a.bias, a.elem, N, a.d_model, V, C, false, grads);
+  const bool with_grad = hd.with_grad();
   Buffer<kern::BlockStats> stats(static_cast<size_t>(C * nVB));  // (C, nVB)
   Buffer<int32_t> blk_arg(want_pred ? static_cast<size_t>(C * nVB) : 0);  // first max per block
   Buffer<double> ztarget(static_cast<size_t>(C)), lse(static_cast<size_t>(N)),
@@ -310,21 +191,8 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
       ent(want_ent ? static_cast<size_t>(N) : 0);
   Buffer<int64_t> pred(want_pred ? static_cast<size_t>(N) : 0);
   Buffer<unsigned char> valid(static_cast<size_t>(N));
-  Buffer<T> bias_w(half_in && a.bias ? static_cast<size_t>(V) : 0);  // a half bias, widened
-  Buffer<T> dh_rows(half_dh ? static_cast<size_t>(C * D) : 0);       // d_hidden before narrowing
-  // d_weight_half: per thread one (DW_ROWS, d tile) block of cells before narrowing
-  const int64_t dw_cols = std::min(D, dtile_w);
-  Buffer<T> dw_tile(dw_direct ? size_t(nthreads) * size_t(DW_ROWS * dw_cols) : 0);
 
-  const T* bias = nullptr;
-  if (a.bias) {
-    if (half_in) {
-      K.widen_h[hk](static_cast<const uint16_t*>(a.bias), bias_w.data(), V);
-      bias = bias_w.data();
-    } else {
-      bias = static_cast<const T*>(a.bias);
-    }
-  }
+  hd.begin();
   auto target_of = [&](int64_t t) { return a.targets[t + a.shift]; };
   const T* tw = a.token_weight;
   // In token order: the sums of u w_y and of u over the counted tokens.
@@ -343,91 +211,33 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
     w_all = 0.0;
     for (int64_t v = 0; v < V; ++v) w_all += double(cw[v]);
   }
-  if (want_db) std::memset(out.d_bias, 0, sizeof(T) * size_t(V));
 
   for (int64_t t0 = 0; t0 < N; t0 += C) {
     const int64_t c = N - t0 < C ? N - t0 : C;
-    const unsigned char* Hc = hidden + size_t(t0 * D) * esz;  // (c, D)
     std::fill(ztarget.data(), ztarget.data() + c, std::nan(""));
 
-    // 1. logits, their epilogue (bias, soft cap) and block statistics. An item is one vocab
-    //    block against a range of rows: its (D, VB) slice of W^T is packed once and reused by
-    //    every ROWS-row tile, whose epilogue and statistics run while the tile is hot. Row ranges
-    //    split only when there are too few vocab blocks to keep every thread busy.
-    const int64_t n_rg = ceil_div(c, ROWS);
-#pragma omp parallel for schedule(static)
-    for (int64_t g = 0; g < n_rg; ++g) {
-      const int64_t r0 = g * ROWS, r1 = std::min(c, (g + 1) * ROWS);
-      if (dp)
-        DP.pack_a_rows(c, D, r0, r1, reinterpret_cast<const uint16_t*>(Hc), D, 1,
-                       apack_dp.data());
-      else if (half_in)
-        K.pack_a_rows_h[hk](c, D, r0, r1, reinterpret_cast<const uint16_t*>(Hc), D, 1,
-                            apack.data());
-      else
-        K.pack_a_rows(c, D, r0, r1, reinterpret_cast<const T*>(Hc), D, 1, apack.data());
-    }
-    const int64_t n_rs = std::min<int64_t>(n_rg, std::max<int64_t>(1, ceil_div(2 * nthreads, nVB)));
-    const int64_t rs_rows = ceil_div(n_rg, n_rs) * ROWS;
-#pragma omp parallel for schedule(dynamic)
-    for (int64_t item = 0; item < n_rs * nVB; ++item) {
-      const int tid = omp_get_thread_num();
-      const int64_t vb = item % nVB, rs0 = (item / nVB) * rs_rows;
-      const int64_t rs1 = std::min(c, rs0 + rs_rows);
-      const int64_t v0 = vb * VB, cols = V - v0 < VB ? V - v0 : VB;
-      T* wp = wpack.data() + size_t(tid) * size_t(wpack_elems);
-      uint32_t* wpd = wpack_dp.data() + size_t(tid) * size_t(wpack_elems);
-      T* wsp = ws.data() + size_t(tid) * size_t(ws_elems);
-      if (dp)
-        DP.pack_b_full(D, cols, reinterpret_cast<const uint16_t*>(weight + size_t(v0 * D) * esz),
-                       1, D, wpd);
-      else if (half_in)
-        K.pack_b_full_h[hk](D, cols, reinterpret_cast<const uint16_t*>(weight + size_t(v0 * D) * esz),
-                            1, D, wp);
-      else
-        K.pack_b_full(D, cols, reinterpret_cast<const T*>(weight) + v0 * D, 1, D, wp);
-      for (int64_t r0 = rs0; r0 < rs1; r0 += ROWS) {
-        const int64_t rows = rs1 - r0 < ROWS ? rs1 - r0 : ROWS;
-        T* dst;
-        int64_t ldd;
-        if (with_grad) {
-          dst = logits + r0 * V + v0;
-          ldd = V;
-        } else {
-          dst = tiles.data() + size_t(tid) * size_t(ROWS * VB);
-          ldd = VB;
-        }
-        if constexpr (std::is_same<T, float>::value) {
-          if (dp)
-            DP.gemm_papb(c, r0, rows, cols, D, apack_dp.data(), wpd, dst, ldd, false, wsp);
-          else
-            K.gemm_papb(c, r0, rows, cols, D, apack.data(), wp, dst, ldd, false, wsp);
-        } else {
-          K.gemm_papb(c, r0, rows, cols, D, apack.data(), wp, dst, ldd, false, wsp);
-        }
-        for (int64_t r = 0; r < rows; ++r) {
-          T* z = dst + r * ldd;
-          if (bias || cap > 0.0 || temp != 1.0)
-            K.logit_epilogue(z, cols, bias ? bias + v0 : nullptr, cap, temp);
-          const size_t si = size_t((r0 + r) * nVB + vb);
-          stats[si] = K.block_stats(z, cols, stats_w ? stats_w + v0 : nullptr, want_ent);
-          if (want_pred) {
-            const T m = T(stats[si].max);
-            int32_t k = 0;  // the first maximum (logits that overflowed to NaN have none: 0)
-            while (k < cols && !(z[k] == m)) ++k;
-            blk_arg[si] = k < cols ? k : 0;
-          }
-          // Only counted rows have a target: with a shift, the last rows of the last sequence
-          // would read past the end of targets.
-          if (!valid[t0 + r0 + r]) continue;
-          const int64_t y = target_of(t0 + r0 + r) - v0;
-          if (y >= 0 && y < cols) ztarget[size_t(r0 + r)] = double(z[y]);
-        }
+    // 1. logits, their epilogue (bias, soft cap, temperature) and block statistics, per tile
+    //    while it is hot.
+    hd.project(t0, c, cap, temp, [&](int64_t r, int64_t vb, int64_t cols, T* z) {
+      const int64_t v0 = vb * VB;
+      const size_t si = size_t(r * nVB + vb);
+      stats[si] = K.block_stats(z, cols, stats_w ? stats_w + v0 : nullptr, want_ent);
+      if (want_pred) {
+        const T m = T(stats[si].max);
+        int32_t k = 0;  // the first maximum (logits that overflowed to NaN have none: 0)
+        while (k < cols && !(z[k] == m)) ++k;
+        blk_arg[si] = k < cols ? k : 0;
       }
-    }
+      // Only counted rows have a target: with a shift, the last rows of the last sequence
+      // would read past the end of targets.
+      if (!valid[t0 + r]) return;
+      const int64_t y = target_of(t0 + r) - v0;
+      if (y >= 0 && y < cols) ztarget[size_t(r)] = double(z[y]);
+    });
 
     // 2. merge block statistics in block order -> lse, the loss terms, the argmax; with
     //    gradients, d_logits in place.
+    T* const logits = hd.logits();
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < c; ++r) {
       const int64_t t = t0 + r;
@@ -488,112 +298,7 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
       if (k.c != 0.0) g[y] -= T(k.c * math::cap_slope<T>(ztarget[r], tcap));
     }
 
-    if (!with_grad) continue;
-    const T* G = logits;  // (c, V) d_logits of this chunk
-    // 3. d_bias (V) += column sums of G, each cell one chain over tokens in token order.
-    if (want_db) {
-      const int64_t VC = 1024;
-#pragma omp parallel for schedule(static)
-      for (int64_t v0 = 0; v0 < V; v0 += VC) {
-        const int64_t v1 = std::min(V, v0 + VC);
-        T* db = out.d_bias;
-        for (int64_t r = 0; r < c; ++r) {
-          const T* gr = G + r * V;
-          for (int64_t v = v0; v < v1; ++v) db[v] += gr[v];
-        }
-      }
-    }
-    // On the bf16 dot-product path both gradient products take G in bf16: rounded once, in
-    // place (row r's bf16 values end up in the first half of the buffer, row-major, ld V).
-    const uint16_t* Gb = reinterpret_cast<const uint16_t*>(logits);
-    if constexpr (std::is_same<T, float>::value) {
-      if (dp) narrow_in_place(logits, c * V, kern::HALF_BF16, K);
-    }
-    // 4. d_hidden rows of this chunk = G (c, V) @ W (V, D): one chain over v per cell. Items
-    //    split D only; each call packs every W block once for all c rows.
-    if (want_dh) {
-      T* dh = half_dh ? dh_rows.data() : static_cast<T*>(out.d_hidden) + t0 * D;
-      // Each item packs all of G (c, V) again: on the bf16 path, whose packing is a larger share
-      // of the work, one item per thread.
-      const int64_t dt = tile_size(D, 16, dp ? nthreads : 2 * nthreads,
-                                   dp ? DP.packed_b_max_cols() : K.packed_b_max_cols());
-      const int64_t n_dt = ceil_div(D, dt);
-#pragma omp parallel for schedule(dynamic)
-      for (int64_t item = 0; item < n_dt; ++item) {
-        const int tid = omp_get_thread_num();
-        const int64_t d0 = item * dt, cols = D - d0 < dt ? D - d0 : dt;
-        T* wsp = ws.data() + size_t(tid) * size_t(ws_elems);
-        if constexpr (std::is_same<T, float>::value) {
-          if (dp) {
-            DP.gemm_bb(c, cols, V, Gb, V, 1,
-                       reinterpret_cast<const uint16_t*>(weight + size_t(d0) * esz), D, 1,
-                       dh + d0, D, false, wsp);
-            continue;
-          }
-        }
-        if (half_in)
-          K.gemm_bh[hk](c, cols, V, G, V, 1,
-                        reinterpret_cast<const uint16_t*>(weight + size_t(d0) * esz), D, 1,
-                        dh + d0, D, false, wsp);
-        else
-          K.gemm(c, cols, V, G, V, 1, reinterpret_cast<const T*>(weight) + d0, D, 1, dh + d0, D,
-                 false, wsp);
-      }
-      if (half_dh) {
-        uint16_t* o = static_cast<uint16_t*>(out.d_hidden) + t0 * D;
-        const int ok = half_kind(out.grad_elem);
-#pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < c; ++r) K.narrow_h[ok](dh + r * D, o + r * D, D);
-      }
-    }
-    // 5. d_weight (V, D) += G^T (V, c) @ Hc (c, D): each cell continues its chain over tokens
-    //    in token order, chunk after chunk. Hc is packed once per chunk and shared.
-    if (want_dw) {
-#pragma omp parallel for schedule(static)
-      for (int64_t j = 0; j < n_dtiles; ++j) {
-        const int64_t d0 = j * dtile_w, cols = D - d0 < dtile_w ? D - d0 : dtile_w;
-        if (dp)
-          DP.pack_b_full(c, cols, reinterpret_cast<const uint16_t*>(Hc + size_t(d0) * esz), D, 1,
-                         hpack_dp.data() + hpack_off[size_t(j)]);
-        else if (half_in)
-          K.pack_b_full_h[hk](c, cols, reinterpret_cast<const uint16_t*>(Hc + size_t(d0) * esz),
-                              D, 1, hpack.data() + hpack_off[size_t(j)]);
-        else
-          K.pack_b_full(c, cols, reinterpret_cast<const T*>(Hc) + d0, D, 1,
-                        hpack.data() + hpack_off[size_t(j)]);
-      }
-      const int64_t VR = dw_direct ? DW_ROWS : 4 * ROWS;
-      const int64_t n_vr = ceil_div(V, VR);
-#pragma omp parallel for schedule(dynamic)
-      for (int64_t item = 0; item < n_vr * n_dtiles; ++item) {
-        const int tid = omp_get_thread_num();
-        const int64_t v0 = (item / n_dtiles) * VR, j = item % n_dtiles;
-        const int64_t d0 = j * dtile_w;
-        const int64_t rows = V - v0 < VR ? V - v0 : VR, cols = D - d0 < dtile_w ? D - d0 : dtile_w;
-        // The first chunk starts each chain at 0 (no memset pass over d_weight); later chunks
-        // continue it. Either way one chain per cell, so the bits do not depend on C. With
-        // d_weight_half the one chunk's chains land in the thread's tile and are narrowed.
-        T* wsp = ws.data() + size_t(tid) * size_t(ws_elems);
-        T* dst = dw_direct ? dw_tile.data() + size_t(tid) * size_t(DW_ROWS * dw_cols)
-                           : out.d_weight + v0 * D + d0;
-        const int64_t ldd = dw_direct ? cols : D;
-        bool done = false;
-        if constexpr (std::is_same<T, float>::value) {
-          if (dp) {
-            DP.gemm_bpb(rows, cols, c, Gb + v0, 1, V, hpack_dp.data() + hpack_off[size_t(j)],
-                        dst, ldd, t0 > 0, wsp);
-            done = true;
-          }
-        }
-        if (!done)
-          K.gemm_pb(rows, cols, c, G + v0, 1, V, hpack.data() + hpack_off[size_t(j)], dst, ldd,
-                    t0 > 0, wsp);
-        if (dw_direct)
-          for (int64_t r = 0; r < rows; ++r)
-            K.narrow_h[half_kind(out.grad_elem)](dst + r * ldd,
-                                                 out.d_weight_half + (v0 + r) * D + d0, cols);
-      }
-    }
+    if (with_grad) hd.backward(t0, c);
   }
 
   // Token-order reductions, serial: the only order that cannot depend on C or the threads.
@@ -618,13 +323,7 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
   out.weighted = cw != nullptr || tw != nullptr;
   out.token_weighted = tw != nullptr;
   out.n_correct = correct;
-  if (is_half(out.grad_elem)) {
-    if constexpr (std::is_same<T, float>::value) {
-      const int ok = half_kind(out.grad_elem);
-      if (out.d_weight) narrow_in_place(out.d_weight, V * D, ok, K);
-      if (want_db) narrow_in_place(out.d_bias, V, ok, K);
-    }
-  }
+  hd.finish();
 }
 
 template int fused_linear_ce_check_shape<float>(const FusedArgs<float>&, std::string*);
