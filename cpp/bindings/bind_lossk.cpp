@@ -83,6 +83,63 @@ py::array own_narrowed(std::unique_ptr<void, FreeDeleter>& buf, std::vector<int6
   return py::array_t<uint16_t>(shape, static_cast<uint16_t*>(p), owner);
 }
 
+// The gradient arrays of one call, handed to the core through out's d_hidden, d_weight,
+// d_weight_half and d_bias: T arrays, or half bits (one_chunk: the core narrows each d_weight
+// cell from its tile; otherwise a float32 accumulator on huge pages, narrowed in place and
+// shrunk by finish()).
+template <class T>
+struct GradArrays {
+  py::object dh = py::none(), dw = py::none(), db = py::none();
+  std::unique_ptr<void, FreeDeleter> dw_buf, db_buf;
+
+  template <class Out>
+  void allocate(Out& out, bool want_dh, bool want_dw, bool want_db, Dtype grad_elem,
+                bool one_chunk, int64_t n_tok, int64_t d_model, int64_t vocab) {
+    out.grad_elem = grad_elem;
+    if (want_dh) {
+      if (is_half(grad_elem)) {
+        py::array_t<uint16_t> g({n_tok, d_model});
+        out.d_hidden = g.mutable_data();
+        dh = g;
+      } else {
+        py::array_t<T> g({n_tok, d_model});
+        out.d_hidden = g.mutable_data();
+        dh = g;
+      }
+    }
+    if (want_dw) {
+      if (is_half(grad_elem) && one_chunk) {
+        py::array_t<uint16_t> g({vocab, d_model});
+        out.d_weight_half = g.mutable_data();
+        dw = g;
+      } else if (is_half(grad_elem)) {
+        // As large as the weight: huge pages, so first touch is not a fault per 4 KiB.
+        dw_buf.reset(algenta::huge_malloc(size_t(vocab) * size_t(d_model) * sizeof(T)));
+        out.d_weight = static_cast<T*>(dw_buf.get());
+      } else {
+        py::array_t<T> g({vocab, d_model});
+        out.d_weight = g.mutable_data();
+        dw = g;
+      }
+    }
+    if (want_db) {
+      if (is_half(grad_elem)) {
+        db_buf.reset(algenta::huge_malloc(size_t(vocab) * sizeof(T)));
+        out.d_bias = static_cast<T*>(db_buf.get());
+      } else {
+        py::array_t<T> g(vocab);
+        out.d_bias = g.mutable_data();
+        db = g;
+      }
+    }
+  }
+
+  void finish(int64_t vocab, int64_t d_model) {
+    if (dw_buf) dw = own_narrowed(dw_buf, {vocab, d_model}, vocab * d_model);
+    if (db_buf) db = own_narrowed(db_buf, {vocab}, vocab);
+  }
+};
+
 template <class T>
 py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t> targets,
                int64_t n_tok, int64_t d_model, int64_t vocab, int64_t chunk, Dtype elem,
@@ -171,9 +228,7 @@ py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t>
 
   py::array_t<T> lse(n_tok), loss_tok, z_tok, target_logit, logit_sum, entropy_tok;
   py::array_t<int64_t> pred;
-  py::object dh = py::none(), dw = py::none(), db = py::none();
   FusedOut<T> out;
-  out.grad_elem = grad_elem;
   out.lse = lse.mutable_data();
   if (want_loss_tok) {
     loss_tok = py::array_t<T>(n_tok);
@@ -197,51 +252,15 @@ py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t>
     out.target_logit = target_logit.mutable_data();
     out.logit_sum = logit_sum.mutable_data();
   }
-  if (want_dh) {
-    if (is_half(grad_elem)) {
-      py::array_t<uint16_t> g({n_tok, d_model});
-      out.d_hidden = g.mutable_data();
-      dh = g;
-    } else {
-      py::array_t<T> g({n_tok, d_model});
-      out.d_hidden = g.mutable_data();
-      dh = g;
-    }
-  }
-  std::unique_ptr<void, FreeDeleter> dw_buf, db_buf;
-  if (want_dw) {
-    if (is_half(grad_elem) && !cuda && fused_linear_ce_chunk(a) >= n_tok) {
-      // one chunk: the core narrows each cell from its tile, no float32 accumulator
-      py::array_t<uint16_t> g({vocab, d_model});
-      out.d_weight_half = g.mutable_data();
-      dw = g;
-    } else if (is_half(grad_elem)) {
-      // As large as the weight: huge pages, so first touch is not a fault per 4 KiB.
-      dw_buf.reset(algenta::huge_malloc(size_t(vocab) * size_t(d_model) * sizeof(T)));
-      out.d_weight = static_cast<T*>(dw_buf.get());
-    } else {
-      py::array_t<T> g({vocab, d_model});
-      out.d_weight = g.mutable_data();
-      dw = g;
-    }
-  }
-  if (want_db) {
-    if (is_half(grad_elem)) {
-      db_buf.reset(algenta::huge_malloc(size_t(vocab) * sizeof(T)));
-      out.d_bias = static_cast<T*>(db_buf.get());
-    } else {
-      py::array_t<T> g(vocab);
-      out.d_bias = g.mutable_data();
-      db = g;
-    }
-  }
+  GradArrays<T> ga;
+  ga.allocate(out, want_dh, want_dw, want_db, grad_elem,
+              !cuda && fused_linear_ce_chunk(a) >= n_tok, n_tok, d_model, vocab);
   {
     py::gil_scoped_release nogil;
     if (cuda) fused_linear_ce_cuda_host<T>(a, out);
     else fused_linear_ce<T>(a, out);
   }
-  if (dw_buf) dw = own_narrowed(dw_buf, {vocab, d_model}, vocab * d_model);
-  if (db_buf) db = own_narrowed(db_buf, {vocab}, vocab);
+  ga.finish(vocab, d_model);
   py::dict d;
   d["total"] = out.reduced(Reduction::Sum);
   d["mean"] = out.reduced(Reduction::Mean);
@@ -261,9 +280,9 @@ py::dict fused(const py::array& hidden, const py::array& weight, carray<int64_t>
   d["pred"] = want_pred ? py::object(pred) : py::object(py::none());
   d["target_logit"] = want_shard_stats ? py::object(target_logit) : py::object(py::none());
   d["logit_sum"] = want_shard_stats ? py::object(logit_sum) : py::object(py::none());
-  d["d_hidden"] = dh;
-  d["d_weight"] = dw;
-  d["d_bias"] = db;
+  d["d_hidden"] = ga.dh;
+  d["d_weight"] = ga.dw;
+  d["d_bias"] = ga.db;
   return d;
 }
 
@@ -316,6 +335,147 @@ py::dict fused_any(const py::array& hidden, const py::array& weight, carray<int6
                       as_opt<float>(grad_coef), want_loss_tok, want_z_tok, want_pred,
                       want_shard_stats, want_entropy, as_opt<float>(grad_entropy),
                       entropy_grad_scale, cuda);
+}
+
+// ---- fused linear distillation ------------------------------------------------------------
+
+Objective parse_objective(const std::string& o) {
+  if (o == "kl") return Objective::KL;
+  if (o == "reverse_kl") return Objective::ReverseKL;
+  if (o == "jsd") return Objective::JSD;
+  refuse(LOSS_ERR_UNKNOWN_OBJECTIVE,
+         "objective must be 'kl', 'reverse_kl' or 'jsd', got '" + o + "'");
+}
+
+// An input the core reads: the caller's half bits as they are, or T elements (cast to T if they
+// are not: a copy the Python layer avoids), kept alive by `keep`.
+template <class T>
+const void* input_data(const py::array& x, Dtype e, carray<T>& keep, const char* name) {
+  if (is_half(e)) return half_data(x, name);
+  keep = carray<T>::ensure(x);
+  if (!keep) throw py::type_error(std::string(name) + " must be an array of real numbers");
+  return keep.data();
+}
+
+template <class T>
+py::dict distill(const py::dict& k, Dtype elem, Dtype t_elem, Dtype grad_elem) {
+  auto arr = [&](const char* n) { return k[n].cast<py::array>(); };
+  auto opt = [&](const char* n) {
+    return k.contains(n) && !k[n].is_none() ? std::optional<py::array>(arr(n)) : std::nullopt;
+  };
+  DistillArgs<T> a;
+  a.elem = elem;
+  a.t_elem = t_elem;
+  a.n_tok = k["n_tok"].cast<int64_t>();
+  a.d_model = k["d_model"].cast<int64_t>();
+  a.t_d_model = k["t_d_model"].cast<int64_t>();
+  a.vocab = k["vocab"].cast<int64_t>();
+  a.chunk = k["chunk"].cast<int64_t>();
+  a.objective = parse_objective(k["objective"].cast<std::string>());
+  a.beta = k["beta"].cast<double>();
+  a.temperature = k["temperature"].cast<double>();
+  a.hard_weight = k["hard_weight"].cast<double>();
+  a.soft_weight = k["soft_weight"].cast<double>();
+  a.reduction = parse_reduction(k["reduction"].cast<std::string>());
+  a.has_ignore = k["has_ignore"].cast<bool>();
+  a.ignore_index = k["ignore_index"].cast<int64_t>();
+  a.grad_scale = k["grad_scale"].cast<double>();
+  const bool want_dh = k["want_dh"].cast<bool>(), want_dw = k["want_dw"].cast<bool>(),
+             want_db = k["want_db"].cast<bool>();
+  if (is_half(grad_elem) && !is_half(elem))
+    refuse(LOSS_ERR_LENGTH_MISMATCH, "half-precision gradients need half-precision inputs");
+  const std::optional<py::array> bias = opt("bias"), t_bias = opt("t_bias"),
+                                 targets_in = opt("targets"), go_in = opt("grad_output");
+  // Dimensions first: the length products below are only formed for in-ceiling shapes.
+  std::string why;
+  int st = LOSS_OK;
+  for (const int64_t d : {a.d_model, a.t_d_model})
+    if ((st = loss_dims_check(a.n_tok, d, a.vocab)) != LOSS_OK) {
+      fused_linear_distill_check_shape(a, &why);
+      refuse(st, why);
+    }
+  carray<int64_t> targets;
+  if (targets_in) {
+    targets = carray<int64_t>::ensure(*targets_in);
+    if (!targets) throw py::type_error("target must be an array of integers");
+    require_len("target", targets.size(), a.n_tok);
+    a.targets = targets.data();
+  }
+  // element types and scalars before any input is converted
+  if ((st = fused_linear_distill_check_shape(a, &why)) != LOSS_OK) refuse(st, why);
+  carray<T> keep[6];
+  const py::array h = arr("hidden"), w = arr("weight"), th = arr("t_hidden"), tw = arr("t_weight");
+  a.hidden = input_data<T>(h, elem, keep[0], "student_input");
+  a.weight = input_data<T>(w, elem, keep[1], "student_weight");
+  if (bias) a.bias = input_data<T>(*bias, elem, keep[2], "student_bias");
+  a.t_hidden = input_data<T>(th, t_elem, keep[3], "teacher_input");
+  a.t_weight = input_data<T>(tw, t_elem, keep[4], "teacher_weight");
+  if (t_bias) a.t_bias = input_data<T>(*t_bias, t_elem, keep[5], "teacher_bias");
+  require_len("student_input", h.size(), a.n_tok * a.d_model);
+  require_len("student_weight", w.size(), a.vocab * a.d_model);
+  require_len("teacher_input", th.size(), a.n_tok * a.t_d_model);
+  require_len("teacher_weight", tw.size(), a.vocab * a.t_d_model);
+  if (bias) require_len("student_bias", bias->size(), a.vocab);
+  if (t_bias) require_len("teacher_bias", t_bias->size(), a.vocab);
+  carray<T> go;
+  if (go_in) {
+    go = carray<T>::ensure(*go_in);
+    if (!go) throw py::type_error("grad_output must be an array of real numbers");
+    require_len("grad_output", go.size(), a.n_tok);
+    a.grad_output = go.data();
+  }
+  if ((st = fused_linear_distill_check(a, &why)) != LOSS_OK) refuse(st, why);
+  algenta::kern::isa();  // an invalid ALGENTA_ISA is refused here, before any allocation
+
+  DistillOut<T> out;
+  const bool per_tok = a.reduction == Reduction::None;
+  py::array_t<T> loss_tok, div_tok, ce_tok;
+  if (per_tok) {
+    loss_tok = py::array_t<T>(a.n_tok);
+    div_tok = py::array_t<T>(a.n_tok);
+    ce_tok = py::array_t<T>(a.n_tok);
+    out.loss_tok = loss_tok.mutable_data();
+    out.div_tok = div_tok.mutable_data();
+    out.ce_tok = ce_tok.mutable_data();
+  }
+  GradArrays<T> ga;
+  ga.allocate(out, want_dh, want_dw, want_db, grad_elem,
+              fused_linear_distill_chunk(a) >= a.n_tok, a.n_tok, a.d_model, a.vocab);
+  {
+    py::gil_scoped_release nogil;
+    fused_linear_distill<T>(a, out);
+  }
+  ga.finish(a.vocab, a.d_model);
+  py::dict d;
+  const Reduction r = per_tok ? Reduction::Mean : a.reduction;
+  d["loss"] = out.reduced(r);
+  d["divergence"] = out.div_reduced(r);
+  d["ce"] = out.ce_reduced(r);
+  d["n_valid"] = out.loss.count;
+  d["loss_tok"] = per_tok ? py::object(loss_tok) : py::object(py::none());
+  d["div_tok"] = per_tok ? py::object(div_tok) : py::object(py::none());
+  d["ce_tok"] = per_tok ? py::object(ce_tok) : py::object(py::none());
+  d["d_hidden"] = ga.dh;
+  d["d_weight"] = ga.dw;
+  d["d_bias"] = ga.db;
+  return d;
+}
+
+// kwargs: hidden, weight, bias, t_hidden, t_weight, t_bias, targets (or None), elem, t_elem,
+// grad_elem ("" for elem's), n_tok, d_model, t_d_model, vocab, chunk, objective, beta,
+// temperature, hard_weight, soft_weight, reduction, has_ignore, ignore_index, want_dh, want_dw,
+// want_db, grad_output (None or per token), grad_scale.
+py::dict distill_any(const py::dict& k) {
+  const Dtype e = parse_elem(k["elem"].cast<std::string>(), "elem");
+  const Dtype te = parse_elem(k["t_elem"].cast<std::string>(), "t_elem");
+  const std::string g = k["grad_elem"].cast<std::string>();
+  const Dtype ge = g.empty() ? e : parse_elem(g, "grad_elem");
+  if (e == Dtype::F64) {
+    if (ge != Dtype::F64) refuse(LOSS_ERR_LENGTH_MISMATCH, "float64 inputs give float64 gradients");
+    return distill<double>(k, e, te, ge);
+  }
+  if (ge == Dtype::F64) refuse(LOSS_ERR_LENGTH_MISMATCH, "float64 gradients need float64 inputs");
+  return distill<float>(k, e, te, ge);
 }
 
 // ---- device pointers (algenta.torch's CUDA tensors) ----------------------------------------------
@@ -522,6 +682,7 @@ void bind_lossk(py::module_& m) {
         "device='cuda' runs it on the CUDA backend (host arrays in and out).");
 
   // algenta.torch's CUDA tensors: keyword dicts of sizes, options and pointers (see dev_args).
+  l.def("fused_linear_distill", [](py::kwargs k) { return distill_any(k); });
   l.def("cuda_set_device", &cuda_set_device);
   l.def("fused_linear_ce_dev_workspace", [](const py::dict& k) {
     DevCall c = dev_args(k);

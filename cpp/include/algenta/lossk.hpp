@@ -208,6 +208,85 @@ int64_t fused_linear_ce_chunk(const FusedArgs<T>& a);
 template <class T>
 int fused_linear_ce_check_shape(const FusedArgs<T>& a, std::string* why = nullptr);
 
+// ---- fused linear distillation ------------------------------------------------------------
+// A student head (hidden (N, D), weight (V, D), bias) against a teacher head (teacher hidden (N,
+// Dt), weight (V, Dt), bias) over one vocabulary: both projected a chunk of tokens at a time, the
+// divergence of their tempered distributions reduced while the chunk is hot, gradients for the
+// student only. With s = student logits, t = teacher logits, T the temperature, lp = log
+// softmax(s / T), lq = log softmax(t / T), p = exp(lp), q = exp(lq) (q is the teacher's):
+//   KL         div_t = sum_v q_v (lq_v - lp_v)                        KL(teacher || student)
+//   ReverseKL  div_t = sum_v p_v (lp_v - lq_v)                        KL(student || teacher)
+//   JSD        div_t = beta KL(q || m) + (1 - beta) KL(p || m),  m = beta q + (1 - beta) p
+// JSD at beta = 0 is KL and at beta = 1 ReverseKL (where the mixture formula is identically 0),
+// as Liger-Kernel's fused linear JSD defines its beta. No T^2 factor. The hard term is the
+// cross-entropy of the untempered student logits against the target, ce_t = lse(s) - s_y.
+// Per counted token (a target other than ignore_index; every token without targets):
+//   loss_t = soft_weight div_t + hard_weight ce_t
+// Mean = sum_t loss_t / n_counted (LossSum's mean; NaN over none), Sum = sum_t loss_t, None the
+// per-token loss_t (0 where not counted). Exactness as the cross-entropy's: every output and
+// gradient bit-identical for every chunk size and thread count, each token's div_t and ce_t
+// independent of the other tokens of its batch.
+enum class Objective { KL, ReverseKL, JSD };
+
+template <class T>
+struct DistillArgs {
+  const void* hidden = nullptr;    // student (N, D) row-major, `elem`
+  const void* weight = nullptr;    // student (V, D)
+  const void* bias = nullptr;      // student (V), or null
+  Dtype elem = sizeof(T) == 8 ? Dtype::F64 : Dtype::F32;
+  const void* t_hidden = nullptr;  // teacher (N, Dt), `t_elem`
+  const void* t_weight = nullptr;  // teacher (V, Dt)
+  const void* t_bias = nullptr;    // teacher (V), or null
+  Dtype t_elem = sizeof(T) == 8 ? Dtype::F64 : Dtype::F32;
+  const int64_t* targets = nullptr;  // (N), or null: every token counts, no hard term
+  int64_t n_tok = 0, d_model = 0, t_d_model = 0, vocab = 0;
+  int64_t chunk = 0;                 // tokens per chunk; must pass loss_chunk_check
+  Objective objective = Objective::KL;
+  double beta = 0.5;                 // JSD's, in [0, 1]
+  double temperature = 1.0;          // > 0, divides both heads' logits (as FusedArgs's)
+  double hard_weight = 0.0, soft_weight = 1.0;  // finite, >= 0; hard_weight > 0 needs targets
+  Reduction reduction = Reduction::Mean;
+  bool has_ignore = false;
+  int64_t ignore_index = -100;
+  const T* grad_output = nullptr;    // (N) per-token upstream gradient, Reduction::None only
+  double grad_scale = 1.0;           // the upstream gradient of a Mean/Sum loss
+};
+
+template <class T>
+struct DistillOut {
+  T* loss_tok = nullptr;   // (N) per-token loss_t (0 where not counted), or null
+  T* div_tok = nullptr;    // (N) per-token div_t (0 where not counted), or null
+  T* ce_tok = nullptr;     // (N) per-token ce_t (0 where not counted; 0 without targets)
+  // The student's gradients of the reduced loss, each null when not wanted (FusedOut's rules,
+  // d_weight_half included).
+  void* d_hidden = nullptr;
+  T* d_weight = nullptr;
+  uint16_t* d_weight_half = nullptr;
+  T* d_bias = nullptr;
+  Dtype grad_elem = sizeof(T) == 8 ? Dtype::F64 : Dtype::F32;
+  LossSum loss, div, ce;   // token-order sums over the counted tokens
+  double reduced(Reduction r) const;      // of loss_t (NaN: mean of nothing)
+  double div_reduced(Reduction r) const;  // of div_t, as reduced
+  double ce_reduced(Reduction r) const;   // of ce_t, as reduced
+};
+
+// Every refusal that needs no look at the data, in a fixed order: 581/583/584 either head's
+// dims, 587 chunk, 582 element types that do not compute in T, 585 a temperature, beta, or
+// weight out of range, 582 hard_weight > 0 without targets; then (fused_linear_distill_check)
+// 585 non-finite inputs or grad_output, 586 targets out of range.
+template <class T>
+int fused_linear_distill_check_shape(const DistillArgs<T>& a, std::string* why = nullptr);
+template <class T>
+int fused_linear_distill_check(const DistillArgs<T>& a, std::string* why = nullptr);
+// The chunk fused_linear_distill runs (as fused_linear_ce_chunk, for the student's dtype).
+template <class T>
+int64_t fused_linear_distill_chunk(const DistillArgs<T>& a);
+// Forward and, with out's gradient pointers set, the student's gradients in the same pass. Peak
+// extra memory: one (C, V) chunk of each head's logits plus the gradients. May throw
+// std::bad_alloc (before any work).
+template <class T>
+void fused_linear_distill(const DistillArgs<T>& a, DistillOut<T>& out);
+
 // ---- the CUDA backend (cuda/lossk_*.cu; cpp/src/cuda_absent.cpp refuses 589 without one) ----
 // The same loss on a CUDA device, the same options, the same guarantees: no atomics in any
 // reduction, every output cell one fixed-order chain, so the same inputs give the same bits on

@@ -194,6 +194,52 @@ ALGENTA_HD double reduced_loss(Reduction red, bool weighted, double ce_total, do
   return z_total != 0.0 ? m + z_mean : m;
 }
 
+// ---- distillation (lossk.hpp's DistillArgs) ----------------------------------------------
+
+// The objective computed: JSD at beta 0 and 1 is KL and ReverseKL (the mixture formula is
+// identically 0 there; Liger-Kernel's beta means these two limits).
+ALGENTA_HD Objective effective_objective(Objective o, double beta) {
+  if (o != Objective::JSD) return o;
+  return beta == 0.0 ? Objective::KL : beta == 1.0 ? Objective::ReverseKL : Objective::JSD;
+}
+
+// log m = log(beta q + (1 - beta) p) from lq and lp, lb = log(beta), l1b = log(1 - beta): the
+// larger exponent factored out, so it is finite wherever lq and lp are (never log 0 where both
+// probabilities underflow).
+ALGENTA_HD double log_mix(double lb, double l1b, double lq, double lp) {
+  const double a = lb + lq, b = l1b + lp;
+  const double hi = a > b ? a : b, lo = a > b ? b : a;
+#if defined(__CUDA_ARCH__)
+  return hi + log1p(exp(lo - hi));
+#else
+  return hi + std::log1p(std::exp(lo - hi));
+#endif
+}
+
+// Element v's share of a token's divergence, from lp = log p_v, lq = log q_v and p, q, and the
+// student's score h (ReverseKL: lp - lq; JSD: lp - log m) whose p-weighted sum H the gradient
+// needs. Each share is formed from the log-probabilities (never log(p / q) of two that may
+// underflow), so a share is finite and 0 wherever its weight p or q is.
+struct DivElem {
+  double term, h;
+};
+
+ALGENTA_HD DivElem div_elem(Objective o, double beta, double lb, double l1b, double lp, double lq,
+                            double p, double q) {
+  if (o == Objective::KL) return {q * (lq - lp), 0.0};
+  if (o == Objective::ReverseKL) return {p * (lp - lq), lp - lq};
+  const double lm = log_mix(lb, l1b, lq, lp);
+  return {beta * q * (lq - lm) + (1.0 - beta) * p * (lp - lm), lp - lm};
+}
+
+// d div / d (s_v / T): KL p - q; ReverseKL p (h - H); JSD (1 - beta) p (h - H) (the mixture's
+// own derivative cancels: d/dp of beta KL(q||m) + (1 - beta) KL(p||m) is (1 - beta) log(p / m)).
+ALGENTA_HD double div_grad(Objective o, double beta, double p, double q, double h, double H) {
+  if (o == Objective::KL) return p - q;
+  if (o == Objective::ReverseKL) return p * (h - H);
+  return (1.0 - beta) * p * (h - H);
+}
+
 }  // namespace math
 }  // namespace lossk
 }  // namespace algenta

@@ -1,0 +1,278 @@
+// Fused linear distillation on the CPU: a student and a teacher head projected a chunk of tokens
+// at a time (lossk_head.hpp), each token's divergence between their tempered distributions (and
+// the student's hard cross-entropy) reduced from the two chunks of logits while they are hot,
+// and the student's gradients formed from the same chunk (lossk.hpp: DistillArgs).
+//
+// Dimension legend: N tokens, D student d_model, Dt teacher d_model, V vocab, C chunk.
+// Never materializes: either (N, V) logit tensor. Holds one (C, V) chunk of each head's logits
+// (the student's overwritten in place by d_logits) and the gradients.
+// Numerics: each token's sums run serially over v in vocab order in double from the float (or
+// double) logits: max, then sum exp((z - max) / T) for each head, then the divergence's shares
+// (lossk_math.hpp: div_elem, div_grad), so a token's outputs do not depend on the chunk, the
+// thread count or the other tokens of its batch; the batch's sums run in token order.
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "algenta/buffer.hpp"
+#include "algenta/lossk.hpp"
+#include "algenta/lossk_math.hpp"
+#include "lossk_head.hpp"
+
+namespace algenta {
+namespace lossk {
+
+template <class T>
+double DistillOut<T>::reduced(Reduction r) const {
+  return r == Reduction::Sum ? loss.total : loss.mean();
+}
+template <class T>
+double DistillOut<T>::div_reduced(Reduction r) const {
+  return r == Reduction::Sum ? div.total : div.mean();
+}
+template <class T>
+double DistillOut<T>::ce_reduced(Reduction r) const {
+  return r == Reduction::Sum ? ce.total : ce.mean();
+}
+
+namespace {
+
+bool computes_in(Dtype e, bool f64) { return f64 ? e == Dtype::F64 : e != Dtype::F64; }
+
+bool weight_ok(double w) { return loss_scalars_ok(w) && w >= 0.0; }
+
+}  // namespace
+
+template <class T>
+int fused_linear_distill_check_shape(const DistillArgs<T>& a, std::string* why) {
+  auto refuse = [&](int code, const std::string& msg) {
+    if (why) *why = msg;
+    return code;
+  };
+  const char* heads[2] = {"student", "teacher"};
+  const int64_t dims[2] = {a.d_model, a.t_d_model};
+  for (int h = 0; h < 2; ++h) {
+    const int st = loss_dims_check(a.n_tok, dims[h], a.vocab);
+    if (st != LOSS_OK)
+      return refuse(st, std::string(heads[h]) + " shape (n_tok=" + std::to_string(a.n_tok) +
+                            ", d_model=" + std::to_string(dims[h]) + ", vocab=" +
+                            std::to_string(a.vocab) + ") refused: " + loss_status_name(st));
+  }
+  const int st = loss_chunk_check(a.chunk, a.vocab);
+  if (st != LOSS_OK)
+    return refuse(st, "chunk=" + std::to_string(a.chunk) + " refused for vocab=" +
+                          std::to_string(a.vocab) + ": " + loss_status_name(st) +
+                          (st == LOSS_ERR_BAD_CHUNK
+                               ? " (chunk * vocab must be <= 2^27 = 134217728 logit cells)"
+                               : ""));
+  const bool f64 = sizeof(T) == 8;
+  if (!computes_in(a.elem, f64) || !computes_in(a.t_elem, f64))
+    return refuse(LOSS_ERR_LENGTH_MISMATCH,
+                  std::string("the student's ") + dtype_long_name(a.elem) + " and the teacher's " +
+                      dtype_long_name(a.t_elem) + " do not compute in one precision (float64 "
+                      "goes with float64 only)");
+  if (!math::temperature_ok<T>(a.temperature))
+    return refuse(LOSS_ERR_NON_FINITE, "temperature must be a finite number > 0 (at least " +
+                                           std::string(f64 ? "2.2e-308" : "1.2e-38") +
+                                           " in this precision), got " +
+                                           std::to_string(a.temperature));
+  if (!loss_scalars_ok(a.beta) || a.beta < 0.0 || a.beta > 1.0)
+    return refuse(LOSS_ERR_NON_FINITE,
+                  "beta must be a finite number in [0, 1], got " + std::to_string(a.beta));
+  if (!weight_ok(a.hard_weight) || !weight_ok(a.soft_weight))
+    return refuse(LOSS_ERR_NON_FINITE, "hard_weight and soft_weight must be finite and >= 0, "
+                                       "got " + std::to_string(a.hard_weight) + " and " +
+                                           std::to_string(a.soft_weight));
+  if (a.hard_weight > 0.0 && !a.targets)
+    return refuse(LOSS_ERR_LENGTH_MISMATCH, "hard_weight > 0 mixes in the cross-entropy against "
+                                            "targets: pass target");
+  if (!loss_scalars_ok(a.grad_scale))
+    return refuse(LOSS_ERR_NON_FINITE, "grad_output must be finite");
+  return LOSS_OK;
+}
+
+template <class T>
+int fused_linear_distill_check(const DistillArgs<T>& a, std::string* why) {
+  auto refuse = [&](int code, const std::string& msg) {
+    if (why) *why = msg;
+    return code;
+  };
+  const int st = fused_linear_distill_check_shape(a, why);
+  if (st != LOSS_OK) return st;
+  using head::all_finite;
+  if (a.grad_output && !all_finite(a.grad_output, a.n_tok))
+    return refuse(LOSS_ERR_NON_FINITE, "grad_output contains NaN or infinity");
+  if (!all_finite(a.hidden, a.n_tok * a.d_model, a.elem))
+    return refuse(LOSS_ERR_NON_FINITE, "student_input contains NaN or infinity");
+  if (!all_finite(a.weight, a.vocab * a.d_model, a.elem))
+    return refuse(LOSS_ERR_NON_FINITE, "student_weight contains NaN or infinity");
+  if (a.bias && !all_finite(a.bias, a.vocab, a.elem))
+    return refuse(LOSS_ERR_NON_FINITE, "student_bias contains NaN or infinity");
+  if (!all_finite(a.t_hidden, a.n_tok * a.t_d_model, a.t_elem))
+    return refuse(LOSS_ERR_NON_FINITE, "teacher_input contains NaN or infinity");
+  if (!all_finite(a.t_weight, a.vocab * a.t_d_model, a.t_elem))
+    return refuse(LOSS_ERR_NON_FINITE, "teacher_weight contains NaN or infinity");
+  if (a.t_bias && !all_finite(a.t_bias, a.vocab, a.t_elem))
+    return refuse(LOSS_ERR_NON_FINITE, "teacher_bias contains NaN or infinity");
+  if (a.targets)
+    for (int64_t t = 0; t < a.n_tok; ++t) {
+      const int64_t y = a.targets[t];
+      if (a.has_ignore && y == a.ignore_index) continue;
+      if (y < 0 || y >= a.vocab)
+        return refuse(LOSS_ERR_TARGET_OUT_OF_RANGE,
+                      "target " + std::to_string(y) + " at token " + std::to_string(t) +
+                          " is outside [0, " + std::to_string(a.vocab) + ")" +
+                          (a.has_ignore ? "" : " (no ignore_index was given)"));
+    }
+  return LOSS_OK;
+}
+
+template <class T>
+int64_t fused_linear_distill_chunk(const DistillArgs<T>& a) {
+  return head::run_chunk<T>(a.elem, a.chunk, a.n_tok);
+}
+
+template <class T>
+void fused_linear_distill(const DistillArgs<T>& a, DistillOut<T>& out) {
+  const int64_t N = a.n_tok, V = a.vocab;
+  const int64_t C = fused_linear_distill_chunk(a);
+  const double temp = a.temperature, sw = a.soft_weight, hw = a.hard_weight, beta = a.beta;
+  const Objective obj = math::effective_objective(a.objective, beta);
+  const double lb = obj == Objective::JSD ? std::log(beta) : 0.0;
+  const double l1b = obj == Objective::JSD ? std::log1p(-beta) : 0.0;
+  const bool has_ce = a.targets != nullptr;  // the hard term, reported even at hard_weight 0
+
+  // ---- every allocation, before any work --------------------------------------------------
+  head::Grads<T> grads;
+  grads.d_hidden = out.d_hidden;
+  grads.d_weight = out.d_weight;
+  grads.d_weight_half = out.d_weight_half;
+  grads.d_bias = out.d_bias;
+  grads.grad_elem = out.grad_elem;
+  head::Head<T> student(a.hidden, a.weight, a.bias, a.elem, N, a.d_model, V, C, true, grads);
+  head::Head<T> teacher(a.t_hidden, a.t_weight, a.t_bias, a.t_elem, N, a.t_d_model, V, C, true,
+                        head::Grads<T>());
+  const bool with_grad = student.with_grad();
+  Buffer<double> div(static_cast<size_t>(N)), ce(static_cast<size_t>(N));
+  Buffer<unsigned char> valid(static_cast<size_t>(N));
+
+  student.begin();
+  teacher.begin();
+  int64_t n_counted = 0;
+  for (int64_t t = 0; t < N; ++t) {
+    valid[t] = !a.targets || math::counted(a.targets, t, 0, 0, a.has_ignore, a.ignore_index);
+    n_counted += valid[t];
+  }
+  const double n_sum = double(n_counted);
+  auto no_row = [](int64_t, int64_t, int64_t, T*) {};
+
+  for (int64_t t0 = 0; t0 < N; t0 += C) {
+    const int64_t c = N - t0 < C ? N - t0 : C;
+    student.project(t0, c, 0.0, 1.0, no_row);
+    teacher.project(t0, c, 0.0, 1.0, no_row);
+    T* const zs_all = student.logits();
+    const T* const zt_all = teacher.logits();
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < c; ++r) {
+      const int64_t t = t0 + r;
+      T* zs = zs_all + r * V;
+      const T* zt = zt_all + r * V;
+      if (!valid[t]) {
+        div[t] = ce[t] = 0.0;
+        if (with_grad) std::memset(zs, 0, sizeof(T) * size_t(V));
+        continue;
+      }
+      // Maxima (exact), then each head's sum of exp((z - max) / T), in vocab order.
+      double ms = double(zs[0]), mt = double(zt[0]);
+      for (int64_t v = 1; v < V; ++v) {
+        ms = double(zs[v]) > ms ? double(zs[v]) : ms;
+        mt = double(zt[v]) > mt ? double(zt[v]) : mt;
+      }
+      double ss = 0.0, st = 0.0, s1 = 0.0;
+      for (int64_t v = 0; v < V; ++v) {
+        ss += std::exp((double(zs[v]) - ms) / temp);
+        st += std::exp((double(zt[v]) - mt) / temp);
+      }
+      // the hard term's softmax is the untempered one: the same sums at T = 1
+      if (has_ce && temp != 1.0)
+        for (int64_t v = 0; v < V; ++v) s1 += std::exp(double(zs[v]) - ms);
+      else
+        s1 = ss;
+      const double lss = std::log(ss), lst = std::log(st), ls1 = std::log(s1);
+      double ct = 0.0;
+      int64_t y = -1;
+      if (has_ce) {
+        y = a.targets[t];
+        ct = (ms - double(zs[y])) + ls1;  // math::token_ce's form: exact log(V) for equal logits
+      }
+      // The divergence's shares and, for ReverseKL and JSD, H = sum_v p_v h_v.
+      double dsum = 0.0, hsum = 0.0;
+      for (int64_t v = 0; v < V; ++v) {
+        const double lp = (double(zs[v]) - ms) / temp - lss;
+        const double lq = (double(zt[v]) - mt) / temp - lst;
+        const double p = std::exp(lp), q = std::exp(lq);
+        const math::DivElem e = math::div_elem(obj, beta, lb, l1b, lp, lq, p, q);
+        dsum += e.term;
+        hsum += p * e.h;
+      }
+      div[t] = dsum;
+      ce[t] = ct;
+      if (!with_grad) continue;
+      const double sc = math::reduction_scales(a.reduction, true, a.grad_scale, n_sum, n_sum,
+                                               a.grad_output ? double(a.grad_output[t]) : 1.0,
+                                               1.0).ce;
+      if (sc == 0.0) {
+        std::memset(zs, 0, sizeof(T) * size_t(V));
+        continue;
+      }
+      // d loss_t / d s_v = sw / T d div / d(s_v / T) + hw (p1_v - [v == y]), times the scale.
+      const double ks = sc * sw / temp, kh = sc * hw;
+      for (int64_t v = 0; v < V; ++v) {
+        const double z = double(zs[v]);
+        const double lp = (z - ms) / temp - lss;
+        const double lq = (double(zt[v]) - mt) / temp - lst;
+        const double p = std::exp(lp), q = std::exp(lq);
+        double g = 0.0;
+        if (ks != 0.0) {
+          const double h = obj == Objective::KL ? 0.0
+                                                : math::div_elem(obj, beta, lb, l1b, lp, lq, p, q).h;
+          g = ks * math::div_grad(obj, beta, p, q, h, hsum);
+        }
+        if (kh != 0.0) g += kh * (temp != 1.0 ? std::exp((z - ms) - ls1) : p);
+        zs[v] = T(g);
+      }
+      if (kh != 0.0) zs[y] = T(double(zs[y]) - kh);
+    }
+    if (with_grad) student.backward(t0, c);
+  }
+
+  // Token-order reductions, serial: the only order that cannot depend on C or the threads.
+  for (int64_t t = 0; t < N; ++t) {
+    const double l = sw * div[t] + hw * ce[t];
+    if (valid[t]) {
+      out.loss.add(l);
+      out.div.add(div[t]);
+      out.ce.add(ce[t]);
+    }
+    if (out.loss_tok) out.loss_tok[t] = T(valid[t] ? l : 0.0);
+    if (out.div_tok) out.div_tok[t] = T(div[t]);
+    if (out.ce_tok) out.ce_tok[t] = T(ce[t]);
+  }
+  student.finish();
+}
+
+template int fused_linear_distill_check_shape<float>(const DistillArgs<float>&, std::string*);
+template int fused_linear_distill_check_shape<double>(const DistillArgs<double>&, std::string*);
+template int fused_linear_distill_check<float>(const DistillArgs<float>&, std::string*);
+template int fused_linear_distill_check<double>(const DistillArgs<double>&, std::string*);
+template int64_t fused_linear_distill_chunk<float>(const DistillArgs<float>&);
+template int64_t fused_linear_distill_chunk<double>(const DistillArgs<double>&);
+template void fused_linear_distill<float>(const DistillArgs<float>&, DistillOut<float>&);
+template void fused_linear_distill<double>(const DistillArgs<double>&, DistillOut<double>&);
+template struct DistillOut<float>;
+template struct DistillOut<double>;
+
+}  // namespace lossk
+}  // namespace algenta
