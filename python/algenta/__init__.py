@@ -1,6 +1,7 @@
 """algenta: capacity questions answered before expensive work runs, and that work done fast.
 
-- ``algenta.lossk``: exact, chunked cross-entropy fused with the output projection.
+- ``algenta.lossk``: exact, chunked cross-entropy (and distillation) fused with the output
+  projection.
 - ``algenta.residentk``: resident GPU decode sessions, sized by host arithmetic.
 - ``algenta.Runtime``: the seed's ``execute(module, function, args)`` dispatcher.
 - ``algenta.torch``: PyTorch autograd ops (imported only when used; torch is optional).
@@ -13,6 +14,7 @@ from .errors import (AlgentaError, LossError, LossUnavailableError, ResidentErro
                      ResidentUnavailableError)
 from . import lossk, residentk
 from .lossk.cross_entropy import linear_cross_entropy
+from .lossk.distillation import linear_distillation
 from .runtime import MojoRuntime, Runtime
 
 __version__ = _core.__version__
@@ -20,7 +22,7 @@ __version__ = _core.__version__
 __all__ = [
     "__version__", "AlgentaError", "LossError", "LossUnavailableError", "ResidentError",
     "ResidentUnavailableError",
-    "lossk", "residentk", "linear_cross_entropy", "Runtime", "MojoRuntime",
+    "lossk", "residentk", "linear_cross_entropy", "linear_distillation", "Runtime", "MojoRuntime",
 ]
 
 

@@ -11,6 +11,8 @@ Beyond PyTorch's options, keyword-only: ``softcap`` (Gemma 2's logit soft cap), 
 per-token ``lse`` as a differentiable output (``return_lse``) and token accuracy
 (``return_accuracy``). ``vocab_parallel_linear_cross_entropy`` is the same loss when the rows of
 the head are sharded over the ranks of a ``torch.distributed`` group.
+``linear_distillation_loss`` distills a student head against a teacher head (KL, reverse KL,
+JSD) with the same chunking: neither head's logits ever exist in full.
 
 The op is registered with ``torch.library`` (``algenta::lce_fwd`` and ``algenta::lce_grad``, each
 with a fake implementation, autograd registered), so ``torch.compile(fullgraph=True)`` keeps it
@@ -30,15 +32,16 @@ core refuses (NaN/inf, targets out of range, empty or oversized shapes, a negati
 This module imports torch; ``import algenta`` does not import it. Its parts: ``_checks`` (the
 argument checks), ``_bridge`` (tensors to and from the core), ``_ops`` (the registered ops,
 autograd, ``linear_cross_entropy``), ``_seed`` (the seed's materialized kernels on tensors),
-``_vocab_parallel`` (the sharded head).
+``_vocab_parallel`` (the sharded head), ``_distill`` (distillation).
 """
 
 from __future__ import annotations
 
+from ._distill import LinearDistillationOutput, linear_distillation_loss
 from ._ops import LinearCrossEntropyLoss, LinearCrossEntropyOutput, linear_cross_entropy
 from ._seed import CEAccumulator, ce_from_logits, ce_grad_logits
 from ._vocab_parallel import vocab_parallel_linear_cross_entropy
 
 __all__ = ["linear_cross_entropy", "LinearCrossEntropyLoss", "LinearCrossEntropyOutput",
            "vocab_parallel_linear_cross_entropy", "ce_from_logits", "ce_grad_logits",
-           "CEAccumulator"]
+           "CEAccumulator", "linear_distillation_loss", "LinearDistillationOutput"]

@@ -1,0 +1,185 @@
+"""lossk.distillation: a student head distilled against a teacher head, fused with both
+projections, a chunk of tokens at a time (neither ``[tokens, vocab]`` logit tensor exists).
+
+Division of labour as in ``cross_entropy``: this layer converts types (a wrong one is a
+``TypeError``) and compares shapes (582); every value refusal (the objective's name 588, the
+temperature, beta and the weights 585, non-finite data 585, targets 586, the chunk budget 587)
+is the core's, with its status and message.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _core
+from .._convert import _asarray, as_float
+from .._dtypes import HalfBits
+from .._records import record_type
+from ..errors import LossError
+from . import _args
+from .cross_entropy import _elem, _dtype_name, _grad_sets, _targets
+
+_c = _core.lossk
+
+OBJECTIVES = ("kl", "reverse_kl", "jsd")
+
+LinearDistillation = record_type(
+    "LinearDistillation",
+    ("loss", "divergence", "ce", "n_valid", "d_hidden", "d_weight", "d_bias"),
+    "Result of linear_distillation: the loss (scalar, or per token for reduction='none'), its "
+    "divergence and hard cross-entropy terms reduced alike (ce is 0 without a target), the count "
+    "of counted tokens and the student's gradients asked for (else None).",
+)
+
+
+def _err(msg: str, status: int) -> LossError:
+    return LossError(msg, status)
+
+
+def linear_distillation(student_input, student_weight, teacher_input, teacher_weight,
+                        target=None, *, objective="kl", beta=0.5, temperature=1.0,
+                        ignore_index=-100, hard_weight=0.0, soft_weight=1.0, student_bias=None,
+                        teacher_bias=None, reduction="mean", chunk=None, with_grad=False,
+                        grad_output=None, grad_dtype=None) -> LinearDistillation:
+    """The divergence between a teacher's and a student's output distributions, and optionally
+    the student's cross-entropy against ``target``, without materializing either head's logits.
+
+    student_input ``[..., d]`` and student_weight ``[vocab, d]``; teacher_input ``[..., d_t]``
+    (the same leading axes) and teacher_weight ``[vocab, d_t]``: the teacher may have another
+    hidden size, never another vocabulary (582). float32, float64, float16 or bfloat16 arrays
+    (``ml_dtypes`` or ``HalfBits``); the two heads may differ in dtype if both compute in one
+    precision (float64 with float64 only). With ``s`` and ``t`` the heads' logits (plus their
+    biases), ``T = temperature`` dividing both, ``p = softmax(s / T)`` the student's and
+    ``q = softmax(t / T)`` the teacher's distribution, per token::
+
+        "kl"          sum_v q_v (log q_v - log p_v)                 KL(teacher || student)
+        "reverse_kl"  sum_v p_v (log p_v - log q_v)                 KL(student || teacher)
+        "jsd"         beta KL(q || m) + (1 - beta) KL(p || m),   m = beta q + (1 - beta) p
+
+    ``beta`` (in [0, 1]) is Liger-Kernel's: ``jsd`` at ``beta=0`` is "kl" and at ``beta=1``
+    "reverse_kl" (where the mixture formula would be identically 0). No ``T**2`` factor: scale
+    the loss to have one. The loss of a counted token is
+    ``soft_weight * divergence + hard_weight * ce`` with ``ce`` the cross-entropy of the
+    untempered student logits against its target (``hard_weight > 0`` needs ``target``).
+    ``target`` (the leading shape, integers) counts the tokens whose target is not
+    ``ignore_index`` (``None``: every target must be in [0, vocab)); without a target every token
+    counts. ``reduction``: "mean" over the counted tokens, "sum", or "none" (per token, 0 where
+    not counted).
+
+    ``with_grad=True`` (or any of "hidden", "weight", "bias") also returns the student's
+    gradients of the reduced loss, formed from the same chunk of logits; the teacher gets none.
+    ``grad_output`` is the upstream gradient (a scalar for mean/sum, per token for none);
+    ``grad_dtype="float32"`` gives half inputs float32 gradients. Peak extra memory: one chunk
+    of each head's logits plus the gradients. Every output and gradient is bit-identical for
+    every ``chunk`` and thread count, and a token's divergence and ce do not depend on the other
+    tokens of its batch.
+    """
+    for x, name in ((student_input, "student_input"), (student_weight, "student_weight"),
+                    (teacher_input, "teacher_input"), (teacher_weight, "teacher_weight")):
+        if not isinstance(x, (np.ndarray, HalfBits)):
+            raise TypeError(f"{name} must be a NumPy array (or HalfBits)")
+    if not isinstance(objective, str):
+        raise TypeError(f"objective must be a string, got {type(objective).__name__}")
+    elem, h = _elem(student_input)
+    welem, w = _elem(student_weight)
+    telem, th = _elem(teacher_input)
+    twelem, tw = _elem(teacher_weight)
+    if welem != elem or twelem != telem:
+        raise TypeError(f"each head's input and weight must share one dtype; got student "
+                        f"{_dtype_name(student_input)}/{_dtype_name(student_weight)}, teacher "
+                        f"{_dtype_name(teacher_input)}/{_dtype_name(teacher_weight)}")
+    if student_weight.ndim != 2 or teacher_weight.ndim != 2:
+        raise _err(f"student_weight and teacher_weight must be [vocab, d], got shapes "
+                   f"{student_weight.shape} and {teacher_weight.shape}", 582)
+    if teacher_weight.shape[0] != student_weight.shape[0]:
+        raise _err(f"the teacher's vocabulary ({teacher_weight.shape[0]}) differs from the "
+                   f"student's ({student_weight.shape[0]}): distillation compares one vocabulary",
+                   582)
+    has_target = target is not None
+    o = _args.options(reduction, ignore_index, 0.0, None, 0.0, 0, chunk, temperature)
+    lead, n, d, v = _args.shapes(
+        student_input.shape, student_weight.shape,
+        np.shape(target) if has_target else student_input.shape[:-1], shift=0,
+        bias_shape=None if student_bias is None else student_bias.shape,
+        names=("student_input", "student_weight", "target", "student_bias", "class_weight"))
+    _, _, dt, _ = _args.shapes(
+        teacher_input.shape, teacher_weight.shape, lead, shift=0,
+        bias_shape=None if teacher_bias is None else teacher_bias.shape,
+        names=("teacher_input", "teacher_weight", "student_input's leading axes",
+               "teacher_bias", "class_weight"))
+    want_dh, want_dw, want_db = _grad_sets(with_grad, student_bias is not None)
+    want_grad = want_dh or want_dw or want_db
+    if grad_dtype is None or (elem == "f32" and np.dtype(grad_dtype) == np.float32) or \
+            (elem == "f64" and np.dtype(grad_dtype) == np.float64):
+        gelem = elem
+    elif elem in ("f16", "bf16") and np.dtype(grad_dtype) == np.float32:
+        gelem = "f32"
+    else:
+        raise TypeError(f"grad_dtype must be None, the student's dtype or float32 (for half "
+                        f"inputs), got {grad_dtype!r}")
+    biases = {}
+    for b, ref, key, name in ((student_bias, student_weight, "bias", "student_bias"),
+                              (teacher_bias, teacher_weight, "t_bias", "teacher_bias")):
+        if b is None:
+            biases[key] = None
+            continue
+        if not isinstance(b, (np.ndarray, HalfBits)):
+            raise TypeError(f"{name} must be a NumPy array (or HalfBits)")
+        if _dtype_name(b) != _dtype_name(ref):
+            raise _err(f"a head's bias must have its weight's dtype {_dtype_name(ref)}, got "
+                       f"{_dtype_name(b)}", 582)
+        biases[key] = np.ascontiguousarray(_elem(b)[1])
+    t = None
+    if has_target:
+        if not isinstance(target, (np.ndarray, list, tuple)) and not hasattr(target, "__array__"):
+            raise TypeError(f"target must be an array of integer class indices, got "
+                            f"{type(target).__name__}")
+        t = _targets(target).reshape(n)
+    compute = np.float64 if elem == "f64" else np.float32
+    go, gscale = None, 1.0
+    if grad_output is not None:
+        if not want_grad:
+            raise _err("grad_output is only used with with_grad", 582)
+        if o.reduction == "none":
+            a = _asarray(grad_output, "grad_output")
+            if a.dtype.kind not in "fiu":
+                raise TypeError(f"grad_output must hold real numbers, got dtype {a.dtype}")
+            if a.shape != lead:
+                raise _err(f"grad_output must have shape {lead}, got {a.shape}", 582)
+            go = np.ascontiguousarray(a, dtype=compute).reshape(n)
+        else:
+            gscale = as_float(grad_output, "grad_output (a scalar for mean and sum)")
+    r = _c.fused_linear_distill(
+        hidden=np.ascontiguousarray(h).reshape(n, d), weight=np.ascontiguousarray(w),
+        t_hidden=np.ascontiguousarray(th).reshape(n, dt), t_weight=np.ascontiguousarray(tw),
+        targets=t, elem=elem, t_elem=telem, grad_elem=gelem, n_tok=n, d_model=d, t_d_model=dt,
+        vocab=v, chunk=_args.chunk_for(o.chunk, n, v), objective=objective,
+        beta=as_float(beta, "beta"), temperature=o.temperature,
+        hard_weight=as_float(hard_weight, "hard_weight"),
+        soft_weight=as_float(soft_weight, "soft_weight"), reduction=o.reduction,
+        has_ignore=has_target and o.ignore_index is not None,
+        ignore_index=0 if o.ignore_index is None else o.ignore_index, want_dh=want_dh,
+        want_dw=want_dw, want_db=want_db, grad_output=go, grad_scale=gscale, **biases)
+
+    def grad(a, shape):
+        if a is None:
+            return None
+        a = a.reshape(shape)
+        if gelem != elem or elem in ("f32", "f64"):
+            return a
+        if isinstance(student_input, HalfBits):
+            return HalfBits(a, student_input.dtype)
+        return a.view(student_input.dtype)
+
+    scalar = np.float64 if elem == "f64" else np.float32
+    if o.reduction == "none":
+        loss, div, ce = (r[k].reshape(lead) for k in ("loss_tok", "div_tok", "ce_tok"))
+    else:
+        loss, div, ce = (scalar(r[k]) for k in ("loss", "divergence", "ce"))
+    return LinearDistillation(
+        loss=loss, divergence=div, ce=ce, n_valid=r["n_valid"],
+        d_hidden=grad(r["d_hidden"], student_input.shape),
+        d_weight=grad(r["d_weight"], student_weight.shape), d_bias=grad(r["d_bias"], (v,)))
+
+
+__all__ = ["linear_distillation", "LinearDistillation", "OBJECTIVES"]

@@ -1,0 +1,138 @@
+"""algenta.torch.linear_distillation_loss: fused linear distillation (a student head against a
+teacher head) as an autograd function over the NumPy core (``algenta.linear_distillation``)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+from ..errors import LossUnavailableError
+from ..lossk.distillation import linear_distillation as _np_linear_distillation
+from ._bridge import _core_view, _loss_dtype, _tensor
+from ._checks import _float_tensor
+
+
+class LinearDistillationOutput(NamedTuple):
+    loss: Tensor        # the reduced loss (per token for reduction="none")
+    divergence: Tensor  # its divergence term, reduced alike (no gradient)
+    ce: Tensor          # its hard cross-entropy term, reduced alike (0 without a target)
+
+
+def _run(si, sw, ti, tw, target, sb, tb, opts, need, grad_output=None):
+    t = None if target is None else target.detach().to(torch.int64).contiguous().numpy()
+    go = grad_output
+    if isinstance(go, Tensor):
+        go = go.detach().to(torch.float64 if si.dtype == torch.float64 else torch.float32) \
+            .contiguous().numpy()
+    return _np_linear_distillation(
+        _core_view(si), _core_view(sw), _core_view(ti), _core_view(tw), t,
+        student_bias=None if sb is None else _core_view(sb),
+        teacher_bias=None if tb is None else _core_view(tb),
+        with_grad=tuple(need) if need else False, grad_output=go, **opts)
+
+
+class _Distill(torch.autograd.Function):
+    """Forward computes the student's gradients of the reduced loss in the same pass when any is
+    needed (mean and sum: scaled by the upstream gradient in backward); reduction "none" runs a
+    second pass in backward with the per-token upstream gradient."""
+
+    @staticmethod
+    def forward(ctx, si, sw, sb, ti, tw, tb, target, opts):
+        need = [n for n, x in (("hidden", si), ("weight", sw), ("bias", sb))
+                if x is not None and x.requires_grad]
+        per_tok = opts["reduction"] == "none"
+        r = _run(si, sw, ti, tw, target, sb, tb, opts, [] if per_tok else need)
+        ld = _loss_dtype(si.dtype)
+        ctx.need, ctx.per_tok, ctx.opts = need, per_tok, opts
+        ctx.dtype = si.dtype
+        if per_tok:
+            ctx.save_for_backward(si, sw, sb, ti, tw, tb, target)
+        else:
+            ctx.grads = {n: None if g is None else _tensor(g, si.dtype)
+                         for n, g in (("hidden", r.d_hidden), ("weight", r.d_weight),
+                                      ("bias", r.d_bias))}
+        as_t = lambda x: torch.as_tensor(x).to(ld)
+        div, ce = as_t(r.divergence), as_t(r.ce)
+        ctx.mark_non_differentiable(div, ce)
+        return as_t(r.loss), div, ce
+
+    @staticmethod
+    def backward(ctx, g, _g_div, _g_ce):
+        if ctx.per_tok:
+            si, sw, sb, ti, tw, tb, target = ctx.saved_tensors
+            r = _run(si, sw, ti, tw, target, sb, tb, ctx.opts, ctx.need, grad_output=g)
+            grads = {n: None if x is None else _tensor(x, ctx.dtype)
+                     for n, x in (("hidden", r.d_hidden), ("weight", r.d_weight),
+                                  ("bias", r.d_bias))}
+        else:
+            grads = {n: None if x is None else x * g.to(x.dtype) for n, x in ctx.grads.items()}
+        return (grads["hidden"], grads["weight"], grads["bias"], None, None, None, None, None)
+
+
+def linear_distillation_loss(student_input: Tensor, student_weight: Tensor,
+                             teacher_input: Tensor, teacher_weight: Tensor,
+                             target: Optional[Tensor] = None, *, objective: str = "kl",
+                             beta: float = 0.5, temperature: float = 1.0,
+                             ignore_index: int = -100, hard_weight: float = 0.0,
+                             soft_weight: float = 1.0, student_bias: Optional[Tensor] = None,
+                             teacher_bias: Optional[Tensor] = None, reduction: str = "mean",
+                             chunk: Optional[int] = None,
+                             return_terms: bool = False):
+    """The divergence between a teacher's and a student's output distributions (plus
+    ``hard_weight`` times the student's cross-entropy against ``target``), fused with both
+    projections a chunk of tokens at a time: neither ``[tokens, vocab]`` logit tensor exists, in
+    the forward or the backward. Gradients flow to student_input, student_weight and
+    student_bias; the teacher's tensors get none (detach them or not: they are read only).
+
+    Objectives, temperature, weights and reductions as ``algenta.linear_distillation`` (its
+    docstring has the formulas): "kl" is KL(teacher || student), "reverse_kl" KL(student ||
+    teacher), "jsd" the beta-weighted Jensen-Shannon divergence with Liger-Kernel's ``beta``; no
+    ``T**2`` factor. The loss is float32 for half inputs, gradients in the student's dtype.
+    ``return_terms=True`` returns ``LinearDistillationOutput(loss, divergence, ce)``. Under
+    ``torch.autocast`` both heads are cast to the autocast dtype first, as ``F.linear`` is.
+
+    CPU tensors; the CUDA backend does not compute distillation yet (589 for CUDA tensors).
+    """
+    if not isinstance(student_input, Tensor):
+        raise TypeError(f"student_input must be a torch.Tensor, got "
+                        f"{type(student_input).__name__}")
+    dev = student_input.device
+    if dev.type == "cuda":
+        raise LossUnavailableError("linear_distillation_loss computes on CPU tensors; the CUDA "
+                                   "backend does not compute distillation yet", 589)
+    if dev.type != "cpu":
+        raise ValueError(f"student_input is on device {dev}; this function computes on CPU "
+                         f"tensors only")
+    for x, name in ((student_input, "student_input"), (student_weight, "student_weight"),
+                    (teacher_input, "teacher_input"), (teacher_weight, "teacher_weight"),
+                    (student_bias, "student_bias"), (teacher_bias, "teacher_bias")):
+        if x is not None:
+            _float_tensor(x, name, dev)
+    if target is not None:
+        if not isinstance(target, Tensor):
+            raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
+        if target.device != dev:
+            raise ValueError(f"target is on device {target.device}, the input on {dev}")
+        if target.dtype.is_floating_point or target.dtype.is_complex or \
+                target.dtype == torch.bool:
+            raise TypeError(f"target must hold integer class indices, got {target.dtype}")
+    if student_weight.dtype != student_input.dtype or teacher_weight.dtype != teacher_input.dtype:
+        raise TypeError("each head's input and weight must share one dtype")
+    if torch.is_autocast_enabled("cpu"):
+        # as F.linear under autocast: both heads in the autocast dtype (the casts differentiable)
+        at = torch.get_autocast_dtype("cpu")
+        student_input, student_weight, teacher_input, teacher_weight = (
+            x.to(at) for x in (student_input, student_weight, teacher_input, teacher_weight))
+        student_bias, teacher_bias = (None if x is None else x.to(at)
+                                      for x in (student_bias, teacher_bias))
+    opts = {"objective": objective, "beta": beta, "temperature": temperature,
+            "ignore_index": ignore_index, "hard_weight": hard_weight,
+            "soft_weight": soft_weight, "reduction": reduction, "chunk": chunk}
+    loss, div, ce = _Distill.apply(student_input, student_weight, student_bias,
+                                   teacher_input, teacher_weight, teacher_bias, target, opts)
+    return LinearDistillationOutput(loss, div, ce) if return_terms else loss
+
+
+__all__ = ["linear_distillation_loss", "LinearDistillationOutput"]
