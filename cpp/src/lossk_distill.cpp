@@ -5,11 +5,14 @@
 //
 // Dimension legend: N tokens, D student d_model, Dt teacher d_model, V vocab, C chunk.
 // Never materializes: either (N, V) logit tensor. Holds one (C, V) chunk of each head's logits
-// (the student's overwritten in place by d_logits) and the gradients.
+// (the student's overwritten in place by d_logits), per thread four (V) rows of doubles, and the
+// gradients.
 // Numerics: each token's sums run serially over v in vocab order in double from the float (or
-// double) logits: max, then sum exp((z - max) / T) for each head, then the divergence's shares
-// (lossk_math.hpp: div_elem, div_grad), so a token's outputs do not depend on the chunk, the
-// thread count or the other tokens of its batch; the batch's sums run in token order.
+// double) logits: max, then exp((z - max) / T) of each head, kept in a row per thread, and its
+// sum, then the divergence's shares (lossk_math.hpp: div_elem, div_grad) with p and q the kept
+// exponentials over their sums, so a token's outputs do not depend on the chunk, the thread count
+// or the other tokens of its batch; the batch's sums run in token order. Two exponentials per
+// logit pair (three with a hard term at T != 1; JSD's log m adds an exp and a log1p).
 #include <omp.h>
 
 #include <cmath>
@@ -156,6 +159,8 @@ void fused_linear_distill(const DistillArgs<T>& a, DistillOut<T>& out) {
                         head::Grads<T>());
   const bool with_grad = student.with_grad();
   Buffer<double> div(static_cast<size_t>(N)), ce(static_cast<size_t>(N));
+  // per thread four (V) rows of a token's per-class values, each formed once (see below)
+  Buffer<double> rows(size_t(omp_get_max_threads()) * size_t(4 * V));
   Buffer<unsigned char> valid(static_cast<size_t>(N));
 
   student.begin();
@@ -184,7 +189,11 @@ void fused_linear_distill(const DistillArgs<T>& a, DistillOut<T>& out) {
         if (with_grad) std::memset(zs, 0, sizeof(T) * size_t(V));
         continue;
       }
-      // Maxima (exact), then each head's sum of exp((z - max) / T), in vocab order.
+      double* es = rows.data() + size_t(omp_get_thread_num()) * size_t(4 * V);
+      double* et = es + V;  // exp((t - max) / T): q_v = et[v] / st
+      double* e1 = et + V;  // exp(s - max), the untempered softmax's (the hard term at T != 1)
+      double* hv = e1 + V;  // the student's score h_v (ReverseKL, JSD)
+      // Maxima (exact), then each head's exp((z - max) / T) and their sums, in vocab order.
       double ms = double(zs[0]), mt = double(zt[0]);
       for (int64_t v = 1; v < V; ++v) {
         ms = double(zs[v]) > ms ? double(zs[v]) : ms;
@@ -192,12 +201,15 @@ void fused_linear_distill(const DistillArgs<T>& a, DistillOut<T>& out) {
       }
       double ss = 0.0, st = 0.0, s1 = 0.0;
       for (int64_t v = 0; v < V; ++v) {
-        ss += std::exp((double(zs[v]) - ms) / temp);
-        st += std::exp((double(zt[v]) - mt) / temp);
+        es[v] = std::exp((double(zs[v]) - ms) / temp);
+        et[v] = std::exp((double(zt[v]) - mt) / temp);
+        ss += es[v];
+        st += et[v];
       }
       // the hard term's softmax is the untempered one: the same sums at T = 1
-      if (has_ce && temp != 1.0)
-        for (int64_t v = 0; v < V; ++v) s1 += std::exp(double(zs[v]) - ms);
+      const bool own_e1 = has_ce && temp != 1.0;
+      if (own_e1)
+        for (int64_t v = 0; v < V; ++v) s1 += (e1[v] = std::exp(double(zs[v]) - ms));
       else
         s1 = ss;
       const double lss = std::log(ss), lst = std::log(st), ls1 = std::log(s1);
@@ -207,15 +219,17 @@ void fused_linear_distill(const DistillArgs<T>& a, DistillOut<T>& out) {
         y = a.targets[t];
         ct = (ms - double(zs[y])) + ls1;  // math::token_ce's form: exact log(V) for equal logits
       }
-      // The divergence's shares and, for ReverseKL and JSD, H = sum_v p_v h_v.
+      // The divergence's shares and, for ReverseKL and JSD, H = sum_v p_v h_v. p and q are the
+      // stored exponentials over their sums; lp and lq are formed from the logits (no log).
       double dsum = 0.0, hsum = 0.0;
+      const double iss = 1.0 / ss, ist = 1.0 / st;
       for (int64_t v = 0; v < V; ++v) {
         const double lp = (double(zs[v]) - ms) / temp - lss;
         const double lq = (double(zt[v]) - mt) / temp - lst;
-        const double p = std::exp(lp), q = std::exp(lq);
-        const math::DivElem e = math::div_elem(obj, beta, lb, l1b, lp, lq, p, q);
+        const math::DivElem e = math::div_elem(obj, beta, lb, l1b, lp, lq, es[v] * iss, et[v] * ist);
         dsum += e.term;
-        hsum += p * e.h;
+        hsum += es[v] * iss * e.h;
+        hv[v] = e.h;
       }
       div[t] = dsum;
       ce[t] = ct;
@@ -229,18 +243,12 @@ void fused_linear_distill(const DistillArgs<T>& a, DistillOut<T>& out) {
       }
       // d loss_t / d s_v = sw / T d div / d(s_v / T) + hw (p1_v - [v == y]), times the scale.
       const double ks = sc * sw / temp, kh = sc * hw;
+      const double* p1 = own_e1 ? e1 : es;
+      const double is1 = own_e1 ? 1.0 / s1 : iss;
       for (int64_t v = 0; v < V; ++v) {
-        const double z = double(zs[v]);
-        const double lp = (z - ms) / temp - lss;
-        const double lq = (double(zt[v]) - mt) / temp - lst;
-        const double p = std::exp(lp), q = std::exp(lq);
         double g = 0.0;
-        if (ks != 0.0) {
-          const double h = obj == Objective::KL ? 0.0
-                                                : math::div_elem(obj, beta, lb, l1b, lp, lq, p, q).h;
-          g = ks * math::div_grad(obj, beta, p, q, h, hsum);
-        }
-        if (kh != 0.0) g += kh * (temp != 1.0 ? std::exp((z - ms) - ls1) : p);
+        if (ks != 0.0) g = ks * math::div_grad(obj, beta, es[v] * iss, et[v] * ist, hv[v], hsum);
+        if (kh != 0.0) g += kh * (p1[v] * is1);
         zs[v] = T(g);
       }
       if (kh != 0.0) zs[y] = T(double(zs[y]) - kh);
