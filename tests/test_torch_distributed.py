@@ -1,5 +1,6 @@
-"""vocab_parallel_linear_cross_entropy over two gloo processes on 127.0.0.1 against the unsharded
-loss: same loss on every rank, each rank's shard gradient, the full hidden gradient."""
+"""vocab_parallel_linear_cross_entropy and vocab_parallel_linear_distillation_loss over two gloo
+processes on 127.0.0.1 against the unsharded losses: same loss on every rank, each rank's shard
+gradient, the full hidden gradient."""
 
 import os
 import socket
@@ -78,6 +79,44 @@ def _inputs(case):
     return h, w, t, b, cw
 
 
+# Distillation: both heads' rows sharded alike (the teacher with another hidden size).
+DT = 7
+DISTILL_CASES = [
+    dict(name="kl-mean", dtype="float64", vocab="small", reduction="mean", objective="kl"),
+    dict(name="rkl-none-T", dtype="float64", vocab="blocks", reduction="none",
+         objective="reverse_kl", temperature=0.7),
+    dict(name="jsd-sum-hard-bias", dtype="float64", vocab="blocks", reduction="sum",
+         objective="jsd", beta=0.3, temperature=2.0, hard_weight=0.5, bias=True),
+    dict(name="jsd-mean-f32", dtype="float32", vocab="small", reduction="mean", objective="jsd",
+         hard_weight=0.2, no_target=False),
+    dict(name="kl-notarget", dtype="float64", vocab="small", reduction="mean", objective="kl",
+         no_target=True),
+]
+
+
+def _distill_inputs(case):
+    vocab, _ = VOCABS[case["vocab"]]
+    dtype = getattr(torch, case["dtype"])
+    g = torch.Generator().manual_seed(7 + len(case["name"]))
+    si = torch.randn(3, 5, D, generator=g, dtype=torch.float64).to(dtype)
+    sw = torch.randn(vocab, D, generator=g, dtype=torch.float64).to(dtype)
+    ti = torch.randn(3, 5, DT, generator=g, dtype=torch.float64).to(dtype)
+    tw = torch.randn(vocab, DT, generator=g, dtype=torch.float64).to(dtype)
+    t = None if case.get("no_target") else torch.randint(0, vocab, (3, 5), generator=g)
+    if t is not None:
+        t.view(-1)[[1, 8]] = -100
+    sb = torch.randn(vocab, generator=g, dtype=torch.float64).to(dtype) if case.get("bias") \
+        else None
+    tb = torch.randn(vocab, generator=g, dtype=torch.float64).to(dtype) if case.get("bias") \
+        else None
+    return si, sw, ti, tw, t, sb, tb
+
+
+def _distill_kw(case):
+    return {k: case[k] for k in ("reduction", "objective", "beta", "temperature",
+                                 "hard_weight") if k in case}
+
+
 def _kw(case):
     return {k: case[k] for k in ("reduction", "ignore_index", "label_smoothing", "softcap",
                                  "lse_square_scale", "temperature") if k in case}
@@ -112,6 +151,29 @@ def _worker(rank, port, outdir):
             loss.backward(_upstream(case, loss))
             out[case["name"]] = (loss.detach(), None if h.grad is None else h.grad, ws.grad,
                                  None if bs is None else bs.grad)
+        for case in DISTILL_CASES:
+            si, sw, ti, tw, t, sb, tb = _distill_inputs(case)
+            vocab, rows0 = VOCABS[case["vocab"]]
+            lo, hi = (0, rows0) if rank == 0 else (rows0, vocab)
+            si = si.requires_grad_(True)
+            sws = sw[lo:hi].clone().requires_grad_(True)
+            sbs = None if sb is None else sb[lo:hi].clone().requires_grad_(True)
+            loss = algenta.torch.vocab_parallel_linear_distillation_loss(
+                si, sws, ti, tw[lo:hi], t, vocab_start=lo, student_bias=sbs,
+                teacher_bias=None if tb is None else tb[lo:hi], **_distill_kw(case))
+            loss.backward(_upstream(case, loss))
+            out["distill-" + case["name"]] = (loss.detach(), si.grad, sws.grad,
+                                              None if sbs is None else sbs.grad)
+        si, sw, ti, tw, t, _, _ = _distill_inputs(DISTILL_CASES[0])
+        for name, kw in (("distill-objective", dict(objective="kl" if rank else "forward")),
+                         ("distill-hard", dict(hard_weight=1.0, target=None))):
+            try:
+                algenta.torch.vocab_parallel_linear_distillation_loss(
+                    si, sw[:19] if rank == 0 else sw[19:], ti, tw[:19] if rank == 0 else tw[19:],
+                    kw.pop("target", t), vocab_start=0 if rank == 0 else 19, **kw)
+                out[name] = None
+            except LossError as e:
+                out[name] = e.status
         # Refusals raise on every rank (none waits for a collective the other skipped).
         h, w, t, _, _ = _inputs(CASES[0])
         for name, start, bad_rows in (("gap", 0 if rank == 0 else 20, False),
@@ -237,3 +299,33 @@ def test_refusals_raise_on_every_rank(results):
         assert r["gap"] == 582  # shards [0, 19) and [20, 38) leave a gap
         assert r["nan"] == 585  # rank 1's shard holds a NaN: rank 0 raises too
         assert r["beyond"] == 586
+
+
+@pytest.mark.parametrize("case", DISTILL_CASES, ids=[c["name"] for c in DISTILL_CASES])
+def test_distillation_matches_unsharded(results, case):
+    si, sw, ti, tw, t, sb, tb = _distill_inputs(case)
+    _, rows0 = VOCABS[case["vocab"]]
+    si, sw = si.requires_grad_(True), sw.requires_grad_(True)
+    if sb is not None:
+        sb = sb.requires_grad_(True)
+    ref = algenta.torch.linear_distillation_loss(si, sw, ti, tw, t, student_bias=sb,
+                                                 teacher_bias=tb, **_distill_kw(case))
+    ref.backward(_upstream(case, ref))
+    tol = 1e-12 if case["dtype"] == "float64" else 3e-5
+    (l0, dh0, dw0, db0), (l1, dh1, dw1, db1) = (results[0]["distill-" + case["name"]],
+                                                results[1]["distill-" + case["name"]])
+    torch.testing.assert_close(l0, l1, rtol=0, atol=0, equal_nan=True)
+    _close(l0, ref.detach(), tol)
+    assert torch.equal(dh0, dh1)
+    _close(dh0, si.grad, tol)
+    _close(dw0, sw.grad[:rows0], tol)
+    _close(dw1, sw.grad[rows0:], tol)
+    if sb is not None:
+        _close(db0, sb.grad[:rows0], tol)
+        _close(db1, sb.grad[rows0:], tol)
+
+
+def test_distillation_refusals_raise_on_every_rank(results):
+    for r in results:
+        assert r["distill-objective"] == 588  # rank 0's unknown objective: rank 1 raises too
+        assert r["distill-hard"] == 582       # hard_weight without a target

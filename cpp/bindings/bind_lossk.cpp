@@ -380,12 +380,13 @@ py::dict distill(const py::dict& k, Dtype elem, Dtype t_elem, Dtype grad_elem) {
   a.has_ignore = k["has_ignore"].cast<bool>();
   a.ignore_index = k["ignore_index"].cast<int64_t>();
   a.grad_scale = k["grad_scale"].cast<double>();
+  a.shard = k.contains("shard") && k["shard"].cast<bool>();
   const bool want_dh = k["want_dh"].cast<bool>(), want_dw = k["want_dw"].cast<bool>(),
              want_db = k["want_db"].cast<bool>();
   if (is_half(grad_elem) && !is_half(elem))
     refuse(LOSS_ERR_LENGTH_MISMATCH, "half-precision gradients need half-precision inputs");
   const std::optional<py::array> bias = opt("bias"), t_bias = opt("t_bias"),
-                                 targets_in = opt("targets"), go_in = opt("grad_output");
+                                 targets_in = opt("targets");
   // Dimensions first: the length products below are only formed for in-ceiling shapes.
   std::string why;
   int st = LOSS_OK;
@@ -417,12 +418,19 @@ py::dict distill(const py::dict& k, Dtype elem, Dtype t_elem, Dtype grad_elem) {
   require_len("teacher_weight", tw.size(), a.vocab * a.t_d_model);
   if (bias) require_len("student_bias", bias->size(), a.vocab);
   if (t_bias) require_len("teacher_bias", t_bias->size(), a.vocab);
-  carray<T> go;
-  if (go_in) {
-    go = carray<T>::ensure(*go_in);
-    if (!go) throw py::type_error("grad_output must be an array of real numbers");
-    require_len("grad_output", go.size(), a.n_tok);
-    a.grad_output = go.data();
+  // per-token arrays of T: the upstream gradient, the vocab-parallel form's inputs
+  carray<T> per_tok_in[4];
+  const char* per_tok_names[4] = {"grad_output", "shard_lse", "shard_h", "shard_coef"};
+  const T** per_tok_dst[4] = {&a.grad_output, &a.shard_lse, &a.shard_h, &a.shard_coef};
+  const int64_t per_tok_width[4] = {1, 3, 1, 2};
+  for (int i = 0; i < 4; ++i) {
+    const std::optional<py::array> x = opt(per_tok_names[i]);
+    if (!x) continue;
+    per_tok_in[i] = carray<T>::ensure(*x);
+    if (!per_tok_in[i]) throw py::type_error(std::string(per_tok_names[i]) +
+                                             " must be an array of real numbers");
+    require_len(per_tok_names[i], per_tok_in[i].size(), per_tok_width[i] * a.n_tok);
+    *per_tok_dst[i] = per_tok_in[i].data();
   }
   if ((st = fused_linear_distill_check(a, &why)) != LOSS_OK) refuse(st, why);
   algenta::kern::isa();  // an invalid ALGENTA_ISA is refused here, before any allocation
@@ -437,6 +445,12 @@ py::dict distill(const py::dict& k, Dtype elem, Dtype t_elem, Dtype grad_elem) {
     out.loss_tok = loss_tok.mutable_data();
     out.div_tok = div_tok.mutable_data();
     out.ce_tok = ce_tok.mutable_data();
+  }
+  py::array_t<T> shard_stats;
+  const bool want_stats = k.contains("want_shard_stats") && k["want_shard_stats"].cast<bool>();
+  if (want_stats) {
+    shard_stats = py::array_t<T>({a.n_tok, int64_t(6)});
+    out.shard_stats = shard_stats.mutable_data();
   }
   GradArrays<T> ga;
   ga.allocate(out, want_dh, want_dw, want_db, grad_elem,
@@ -455,6 +469,7 @@ py::dict distill(const py::dict& k, Dtype elem, Dtype t_elem, Dtype grad_elem) {
   d["loss_tok"] = per_tok ? py::object(loss_tok) : py::object(py::none());
   d["div_tok"] = per_tok ? py::object(div_tok) : py::object(py::none());
   d["ce_tok"] = per_tok ? py::object(ce_tok) : py::object(py::none());
+  d["shard_stats"] = want_stats ? py::object(shard_stats) : py::object(py::none());
   d["d_hidden"] = ga.dh;
   d["d_weight"] = ga.dw;
   d["d_bias"] = ga.db;
@@ -464,7 +479,8 @@ py::dict distill(const py::dict& k, Dtype elem, Dtype t_elem, Dtype grad_elem) {
 // kwargs: hidden, weight, bias, t_hidden, t_weight, t_bias, targets (or None), elem, t_elem,
 // grad_elem ("" for elem's), n_tok, d_model, t_d_model, vocab, chunk, objective, beta,
 // temperature, hard_weight, soft_weight, reduction, has_ignore, ignore_index, want_dh, want_dw,
-// want_db, grad_output (None or per token), grad_scale.
+// want_db, grad_output (None or per token), grad_scale; the vocab-parallel form's shard_lse,
+// shard, shard_lse, shard_h, shard_coef and want_shard_stats (DistillArgs, DistillOut).
 py::dict distill_any(const py::dict& k) {
   const Dtype e = parse_elem(k["elem"].cast<std::string>(), "elem");
   const Dtype te = parse_elem(k["t_elem"].cast<std::string>(), "t_elem");

@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 
 #include "algenta/buffer.hpp"
@@ -93,6 +94,11 @@ int fused_linear_distill_check_shape(const DistillArgs<T>& a, std::string* why) 
                                             "targets: pass target");
   if (!loss_scalars_ok(a.grad_scale))
     return refuse(LOSS_ERR_NON_FINITE, "grad_output must be finite");
+  if ((a.shard_h != nullptr) != (a.shard_coef != nullptr) || (a.shard_h && !a.shard_lse) ||
+      (a.shard_lse && !a.shard))
+    return refuse(LOSS_ERR_LENGTH_MISMATCH, "shard_lse belongs to the vocab-parallel form, and "
+                                            "its gradient pass needs shard_lse, shard_h and "
+                                            "shard_coef together");
   return LOSS_OK;
 }
 
@@ -119,7 +125,13 @@ int fused_linear_distill_check(const DistillArgs<T>& a, std::string* why) {
     return refuse(LOSS_ERR_NON_FINITE, "teacher_weight contains NaN or infinity");
   if (a.t_bias && !all_finite(a.t_bias, a.vocab, a.t_elem))
     return refuse(LOSS_ERR_NON_FINITE, "teacher_bias contains NaN or infinity");
-  if (a.targets)
+  if (a.shard_lse && !all_finite(a.shard_lse, 3 * a.n_tok))
+    return refuse(LOSS_ERR_NON_FINITE, "shard_lse contains NaN or infinity");
+  if (a.shard_h && !all_finite(a.shard_h, a.n_tok))
+    return refuse(LOSS_ERR_NON_FINITE, "shard_h contains NaN or infinity");
+  if (a.shard_coef && !all_finite(a.shard_coef, 2 * a.n_tok))
+    return refuse(LOSS_ERR_NON_FINITE, "shard_coef contains NaN or infinity");
+  if (a.targets && !a.shard)
     for (int64_t t = 0; t < a.n_tok; ++t) {
       const int64_t y = a.targets[t];
       if (a.has_ignore && y == a.ignore_index) continue;
@@ -146,6 +158,7 @@ void fused_linear_distill(const DistillArgs<T>& a, DistillOut<T>& out) {
   const double lb = obj == Objective::JSD ? std::log(beta) : 0.0;
   const double l1b = obj == Objective::JSD ? std::log1p(-beta) : 0.0;
   const bool has_ce = a.targets != nullptr;  // the hard term, reported even at hard_weight 0
+  const bool shard = a.shard;  // the vocab-parallel form
 
   // ---- every allocation, before any work --------------------------------------------------
   head::Grads<T> grads;
@@ -158,6 +171,8 @@ void fused_linear_distill(const DistillArgs<T>& a, DistillOut<T>& out) {
   head::Head<T> teacher(a.t_hidden, a.t_weight, a.t_bias, a.t_elem, N, a.t_d_model, V, C, true,
                         head::Grads<T>());
   const bool with_grad = student.with_grad();
+  if (shard && with_grad && !a.shard_coef)
+    throw std::invalid_argument("the vocab-parallel form's gradients need shard_coef");
   Buffer<double> div(static_cast<size_t>(N)), ce(static_cast<size_t>(N));
   // per thread four (V) rows of a token's per-class values, each formed once (see below)
   Buffer<double> rows(size_t(omp_get_max_threads()) * size_t(4 * V));
@@ -167,7 +182,8 @@ void fused_linear_distill(const DistillArgs<T>& a, DistillOut<T>& out) {
   teacher.begin();
   int64_t n_counted = 0;
   for (int64_t t = 0; t < N; ++t) {
-    valid[t] = !a.targets || math::counted(a.targets, t, 0, 0, a.has_ignore, a.ignore_index);
+    valid[t] = !a.targets || shard ||
+               math::counted(a.targets, t, 0, 0, a.has_ignore, a.ignore_index);
     n_counted += valid[t];
   }
   const double n_sum = double(n_counted);
@@ -213,45 +229,68 @@ void fused_linear_distill(const DistillArgs<T>& a, DistillOut<T>& out) {
       else
         s1 = ss;
       const double lss = std::log(ss), lst = std::log(st), ls1 = std::log(s1);
+      // The normalizers: this vocabulary's own (fs = 1 / ss: p = es / ss), or in the
+      // vocab-parallel form the full vocabulary's lse L, with log p = (s - ms) / T - (L - ms / T)
+      // and p = es * exp(ms / T - L).
+      const T* gl = a.shard_lse ? a.shard_lse + 3 * t : nullptr;
+      const double ns = gl ? double(gl[0]) - ms / temp : lss;
+      const double nt = gl ? double(gl[1]) - mt / temp : lst;
+      const double n1 = gl ? double(gl[2]) - ms : ls1;
+      const double fs = gl ? std::exp(-ns) : 1.0 / ss, ft = gl ? std::exp(-nt) : 1.0 / st;
+      const double f1 = gl ? std::exp(-n1) : 1.0 / s1;
       double ct = 0.0;
       int64_t y = -1;
       if (has_ce) {
+        // in the vocab-parallel form a target outside [0, V) lies in another shard
         y = a.targets[t];
-        ct = (ms - double(zs[y])) + ls1;  // math::token_ce's form: exact log(V) for equal logits
+        if (y < 0 || y >= V) y = -1;
+        else ct = (ms - double(zs[y])) + n1;  // math::token_ce's form: exact log(V) for equal logits
       }
       // The divergence's shares and, for ReverseKL and JSD, H = sum_v p_v h_v. p and q are the
-      // stored exponentials over their sums; lp and lq are formed from the logits (no log).
+      // stored exponentials times their normalizers; lp and lq are formed from the logits.
       double dsum = 0.0, hsum = 0.0;
-      const double iss = 1.0 / ss, ist = 1.0 / st;
       for (int64_t v = 0; v < V; ++v) {
-        const double lp = (double(zs[v]) - ms) / temp - lss;
-        const double lq = (double(zt[v]) - mt) / temp - lst;
-        const math::DivElem e = math::div_elem(obj, beta, lb, l1b, lp, lq, es[v] * iss, et[v] * ist);
+        const double lp = (double(zs[v]) - ms) / temp - ns;
+        const double lq = (double(zt[v]) - mt) / temp - nt;
+        const double p = es[v] * fs;
+        const math::DivElem e = math::div_elem(obj, beta, lb, l1b, lp, lq, p, et[v] * ft);
         dsum += e.term;
-        hsum += es[v] * iss * e.h;
+        hsum += p * e.h;
         hv[v] = e.h;
       }
       div[t] = dsum;
       ce[t] = ct;
+      if (out.shard_stats) {
+        T* o = out.shard_stats + 6 * t;
+        o[0] = T(ms / temp + lss), o[1] = T(mt / temp + lst), o[2] = T(ms + ls1);
+        o[3] = T(dsum), o[4] = T(hsum), o[5] = T(y >= 0 ? double(zs[y]) : std::nan(""));
+      }
       if (!with_grad) continue;
-      const double sc = math::reduction_scales(a.reduction, true, a.grad_scale, n_sum, n_sum,
-                                               a.grad_output ? double(a.grad_output[t]) : 1.0,
-                                               1.0).ce;
-      if (sc == 0.0) {
+      // d loss_t / d s_v = sw / T d div / d(s_v / T) + hw (p1_v - [v == y]), times the scale;
+      // in the vocab-parallel form the caller's per-token (soft, hard) scales and full H.
+      double ks, kh;
+      if (shard) {
+        ks = double(a.shard_coef[2 * t]), kh = double(a.shard_coef[2 * t + 1]);
+        hsum = double(a.shard_h[t]);
+      } else {
+        const double sc = math::reduction_scales(a.reduction, true, a.grad_scale, n_sum, n_sum,
+                                                 a.grad_output ? double(a.grad_output[t]) : 1.0,
+                                                 1.0).ce;
+        ks = sc * sw / temp, kh = sc * hw;
+      }
+      if (ks == 0.0 && kh == 0.0) {
         std::memset(zs, 0, sizeof(T) * size_t(V));
         continue;
       }
-      // d loss_t / d s_v = sw / T d div / d(s_v / T) + hw (p1_v - [v == y]), times the scale.
-      const double ks = sc * sw / temp, kh = sc * hw;
       const double* p1 = own_e1 ? e1 : es;
-      const double is1 = own_e1 ? 1.0 / s1 : iss;
+      const double g1 = own_e1 ? f1 : fs;
       for (int64_t v = 0; v < V; ++v) {
         double g = 0.0;
-        if (ks != 0.0) g = ks * math::div_grad(obj, beta, es[v] * iss, et[v] * ist, hv[v], hsum);
-        if (kh != 0.0) g += kh * (p1[v] * is1);
+        if (ks != 0.0) g = ks * math::div_grad(obj, beta, es[v] * fs, et[v] * ft, hv[v], hsum);
+        if (kh != 0.0) g += kh * (p1[v] * g1);
         zs[v] = T(g);
       }
-      if (kh != 0.0) zs[y] = T(double(zs[y]) - kh);
+      if (kh != 0.0 && y >= 0) zs[y] = T(double(zs[y]) - kh);
     }
     if (with_grad) student.backward(t0, c);
   }

@@ -250,6 +250,18 @@ struct DistillArgs {
   int64_t ignore_index = -100;
   const T* grad_output = nullptr;    // (N) per-token upstream gradient, Reduction::None only
   double grad_scale = 1.0;           // the upstream gradient of a Mean/Sum loss
+  // The vocab-parallel form (shard): both heads are the same rows of a larger vocabulary, targets are
+  // local (outside [0, V): in another shard, never refused) and every token is scored (the
+  // caller zeroes the scales of tokens it does not count). shard_lse (N, 3): per token the full
+  // vocabulary's log-sum-exp of s / T, t / T and s, which then normalize p, q and the hard
+  // term's softmax; null for a whole vocabulary. For gradients also shard_h (N), the full
+  // vocabulary's H = sum_v p_v h_v, and shard_coef (N, 2), each token's scales of d/ds (soft:
+  // soft_weight / T times the reduction's; hard: hard_weight times it), replacing the
+  // reduction's.
+  bool shard = false;
+  const T* shard_lse = nullptr;
+  const T* shard_h = nullptr;
+  const T* shard_coef = nullptr;
 };
 
 template <class T>
@@ -264,6 +276,10 @@ struct DistillOut {
   uint16_t* d_weight_half = nullptr;
   T* d_bias = nullptr;
   Dtype grad_elem = sizeof(T) == 8 ? Dtype::F64 : Dtype::F32;
+  // (N, 6) or null: per token this vocabulary's own lse of s / T, t / T and s, its shares of
+  // div_t and of H (under shard_lse's normalizers when given), and the target's logit s_y (NaN
+  // where the target is not in [0, V)): what the vocab-parallel form combines across shards.
+  T* shard_stats = nullptr;
   LossSum loss, div, ce;   // token-order sums over the counted tokens
   double reduced(Reduction r) const;      // of loss_t (NaN: mean of nothing)
   double div_reduced(Reduction r) const;  // of div_t, as reduced

@@ -182,4 +182,70 @@ def linear_distillation(student_input, student_weight, teacher_input, teacher_we
         d_weight=grad(r["d_weight"], student_weight.shape), d_bias=grad(r["d_bias"], (v,)))
 
 
-__all__ = ["linear_distillation", "LinearDistillation", "OBJECTIVES"]
+DistillShardPass = record_type(
+    "DistillShardPass",
+    ("stats", "d_hidden", "d_weight", "d_bias"),
+    "One pass over a shard of the vocabulary (both heads' same rows): per token (n, 6) the "
+    "shard's own lse of s / T, t / T and s, its shares of the divergence and of H (under the "
+    "full vocabulary's lses when given), and the target's logit (NaN where another shard holds "
+    "the target); with grads, the shard's gradients.",
+)
+
+
+def vocab_shard_distill_pass(student_input, student_weight_shard, teacher_input,
+                             teacher_weight_shard, local_target=None, *, objective="kl",
+                             beta=0.5, temperature=1.0, hard_weight=0.0, soft_weight=1.0,
+                             student_bias=None, teacher_bias=None, chunk=None, shard_lse=None,
+                             shard_h=None, shard_coef=None,
+                             with_grad=False) -> DistillShardPass:
+    """One pass of the core over rows ``[s, s + rows)`` of both heads, for the vocab-parallel
+    distillation loss (``algenta.torch.vocab_parallel_linear_distillation_loss``), which combines
+    the shards' statistics.
+
+    student_input ``[n, d]``, teacher_input ``[n, d_t]``, the shards ``[rows, d]`` and
+    ``[rows, d_t]`` (biases: the shard's parts). local_target ``[n]``: the target's row in this
+    shard, any index outside ``[0, rows)`` where another shard (or none) holds it. shard_lse
+    ``[n, 3]``: the full vocabulary's lse of ``s / T``, ``t / T`` and ``s`` (None: the shard's
+    own). With ``with_grad``, also shard_h ``[n]`` (the full vocabulary's ``H = sum_v p_v h_v``)
+    and shard_coef ``[n, 2]`` (each token's soft and hard scales of ``d/ds``).
+    """
+    for x, name in ((student_input, "student_input"), (student_weight_shard, "student_weight"),
+                    (teacher_input, "teacher_input"), (teacher_weight_shard, "teacher_weight")):
+        if not isinstance(x, (np.ndarray, HalfBits)) or len(x.shape) != 2:
+            raise _err(f"{name} must be a 2-D NumPy array (or HalfBits)", 582)
+    elem, h = _elem(student_input)
+    _, w = _elem(student_weight_shard)
+    telem, th = _elem(teacher_input)
+    _, tw = _elem(teacher_weight_shard)
+    n, d = student_input.shape
+    dt, v = teacher_input.shape[1], student_weight_shard.shape[0]
+    if teacher_weight_shard.shape[0] != v or student_weight_shard.shape[1] != d or \
+            teacher_weight_shard.shape[1] != dt or teacher_input.shape[0] != n:
+        raise _err(f"shapes disagree: student {student_input.shape} x "
+                   f"{student_weight_shard.shape}, teacher {teacher_input.shape} x "
+                   f"{teacher_weight_shard.shape}", 582)
+    compute = np.float64 if elem == "f64" else np.float32
+    per = {k: None if x is None else np.ascontiguousarray(x, dtype=compute)
+           for k, x in (("shard_lse", shard_lse), ("shard_h", shard_h),
+                        ("shard_coef", shard_coef))}
+    want_dh, want_dw, want_db = _grad_sets(with_grad, student_bias is not None)
+    r = _c.fused_linear_distill(
+        hidden=np.ascontiguousarray(h), weight=np.ascontiguousarray(w),
+        t_hidden=np.ascontiguousarray(th), t_weight=np.ascontiguousarray(tw),
+        targets=None if local_target is None else _targets(local_target).reshape(n),
+        elem=elem, t_elem=telem, grad_elem=elem, n_tok=n, d_model=d, t_d_model=dt, vocab=v,
+        chunk=_args.chunk_for(chunk, n, v), objective=objective, beta=as_float(beta, "beta"),
+        temperature=as_float(temperature, "temperature"),
+        hard_weight=as_float(hard_weight, "hard_weight"),
+        soft_weight=as_float(soft_weight, "soft_weight"), reduction="sum", has_ignore=False,
+        ignore_index=0, want_dh=want_dh, want_dw=want_dw, want_db=want_db, grad_output=None,
+        grad_scale=1.0, want_shard_stats=True, shard=True,
+        bias=None if student_bias is None else np.ascontiguousarray(_elem(student_bias)[1]),
+        t_bias=None if teacher_bias is None else np.ascontiguousarray(_elem(teacher_bias)[1]),
+        **per)
+    return DistillShardPass(stats=r["shard_stats"], d_hidden=r["d_hidden"],
+                            d_weight=r["d_weight"], d_bias=r["d_bias"])
+
+
+__all__ = ["linear_distillation", "LinearDistillation", "OBJECTIVES", "vocab_shard_distill_pass",
+           "DistillShardPass"]

@@ -12,7 +12,8 @@ per-token ``lse`` as a differentiable output (``return_lse``) and token accuracy
 (``return_accuracy``). ``vocab_parallel_linear_cross_entropy`` is the same loss when the rows of
 the head are sharded over the ranks of a ``torch.distributed`` group.
 ``linear_distillation_loss`` distills a student head against a teacher head (KL, reverse KL,
-JSD) with the same chunking: neither head's logits ever exist in full.
+JSD) with the same chunking: neither head's logits ever exist in full;
+``vocab_parallel_linear_distillation_loss`` with both heads' rows sharded over ranks.
 
 The op is registered with ``torch.library`` (``algenta::lce_fwd`` and ``algenta::lce_grad``, each
 with a fake implementation, autograd registered), so ``torch.compile(fullgraph=True)`` keeps it
@@ -40,8 +41,10 @@ from __future__ import annotations
 from ._distill import LinearDistillationOutput, linear_distillation_loss
 from ._ops import LinearCrossEntropyLoss, LinearCrossEntropyOutput, linear_cross_entropy
 from ._seed import CEAccumulator, ce_from_logits, ce_grad_logits
-from ._vocab_parallel import vocab_parallel_linear_cross_entropy
+from ._vocab_parallel import (vocab_parallel_linear_cross_entropy,
+                              vocab_parallel_linear_distillation_loss)
 
 __all__ = ["linear_cross_entropy", "LinearCrossEntropyLoss", "LinearCrossEntropyOutput",
            "vocab_parallel_linear_cross_entropy", "ce_from_logits", "ce_grad_logits",
-           "CEAccumulator", "linear_distillation_loss", "LinearDistillationOutput"]
+           "CEAccumulator", "linear_distillation_loss", "LinearDistillationOutput",
+           "vocab_parallel_linear_distillation_loss"]

@@ -71,30 +71,10 @@ class _Distill(torch.autograd.Function):
         return (grads["hidden"], grads["weight"], grads["bias"], None, None, None, None, None)
 
 
-def linear_distillation_loss(student_input: Tensor, student_weight: Tensor,
-                             teacher_input: Tensor, teacher_weight: Tensor,
-                             target: Optional[Tensor] = None, *, objective: str = "kl",
-                             beta: float = 0.5, temperature: float = 1.0,
-                             ignore_index: int = -100, hard_weight: float = 0.0,
-                             soft_weight: float = 1.0, student_bias: Optional[Tensor] = None,
-                             teacher_bias: Optional[Tensor] = None, reduction: str = "mean",
-                             chunk: Optional[int] = None,
-                             return_terms: bool = False):
-    """The divergence between a teacher's and a student's output distributions (plus
-    ``hard_weight`` times the student's cross-entropy against ``target``), fused with both
-    projections a chunk of tokens at a time: neither ``[tokens, vocab]`` logit tensor exists, in
-    the forward or the backward. Gradients flow to student_input, student_weight and
-    student_bias; the teacher's tensors get none (detach them or not: they are read only).
-
-    Objectives, temperature, weights and reductions as ``algenta.linear_distillation`` (its
-    docstring has the formulas): "kl" is KL(teacher || student), "reverse_kl" KL(student ||
-    teacher), "jsd" the beta-weighted Jensen-Shannon divergence with Liger-Kernel's ``beta``; no
-    ``T**2`` factor. The loss is float32 for half inputs, gradients in the student's dtype.
-    ``return_terms=True`` returns ``LinearDistillationOutput(loss, divergence, ce)``. Under
-    ``torch.autocast`` both heads are cast to the autocast dtype first, as ``F.linear`` is.
-
-    CPU tensors; the CUDA backend does not compute distillation yet (589 for CUDA tensors).
-    """
+def _checked_heads(student_input, student_weight, teacher_input, teacher_weight, target,
+                   student_bias, teacher_bias) -> None:
+    """Types and devices of a distillation call's tensors (shapes and values are the core's):
+    CPU tensors only (CUDA ones 589: the CUDA backend has no distillation yet)."""
     if not isinstance(student_input, Tensor):
         raise TypeError(f"student_input must be a torch.Tensor, got "
                         f"{type(student_input).__name__}")
@@ -120,6 +100,34 @@ def linear_distillation_loss(student_input: Tensor, student_weight: Tensor,
             raise TypeError(f"target must hold integer class indices, got {target.dtype}")
     if student_weight.dtype != student_input.dtype or teacher_weight.dtype != teacher_input.dtype:
         raise TypeError("each head's input and weight must share one dtype")
+
+
+def linear_distillation_loss(student_input: Tensor, student_weight: Tensor,
+                             teacher_input: Tensor, teacher_weight: Tensor,
+                             target: Optional[Tensor] = None, *, objective: str = "kl",
+                             beta: float = 0.5, temperature: float = 1.0,
+                             ignore_index: int = -100, hard_weight: float = 0.0,
+                             soft_weight: float = 1.0, student_bias: Optional[Tensor] = None,
+                             teacher_bias: Optional[Tensor] = None, reduction: str = "mean",
+                             chunk: Optional[int] = None,
+                             return_terms: bool = False):
+    """The divergence between a teacher's and a student's output distributions (plus
+    ``hard_weight`` times the student's cross-entropy against ``target``), fused with both
+    projections a chunk of tokens at a time: neither ``[tokens, vocab]`` logit tensor exists, in
+    the forward or the backward. Gradients flow to student_input, student_weight and
+    student_bias; the teacher's tensors get none (detach them or not: they are read only).
+
+    Objectives, temperature, weights and reductions as ``algenta.linear_distillation`` (its
+    docstring has the formulas): "kl" is KL(teacher || student), "reverse_kl" KL(student ||
+    teacher), "jsd" the beta-weighted Jensen-Shannon divergence with Liger-Kernel's ``beta``; no
+    ``T**2`` factor. The loss is float32 for half inputs, gradients in the student's dtype.
+    ``return_terms=True`` returns ``LinearDistillationOutput(loss, divergence, ce)``. Under
+    ``torch.autocast`` both heads are cast to the autocast dtype first, as ``F.linear`` is.
+
+    CPU tensors; the CUDA backend does not compute distillation yet (589 for CUDA tensors).
+    """
+    _checked_heads(student_input, student_weight, teacher_input, teacher_weight, target,
+                   student_bias, teacher_bias)
     if torch.is_autocast_enabled("cpu"):
         # as F.linear under autocast: both heads in the autocast dtype (the casts differentiable)
         at = torch.get_autocast_dtype("cpu")

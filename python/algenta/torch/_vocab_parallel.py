@@ -10,7 +10,8 @@ from torch.autograd.function import once_differentiable
 
 from ..errors import LossError
 from ..lossk.cross_entropy import vocab_shard_pass
-from .._convert import as_int
+from .._convert import as_float, as_int
+from ..lossk import _args
 from ._bridge import _core_view, _loss_dtype, _tensor
 from ._checks import _FLOATS, _REDUCTIONS, _check
 from ._seed import _targets_i64
@@ -54,6 +55,42 @@ def _f64_bits(x: float) -> int:
     return int(torch.tensor([x], dtype=torch.float64).view(torch.int64))
 
 
+def _agree(info: list, names: tuple, err, group) -> int:
+    """Every rank's (vocab_start, rows, status, the rest of `names`) gathered: a refusal on any
+    rank raises on all (err on the rank that made it), ranks that disagree on anything but their
+    shard raise 582, and shards that do not tile [0, vocab) raise 582. Returns the vocabulary.
+    A rank that raised alone would leave the others waiting in the next collective until the
+    group's timeout, hence one collective that every rank reaches."""
+    mine = torch.tensor(info, dtype=torch.int64)
+    world = dist.get_world_size(group)
+    allinfo = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(allinfo, mine, group=group)
+    allinfo = torch.stack(allinfo)
+    bad = allinfo[:, 2].nonzero().flatten().tolist()
+    if bad:
+        if err is not None:
+            raise err
+        k = bad[0]
+        st = int(allinfo[k, 2])
+        raise LossError(f"rank {k} of the group refused its shard with status {st} (see "
+                        "that rank's error)", st)
+    for j, name in enumerate(names):
+        if j in (0, 1, 2):
+            continue
+        if not bool((allinfo[:, j] == mine[j]).all()):
+            raise LossError(f"ranks disagree on {name}: every rank must pass the same shapes, "
+                            "target, dtype, options and requires_grad", 582)
+    starts, rows = allinfo[:, 0].tolist(), allinfo[:, 1].tolist()
+    vocab = 0
+    for s_, k in sorted(zip(starts, rows)):
+        if s_ != vocab:
+            raise LossError(f"the shards [vocab_start, vocab_start + rows) of the group "
+                            f"{sorted(zip(starts, rows))} do not tile [0, vocab) without gap "
+                            "or overlap", 582)
+        vocab += k
+    return vocab
+
+
 class _VocabParallelFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, target, bias, class_weight, n, d, opts, vocab_start, group,
@@ -79,39 +116,12 @@ class _VocabParallelFn(torch.autograd.Function):
                                  temperature=temp, chunk=chunk)
         except LossError as e:
             err = e
-        info = torch.tensor([vocab_start, vs, 0 if err is None else err.status, n, d,
-                             _FLOATS.index(hidden.dtype), int(need_dh), int(need_dw),
-                             int(need_db), _checksum(t), _REDUCTIONS.index(reduction),
-                             int(bias is not None), int(cw is not None), _f64_bits(ls),
-                             _f64_bits(-1.0 if cap is None else cap), _f64_bits(temp),
-                             _f64_bits(zs)],
-                            dtype=torch.int64)
-        world = dist.get_world_size(group)
-        allinfo = [torch.empty_like(info) for _ in range(world)]
-        dist.all_gather(allinfo, info, group=group)
-        allinfo = torch.stack(allinfo)
-        bad = allinfo[:, 2].nonzero().flatten().tolist()
-        if bad:
-            if err is not None:
-                raise err
-            k = bad[0]
-            st = int(allinfo[k, 2])
-            raise LossError(f"rank {k} of the group refused its shard with status {st} (see "
-                            "that rank's error)", st)
-        for j, name in enumerate(_INFO):
-            if j in (0, 1, 2):
-                continue
-            if not bool((allinfo[:, j] == info[j]).all()):
-                raise LossError(f"ranks disagree on {name}: every rank must pass the same hidden "
-                                "shape, target, dtype, options and requires_grad", 582)
-        starts, rows = allinfo[:, 0].tolist(), allinfo[:, 1].tolist()
-        vocab = 0
-        for s_, k in sorted(zip(starts, rows)):
-            if s_ != vocab:
-                raise LossError(f"the shards [vocab_start, vocab_start + rows) of the group "
-                                f"{sorted(zip(starts, rows))} do not tile [0, vocab) without gap "
-                                "or overlap", 582)
-            vocab += k
+        info = [vocab_start, vs, 0 if err is None else err.status, n, d,
+                _FLOATS.index(hidden.dtype), int(need_dh), int(need_dw), int(need_db),
+                _checksum(t), _REDUCTIONS.index(reduction), int(bias is not None),
+                int(cw is not None), _f64_bits(ls), _f64_bits(-1.0 if cap is None else cap),
+                _f64_bits(temp), _f64_bits(zs)]
+        vocab = _agree(info, _INFO, err, group)
         bad_t = valid & ((t < 0) | (t >= vocab))
         if bool(bad_t.any()):
             i = int(bad_t.nonzero()[0, 0])
@@ -240,3 +250,194 @@ def vocab_parallel_linear_cross_entropy(hidden, weight_shard, target, *, vocab_s
                                   (o.reduction, o.ignore_index, o.label_smoothing, o.softcap,
                                    o.temperature, o.lse_square_scale, o.chunk), vocab_start, group,
                                   need_dh, need_dw, need_db)
+
+
+# ---- distillation with both heads' rows sharded -------------------------------------------------
+#
+# Rank k holds the same rows [s_k, s_k + V_k) of the student's and the teacher's heads. With the
+# full vocabulary's L_s = lse(s / T), L_t = lse(t / T), L_1 = lse(s), per token:
+#   pass 1 (forward): each shard's own three lses and the target's logit (on its owner); the
+#                     full ones by MAX and SUM all-reduces, as for the cross-entropy
+#   pass 2 (forward): each shard's share of the divergence and of H = sum_v p_v h_v under the
+#                     full normalizers, SUM all-reduced; ce = L_1 - s_y
+#   pass 3 (backward): the shard's gradients from the full lses, H and each token's scales;
+#                     hidden's all-reduced.
+# Each pass projects both heads' shards once; no rank holds full-vocabulary logits.
+
+_DISTILL_INFO = ("vocab_start", "shard_rows", "status", "n_tok", "d_model", "d_teacher",
+                 "dtype", "teacher_dtype", "need_dh", "need_dw", "need_db", "target_checksum",
+                 "reduction", "has_bias", "has_teacher_bias", "objective", "beta",
+                 "temperature", "hard_weight", "soft_weight", "has_target")
+
+_OBJECTIVES = ("kl", "reverse_kl", "jsd")
+
+
+class _VocabParallelDistillFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, si, sw, sb, ti, tw, tb, target, n, opts, vocab_start, group, need):
+        from ..lossk.distillation import vocab_shard_distill_pass
+
+        objective, beta, temp, ii, hw, sw_, reduction, chunk = opts
+        vs = sw.shape[0]
+        has_t = target is not None
+        t = _targets_i64(target, n) if has_t else torch.zeros(n, dtype=torch.int64)
+        valid = (t != ii) if has_t and ii is not None else torch.ones(n, dtype=torch.bool)
+        own = valid & (t >= vocab_start) & (t < vocab_start + vs)
+        t_loc = torch.where(own, t - vocab_start, torch.full_like(t, -1))
+        views = (_core_view(si.detach().reshape(n, -1)), _core_view(sw),
+                 _core_view(ti.detach().reshape(n, -1)), _core_view(tw))
+        kw = dict(objective=objective, beta=beta, temperature=temp, hard_weight=hw,
+                  soft_weight=sw_, chunk=chunk,
+                  student_bias=None if sb is None else _core_view(sb),
+                  teacher_bias=None if tb is None else _core_view(tb))
+        tl = t_loc.numpy() if has_t else None
+        err, r = None, None
+        try:
+            if objective not in _OBJECTIVES:
+                raise LossError(f"objective must be one of {_OBJECTIVES}, got {objective!r}", 588)
+            r = vocab_shard_distill_pass(*views, tl, **kw)
+        except LossError as e:
+            err = e
+        info = [vocab_start, vs, 0 if err is None else err.status, n, si.shape[-1],
+                ti.shape[-1], _FLOATS.index(si.dtype), _FLOATS.index(ti.dtype), *map(int, need),
+                _checksum(t), _REDUCTIONS.index(reduction), int(sb is not None),
+                int(tb is not None), _OBJECTIVES.index(objective) if err is None else -1,
+                _f64_bits(beta), _f64_bits(temp), _f64_bits(hw), _f64_bits(sw_), int(has_t)]
+        vocab = _agree(info, _DISTILL_INFO, err, group)
+        bad_t = valid & ((t < 0) | (t >= vocab)) if has_t else torch.zeros(n, dtype=torch.bool)
+        if bool(bad_t.any()):
+            i = int(bad_t.nonzero()[0, 0])
+            raise LossError(f"target {int(t[i])} at token {i} is outside [0, {vocab})", 586)
+
+        f64 = torch.float64
+        st = torch.from_numpy(r.stats).to(f64)
+        m = st[:, :3].clone()
+        dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+        pack = torch.zeros(n, 4, dtype=f64)
+        pack[:, :3] = torch.exp(st[:, :3] - m)
+        pack[:, 3] = torch.where(own, m[:, 2] - st[:, 5], torch.zeros(n, dtype=f64))
+        dist.all_reduce(pack, op=dist.ReduceOp.SUM, group=group)
+        log_s = torch.log(pack[:, :3])
+        lse = m + log_s
+        ldt = _loss_dtype(si.dtype)
+        r2 = vocab_shard_distill_pass(*views, tl, shard_lse=lse.to(ldt).numpy(), **kw)
+        dh = torch.from_numpy(r2.stats[:, 3:5]).to(f64).contiguous()
+        dist.all_reduce(dh, op=dist.ReduceOp.SUM, group=group)
+        zero = torch.zeros(n, dtype=f64)
+        div = torch.where(valid, dh[:, 0], zero)
+        # L_1 - s_y as log S_1 + (M_1 - s_y): no large logit cancels against another
+        ce = torch.where(valid, log_s[:, 2] + pack[:, 3], zero) if has_t else zero
+        per = sw_ * div + hw * ce
+        n_valid = int(valid.sum())
+        ctx.save_for_backward(si, sw, sb, ti, tw, tb, t_loc, valid, lse, dh[:, 1].clone())
+        ctx.meta = (si.shape, n, opts, n_valid, group, need, has_t)
+        if reduction == "none":
+            out = per
+        elif reduction == "sum":
+            out = per.sum()
+        else:
+            out = per.sum() / n_valid if n_valid else torch.tensor(math.nan, dtype=f64)
+        shape = tuple(si.shape[:-1])
+        red = {"none": lambda x: x.reshape(shape), "sum": lambda x: x.sum(),
+               "mean": lambda x: x.sum() / n_valid if n_valid else x.sum() * math.nan}[reduction]
+        terms = (red(div).to(ldt), red(ce).to(ldt))
+        ctx.mark_non_differentiable(*terms)
+        return (out.reshape(shape) if reduction == "none" else out).to(ldt), *terms
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out, _g_div, _g_ce):
+        from ..lossk.distillation import vocab_shard_distill_pass
+
+        shape, n, opts, n_valid, group, need, has_t = ctx.meta
+        objective, beta, temp, ii, hw, sw_, reduction, chunk = opts
+        si, sw, sb, ti, tw, tb, t_loc, valid, lse, H = ctx.saved_tensors
+        none = (None,) * 12
+        if not any(need):
+            return none
+        f64 = torch.float64
+        up = grad_out.detach().to(f64)
+        zero = torch.zeros(n, dtype=f64)
+        if reduction == "none":
+            sc = up.reshape(n)
+        elif reduction == "sum":
+            sc = up.expand(n)
+        else:
+            sc = up.expand(n) / n_valid if n_valid else zero
+        sc = torch.where(valid, sc, zero)
+        coef = torch.stack([sc * (sw_ / temp), sc * hw], dim=1)
+        ldt = _loss_dtype(si.dtype)
+        names = tuple(nm for nm, f in zip(("hidden", "weight", "bias"), need) if f)
+        r = vocab_shard_distill_pass(
+            _core_view(si.detach().reshape(n, -1)), _core_view(sw),
+            _core_view(ti.detach().reshape(n, -1)), _core_view(tw),
+            t_loc.numpy() if has_t else None, objective=objective, beta=beta, temperature=temp,
+            hard_weight=hw, soft_weight=sw_, chunk=chunk,
+            student_bias=None if sb is None else _core_view(sb),
+            teacher_bias=None if tb is None else _core_view(tb),
+            shard_lse=lse.to(ldt).numpy(), shard_h=H.to(ldt).numpy(),
+            shard_coef=coef.to(ldt).numpy(), with_grad=names)
+        dh = dw = db = None
+        if need[0]:
+            dh = _tensor(r.d_hidden, si.dtype)
+            dist.all_reduce(dh, op=dist.ReduceOp.SUM, group=group)
+            dh = dh.reshape(shape)
+        if need[1]:
+            dw = _tensor(r.d_weight, si.dtype)
+        if need[2]:
+            db = _tensor(r.d_bias, si.dtype)
+        return (dh, dw, db) + (None,) * 9
+
+
+def vocab_parallel_linear_distillation_loss(student_input, student_weight_shard, teacher_input,
+                                            teacher_weight_shard, target=None, *, vocab_start,
+                                            group=None, objective="kl", beta=0.5,
+                                            temperature=1.0, ignore_index=-100, hard_weight=0.0,
+                                            soft_weight=1.0, student_bias=None,
+                                            teacher_bias=None, reduction="mean", chunk=None,
+                                            return_terms=False):
+    """:func:`linear_distillation_loss` with the vocabulary sharded over the ranks of ``group``
+    (default: the world): each rank passes the same ``student_input``, ``teacher_input`` and
+    ``target`` and its own rows ``[vocab_start, vocab_start + rows)`` of both heads (and of
+    their biases); the shards must tile ``[0, vocab)``. Every rank gets the unsharded loss (to
+    rounding) and the gradients of its student shard, and the full (all-reduced) gradient of
+    ``student_input``; every rank must call backward.
+
+    Collectives per call: one all_gather of a few integers (shapes, options, statuses: a refusal
+    on one rank raises on all), three all-reduces of per-token vectors in the forward and one of
+    the input gradient in backward. Three core passes over the shards (two forward, one
+    backward), each projecting both heads' rows once. CPU tensors, gloo or any backend with
+    all_gather and MAX/SUM all-reduce.
+    """
+    from ._distill import LinearDistillationOutput, _checked_heads
+
+    _checked_heads(student_input, student_weight_shard, teacher_input, teacher_weight_shard,
+                   target, student_bias, teacher_bias)
+    vocab_start = as_int(vocab_start, "vocab_start")
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("vocab_parallel_linear_distillation_loss needs an initialized "
+                           "torch.distributed process group (dist.init_process_group)")
+    o = _args.options(reduction, ignore_index, 0.0, None, 0.0, 0, chunk, temperature)
+    lead = tuple(student_input.shape[:-1])
+    if tuple(teacher_input.shape[:-1]) != lead or \
+            (target is not None and tuple(target.shape) != lead) or \
+            student_weight_shard.ndim != 2 or teacher_weight_shard.ndim != 2 or \
+            student_weight_shard.shape[0] != teacher_weight_shard.shape[0] or \
+            student_weight_shard.shape[1] != student_input.shape[-1] or \
+            teacher_weight_shard.shape[1] != teacher_input.shape[-1]:
+        raise LossError(f"shapes disagree: student {tuple(student_input.shape)} x "
+                        f"{tuple(student_weight_shard.shape)}, teacher "
+                        f"{tuple(teacher_input.shape)} x {tuple(teacher_weight_shard.shape)}, "
+                        f"target {None if target is None else tuple(target.shape)}", 582)
+    if not isinstance(objective, str):
+        raise TypeError(f"objective must be a string, got {type(objective).__name__}")
+    grad_on = torch.is_grad_enabled()
+    need = (grad_on and student_input.requires_grad, grad_on and student_weight_shard.requires_grad,
+            grad_on and student_bias is not None and student_bias.requires_grad)
+    opts = (objective, as_float(beta, "beta"), o.temperature, o.ignore_index,
+            as_float(hard_weight, "hard_weight"), as_float(soft_weight, "soft_weight"),
+            o.reduction, o.chunk)
+    loss, div, ce = _VocabParallelDistillFn.apply(
+        student_input, student_weight_shard, student_bias, teacher_input, teacher_weight_shard,
+        teacher_bias, target, math.prod(lead), opts, vocab_start, group, need)
+    return LinearDistillationOutput(loss, div, ce) if return_terms else loss
