@@ -48,33 +48,16 @@
 #include <string>
 #include <vector>
 
-#include "lossk_token.cuh"
+#include "lossk_launch.cuh"
 
 namespace algenta {
 namespace lossk {
 
 namespace {
 
-// Carves one caller-provided block into 256-byte aligned pieces; also sizes it (base null).
-struct Carver {
-  unsigned char* base;
-  int64_t off = 0;
-  explicit Carver(void* b) : base(static_cast<unsigned char*>(b)) {}
-  template <class X>
-  X* take(int64_t count) {
-    X* p = base ? reinterpret_cast<X*>(base + off) : nullptr;
-    off += round_up(std::max<int64_t>(count, 1) * int64_t(sizeof(X)), 256);
-    return p;
-  }
-};
-
-// The chunk the device runs: the caller's, and for half inputs rounded down to a multiple of 16
-// (at least 16) so d_weight's tensor-core k-steps group the same tokens for every chunk size.
 template <class T>
 int64_t device_chunk(const FusedArgs<T>& a) {
-  int64_t c = std::min(a.chunk, a.n_tok);
-  if (a.elem == Dtype::BF16 || a.elem == Dtype::F16) c = std::min(a.n_tok, std::max<int64_t>(16, c - c % 16));
-  return c;
+  return device_chunk_for(a.elem, a.chunk, a.n_tok);
 }
 
 template <class T>
@@ -179,77 +162,6 @@ void check_data(const FusedArgs<T>& a, const Scratch<T>& s, cudaStream_t st) {
   }
 }
 
-// The forward tile for the inputs' element type.
-template <class T>
-void launch_forward(const FusedArgs<T>& a, const TileArgs<T>& p, cudaStream_t s) {
-  if constexpr (sizeof(T) == 8) {
-    launch_tile<LogitsTile<SIMT, double, double>>(p, s);
-  } else {
-    switch (a.elem) {
-      case Dtype::BF16:
-        launch_tile<LogitsTile<WMMA_BF16, float, __nv_bfloat16>>(p, s);
-        break;
-      case Dtype::F16:
-        launch_tile<LogitsTile<WMMA_F16, float, __half>>(p, s);
-        break;
-      default:
-        launch_tile<LogitsTile<SIMT, float, float>>(p, s);
-    }
-  }
-}
-
-// d_hidden rows = G (c, V) @ W (V, D), written in grad_elem.
-template <class T>
-void launch_dhidden(const FusedArgs<T>& a, const TileArgs<T>& p, Dtype ge, cudaStream_t s) {
-  if constexpr (sizeof(T) == 8) {
-    launch_tile<DHiddenTile<SIMT, double, double, double>>(p, s);
-  } else {
-    switch (a.elem) {
-      case Dtype::BF16:
-        if (ge == Dtype::BF16)
-          launch_tile<DHiddenTile<WMMA_BF16, float, __nv_bfloat16, __nv_bfloat16>>(p, s);
-        else
-          launch_tile<DHiddenTile<WMMA_BF16, float, __nv_bfloat16, float>>(p, s);
-        break;
-      case Dtype::F16:
-        if (ge == Dtype::F16)
-          launch_tile<DHiddenTile<WMMA_TF32, float, __half, __half>>(p, s);
-        else
-          launch_tile<DHiddenTile<WMMA_TF32, float, __half, float>>(p, s);
-        break;
-      default:
-        launch_tile<DHiddenTile<SIMT, float, float, float>>(p, s);
-    }
-  }
-}
-
-// d_weight (V, D) += G^T (V, c) @ H (c, D), into the T accumulator.
-template <class T>
-void launch_dweight(const FusedArgs<T>& a, const TileArgs<T>& p, cudaStream_t s) {
-  if constexpr (sizeof(T) == 8) {
-    launch_tile<DWeightTile<SIMT, double, double>>(p, s);
-  } else {
-    switch (a.elem) {
-      case Dtype::BF16:
-        launch_tile<DWeightTile<WMMA_BF16, float, __nv_bfloat16>>(p, s);
-        break;
-      case Dtype::F16:
-        launch_tile<DWeightTile<WMMA_TF32, float, __half>>(p, s);
-        break;
-      default:
-        launch_tile<DWeightTile<SIMT, float, float>>(p, s);
-    }
-  }
-}
-
-template <class T>
-void narrow(const T* src, void* dst, int64_t n, Dtype e, cudaStream_t s) {
-  const unsigned g = grid_for(n, 256);
-  if (e == Dtype::BF16) k_narrow<T, __nv_bfloat16><<<g, 256, 0, s>>>(src, static_cast<__nv_bfloat16*>(dst), n);
-  else k_narrow<T, __half><<<g, 256, 0, s>>>(src, static_cast<__half*>(dst), n);
-  CK(cudaGetLastError());
-}
-
 }  // namespace
 
 template <class T>
@@ -309,7 +221,7 @@ void fused_linear_ce_cuda(const FusedArgs<T>& a, FusedCudaOut<T>& out, void* wor
     f.targets = a.targets, f.valid = sc.valid, f.t0 = t0, f.shift = a.shift;
     f.ztarget = sc.ztarget;
     CK(cudaMemsetAsync(sc.ztarget, 0xff, sizeof(double) * size_t(c), s));  // NaN: no target
-    launch_forward(a, f, s);
+    launch_forward(a.elem, f, s);
 
     MergeArgs<T> m;
     m.stats = sc.stats, m.nvb = nvb, m.c = c, m.t0 = t0, m.V = V, m.shift = a.shift;
@@ -337,7 +249,7 @@ void fused_linear_ce_cuda(const FusedArgs<T>& a, FusedCudaOut<T>& out, void* wor
       g.B = a.weight, g.ldb = D;
       g.C = static_cast<unsigned char*>(out.d_hidden) + size_t(t0 * D) * elem_bytes(out.grad_elem);
       g.ldc = D;
-      launch_dhidden(a, g, out.grad_elem, s);
+      launch_dhidden(a.elem, g, out.grad_elem, s);
     }
     if (want_dw) {
       TileArgs<T> g;
@@ -345,7 +257,7 @@ void fused_linear_ce_cuda(const FusedArgs<T>& a, FusedCudaOut<T>& out, void* wor
       g.A = sc.logits, g.lda = V;
       g.B = H + size_t(t0 * D) * esz, g.ldb = D;
       g.C = dw, g.ldc = D, g.accumulate = t0 > 0;
-      launch_dweight(a, g, s);
+      launch_dweight(a.elem, g, s);
     }
     if (want_db) {
       k_bias_grad<T><<<unsigned(ceil_div(V, 256)), 256, 0, s>>>(sc.logits, c, V, db);

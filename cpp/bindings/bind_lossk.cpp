@@ -432,8 +432,12 @@ py::dict distill(const py::dict& k, Dtype elem, Dtype t_elem, Dtype grad_elem) {
     require_len(per_tok_names[i], per_tok_in[i].size(), per_tok_width[i] * a.n_tok);
     *per_tok_dst[i] = per_tok_in[i].data();
   }
-  if ((st = fused_linear_distill_check(a, &why)) != LOSS_OK) refuse(st, why);
-  algenta::kern::isa();  // an invalid ALGENTA_ISA is refused here, before any allocation
+  // device="cuda": the data's own checks (585/586) run on the device, after the copy
+  const bool cuda = on_cuda(k.contains("device") ? k["device"].cast<std::string>() : "cpu");
+  if ((st = cuda ? fused_linear_distill_check_shape(a, &why) : fused_linear_distill_check(a, &why)) !=
+      LOSS_OK)
+    refuse(st, why);
+  if (!cuda) algenta::kern::isa();  // an invalid ALGENTA_ISA is refused here, before any allocation
 
   DistillOut<T> out;
   const bool per_tok = a.reduction == Reduction::None;
@@ -454,10 +458,11 @@ py::dict distill(const py::dict& k, Dtype elem, Dtype t_elem, Dtype grad_elem) {
   }
   GradArrays<T> ga;
   ga.allocate(out, want_dh, want_dw, want_db, grad_elem,
-              fused_linear_distill_chunk(a) >= a.n_tok, a.n_tok, a.d_model, a.vocab);
+              !cuda && fused_linear_distill_chunk(a) >= a.n_tok, a.n_tok, a.d_model, a.vocab);
   {
     py::gil_scoped_release nogil;
-    fused_linear_distill<T>(a, out);
+    if (cuda) fused_linear_distill_cuda_host<T>(a, out);
+    else fused_linear_distill<T>(a, out);
   }
   ga.finish(a.vocab, a.d_model);
   py::dict d;
@@ -480,7 +485,8 @@ py::dict distill(const py::dict& k, Dtype elem, Dtype t_elem, Dtype grad_elem) {
 // grad_elem ("" for elem's), n_tok, d_model, t_d_model, vocab, chunk, objective, beta,
 // temperature, hard_weight, soft_weight, reduction, has_ignore, ignore_index, want_dh, want_dw,
 // want_db, grad_output (None or per token), grad_scale; the vocab-parallel form's shard_lse,
-// shard, shard_lse, shard_h, shard_coef and want_shard_stats (DistillArgs, DistillOut).
+// shard, shard_lse, shard_h, shard_coef and want_shard_stats (DistillArgs, DistillOut); device
+// ("cpu" or "cuda": host arrays either way).
 py::dict distill_any(const py::dict& k) {
   const Dtype e = parse_elem(k["elem"].cast<std::string>(), "elem");
   const Dtype te = parse_elem(k["t_elem"].cast<std::string>(), "t_elem");

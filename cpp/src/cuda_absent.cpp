@@ -80,6 +80,34 @@ template void fused_linear_ce_cuda<double>(const FusedArgs<double>&, FusedCudaOu
 template void fused_linear_ce_cuda_host<float>(const FusedArgs<float>&, FusedOut<float>&);
 template void fused_linear_ce_cuda_host<double>(const FusedArgs<double>&, FusedOut<double>&);
 
+template <class T>
+void distill_shape_first(const DistillArgs<T>& a) {
+  std::string why;
+  const int st = fused_linear_distill_check_shape(a, &why);
+  if (st != LOSS_OK) throw StatusError(Family::Loss, st, why);
+}
+template <class T>
+int64_t fused_linear_distill_cuda_workspace(const DistillArgs<T>& a, const DistillCudaOut<T>&) {
+  distill_shape_first(a);
+  no_backend("fused_linear_distill");
+}
+template <class T>
+void fused_linear_distill_cuda(const DistillArgs<T>& a, DistillCudaOut<T>&, void*, int64_t, void*) {
+  distill_shape_first(a);
+  no_backend("fused_linear_distill");
+}
+template <class T>
+void fused_linear_distill_cuda_host(const DistillArgs<T>& a, DistillOut<T>&) {
+  distill_shape_first(a);
+  no_backend("fused_linear_distill");
+}
+template int64_t fused_linear_distill_cuda_workspace<float>(const DistillArgs<float>&, const DistillCudaOut<float>&);
+template int64_t fused_linear_distill_cuda_workspace<double>(const DistillArgs<double>&, const DistillCudaOut<double>&);
+template void fused_linear_distill_cuda<float>(const DistillArgs<float>&, DistillCudaOut<float>&, void*, int64_t, void*);
+template void fused_linear_distill_cuda<double>(const DistillArgs<double>&, DistillCudaOut<double>&, void*, int64_t, void*);
+template void fused_linear_distill_cuda_host<float>(const DistillArgs<float>&, DistillOut<float>&);
+template void fused_linear_distill_cuda_host<double>(const DistillArgs<double>&, DistillOut<double>&);
+
 void ce_from_logits_cuda(const double*, const int64_t*, int64_t, int64_t, double*, double*, void*) {
   no_backend("ce_from_logits");
 }

@@ -351,6 +351,36 @@ void fused_linear_ce_cuda(const FusedArgs<T>& a, FusedCudaOut<T>& out, void* wor
 template <class T>
 void fused_linear_ce_cuda_host(const FusedArgs<T>& a, FusedOut<T>& out);
 
+// Distillation on a CUDA device: DistillArgs' options (not the vocab-parallel form), the same
+// guarantees as the cross-entropy's there (no atomics in a reduction, bit-identical across runs
+// and chunk sizes; half students' chunks rounded down to a multiple of 16 tokens).
+template <class T>
+struct DistillCudaOut {        // device memory, each pointer null when not wanted
+  T* loss = nullptr;           // () the reduced loss, Mean or Sum (not for None)
+  T* div = nullptr;            // () the reduced divergence term
+  T* ce = nullptr;             // () the reduced hard term
+  T* loss_tok = nullptr;       // (N) as DistillOut
+  T* div_tok = nullptr;        // (N)
+  T* ce_tok = nullptr;         // (N)
+  double* sums = nullptr;      // (10) DistillOut's loss, div, ce (total, first, shifted), count
+  void* d_hidden = nullptr;    // (N, D) in grad_elem
+  void* d_weight = nullptr;    // (V, D) in grad_elem
+  void* d_bias = nullptr;      // (V) in grad_elem
+  Dtype grad_elem = sizeof(T) == 8 ? Dtype::F64 : Dtype::F32;
+};
+// Device scratch of one call in bytes: per token a few numbers, one (C, V) chunk of each head's
+// logits, float32 accumulators of half gradients. a must pass fused_linear_distill_check_shape.
+template <class T>
+int64_t fused_linear_distill_cuda_workspace(const DistillArgs<T>& a, const DistillCudaOut<T>& out);
+// a: device pointers; the data checks (585, 586) run on the device first (one synchronization);
+// the rest is enqueued on stream. Throws StatusError 589/590/591 (and 585/586).
+template <class T>
+void fused_linear_distill_cuda(const DistillArgs<T>& a, DistillCudaOut<T>& out, void* workspace,
+                               int64_t workspace_bytes, void* stream);
+// Host memory in and out (the NumPy API's device="cuda"), out filled as the CPU backend fills it.
+template <class T>
+void fused_linear_distill_cuda_host(const DistillArgs<T>& a, DistillOut<T>& out);
+
 // The seed's materialized kernels on the device: per-token loss and lse of (N, V) float64
 // logits, their gradient (softmax - one_hot) * scale, and a running token-order sum kept on the
 // device (state: 4 doubles, LossSum's total, first, shifted and count). Device pointers, work

@@ -40,7 +40,7 @@ def linear_distillation(student_input, student_weight, teacher_input, teacher_we
                         target=None, *, objective="kl", beta=0.5, temperature=1.0,
                         ignore_index=-100, hard_weight=0.0, soft_weight=1.0, student_bias=None,
                         teacher_bias=None, reduction="mean", chunk=None, with_grad=False,
-                        grad_output=None, grad_dtype=None) -> LinearDistillation:
+                        grad_output=None, grad_dtype=None, device="cpu") -> LinearDistillation:
     """The divergence between a teacher's and a student's output distributions, and optionally
     the student's cross-entropy against ``target``, without materializing either head's logits.
 
@@ -73,7 +73,14 @@ def linear_distillation(student_input, student_weight, teacher_input, teacher_we
     of each head's logits plus the gradients. Every output and gradient is bit-identical for
     every ``chunk`` and thread count, and a token's divergence and ce do not depend on the other
     tokens of its batch.
+
+    ``device="cuda"`` runs it on the CUDA backend (host arrays copied to the device and the
+    results back): the same results within float rounding, bit-identical across runs and chunk
+    sizes there too (half students round ``chunk`` down to a multiple of 16). A build without a
+    CUDA backend raises ``LossUnavailableError`` (589), a host without a usable device 590.
     """
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     for x, name in ((student_input, "student_input"), (student_weight, "student_weight"),
                     (teacher_input, "teacher_input"), (teacher_weight, "teacher_weight")):
         if not isinstance(x, (np.ndarray, HalfBits)):
@@ -159,7 +166,8 @@ def linear_distillation(student_input, student_weight, teacher_input, teacher_we
         soft_weight=as_float(soft_weight, "soft_weight"), reduction=o.reduction,
         has_ignore=has_target and o.ignore_index is not None,
         ignore_index=0 if o.ignore_index is None else o.ignore_index, want_dh=want_dh,
-        want_dw=want_dw, want_db=want_db, grad_output=go, grad_scale=gscale, **biases)
+        want_dw=want_dw, want_db=want_db, grad_output=go, grad_scale=gscale, device=device,
+        **biases)
 
     def grad(a, shape):
         if a is None:

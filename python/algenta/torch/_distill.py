@@ -74,14 +74,15 @@ class _Distill(torch.autograd.Function):
 def _checked_heads(student_input, student_weight, teacher_input, teacher_weight, target,
                    student_bias, teacher_bias) -> None:
     """Types and devices of a distillation call's tensors (shapes and values are the core's):
-    CPU tensors only (CUDA ones 589: the CUDA backend has no distillation yet)."""
+    CPU tensors only (CUDA ones 589: see linear_distillation_loss)."""
     if not isinstance(student_input, Tensor):
         raise TypeError(f"student_input must be a torch.Tensor, got "
                         f"{type(student_input).__name__}")
     dev = student_input.device
     if dev.type == "cuda":
-        raise LossUnavailableError("linear_distillation_loss computes on CPU tensors; the CUDA "
-                                   "backend does not compute distillation yet", 589)
+        raise LossUnavailableError("algenta.torch's distillation takes CPU tensors; on the CUDA "
+                                   "backend distillation runs from host arrays only "
+                                   "(algenta.linear_distillation(..., device='cuda'))", 589)
     if dev.type != "cpu":
         raise ValueError(f"student_input is on device {dev}; this function computes on CPU "
                          f"tensors only")
@@ -124,7 +125,8 @@ def linear_distillation_loss(student_input: Tensor, student_weight: Tensor,
     ``return_terms=True`` returns ``LinearDistillationOutput(loss, divergence, ce)``. Under
     ``torch.autocast`` both heads are cast to the autocast dtype first, as ``F.linear`` is.
 
-    CPU tensors; the CUDA backend does not compute distillation yet (589 for CUDA tensors).
+    CPU tensors (CUDA tensors: 589; the CUDA backend's distillation runs from host arrays,
+    ``algenta.linear_distillation(..., device="cuda")``).
     """
     _checked_heads(student_input, student_weight, teacher_input, teacher_weight, target,
                    student_bias, teacher_bias)

@@ -1,0 +1,437 @@
+// lossk's fused linear distillation on a CUDA device (lossk.hpp: DistillArgs), the CPU backend's
+// (cpp/src/lossk_distill.cpp) options and exactness contract. Host side and its kernels.
+//
+// Dimension legend: N tokens, D student d_model, Dt teacher d_model, V vocab, C chunk.
+//
+// Per call: the data's refusals (one synchronization), k_distill_prepare (which tokens count),
+// then per chunk
+//   1 k_tile (the cross-entropy's logits tile)  the student's and the teacher's (C, V) logits,
+//                                               biases applied
+//   2 k_distill_row     one block per token: maxima, exp sums, the divergence's shares and H in
+//                       fixed trees, then (with gradients) the student's d_logits in place
+//   with gradients: d_hidden, d_weight and d_bias as the cross-entropy's (lossk_launch.cuh)
+// and k_distill_finish (token-order sums in a fixed tree, the reduced loss). The per-element
+// formulas are lossk_math.hpp's, shared with the CPU backend.
+// Exactness: no atomics in any reduction; each token's sums run over a partition of [0, V)
+// that depends on V only (thread i takes v = i, i + RT, ...) and fold in a fixed tree, so a token's
+// results do not depend on the chunk or on the other tokens of its batch. Bits differ from the
+// CPU backend's (another summation order, device libm).
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "lossk_launch.cuh"
+
+namespace algenta {
+namespace lossk {
+
+namespace {
+
+__device__ double block_max(double v, double* red) {
+  return gpu::block_tree<RT>(v, red, gpu::TreeMax{});
+}
+
+// valid (N): counted or not (a target other than ignore_index; every token without targets);
+// prep[0]: the count.
+__global__ void __launch_bounds__(RT) k_distill_prepare(const int64_t* targets, int64_t N,
+                                                        bool has_ignore, int64_t ignore_index,
+                                                        uint8_t* valid, double* prep) {
+  __shared__ double red[RT];
+  double n = 0.0;
+  for (int64_t t = threadIdx.x; t < N; t += RT) {
+    const bool v = !targets || math::counted(targets, t, 0, 0, has_ignore, ignore_index);
+    valid[t] = v;
+    n += v;
+  }
+  n = block_sum(n, red);
+  if (threadIdx.x == 0) prep[0] = n;
+}
+
+template <class T>
+struct RowArgs {
+  T* zs;               // (c, V) the student's logits, overwritten by d_logits with gradients
+  const T* zt;         // (c, V) the teacher's
+  int64_t t0, V;
+  const uint8_t* valid;
+  const int64_t* targets;  // or null
+  Objective obj;
+  double beta, lb, l1b, temp, sw, hw;
+  Reduction red;
+  double grad_scale;
+  const T* grad_output;
+  const double* prep;
+  bool with_grad;
+  double *div, *ce;    // (N)
+};
+
+// One token per block: the CPU backend's per-row arithmetic (lossk_distill.cpp), each sum over
+// the block's fixed partition of the vocabulary folded in a fixed tree.
+template <class T>
+__global__ void __launch_bounds__(RT) k_distill_row(RowArgs<T> a) {
+  __shared__ double red[RT];
+  const int64_t r = blockIdx.x, t = a.t0 + r, V = a.V;
+  T* zs = a.zs + r * V;
+  const T* zt = a.zt + r * V;
+  if (!a.valid[t]) {
+    if (threadIdx.x == 0) a.div[t] = 0.0, a.ce[t] = 0.0;
+    if (a.with_grad)
+      for (int64_t v = threadIdx.x; v < V; v += RT) st(zs + v, T(0));
+    return;
+  }
+  const double temp = a.temp;
+  double ms = -INFINITY, mt = -INFINITY;
+  for (int64_t v = threadIdx.x; v < V; v += RT) {
+    ms = fmax(ms, double(ld(zs + v)));
+    mt = fmax(mt, double(ld(zt + v)));
+  }
+  ms = block_max(ms, red);
+  mt = block_max(mt, red);
+  const bool has_ce = a.targets != nullptr;
+  const bool own_e1 = has_ce && temp != 1.0;
+  double ss = 0.0, st_ = 0.0, s1 = 0.0;
+  for (int64_t v = threadIdx.x; v < V; v += RT) {
+    const double zv = double(ld(zs + v));
+    ss += exp((zv - ms) / temp);
+    st_ += exp((double(ld(zt + v)) - mt) / temp);
+    if (own_e1) s1 += exp(zv - ms);
+  }
+  ss = block_sum(ss, red);
+  st_ = block_sum(st_, red);
+  s1 = own_e1 ? block_sum(s1, red) : ss;
+  const double lss = log(ss), lst = log(st_), ls1 = log(s1);
+  const double fs = 1.0 / ss, ft = 1.0 / st_, f1 = 1.0 / s1;
+  int64_t y = -1;
+  double ct = 0.0;
+  if (has_ce) {
+    y = a.targets[t];
+    ct = (ms - double(ld(zs + y))) + ls1;  // math::token_ce's form
+  }
+  double dsum = 0.0, hsum = 0.0;
+  for (int64_t v = threadIdx.x; v < V; v += RT) {
+    const double zv = double(ld(zs + v)), tv = double(ld(zt + v));
+    const double lp = (zv - ms) / temp - lss, lq = (tv - mt) / temp - lst;
+    const double p = exp((zv - ms) / temp) * fs;
+    const math::DivElem e =
+        math::div_elem(a.obj, a.beta, a.lb, a.l1b, lp, lq, p, exp((tv - mt) / temp) * ft);
+    dsum += e.term;
+    hsum += p * e.h;
+  }
+  dsum = block_sum(dsum, red);
+  hsum = block_sum(hsum, red);  // its barriers also order every read of zs above before the writes
+  if (threadIdx.x == 0) a.div[t] = dsum, a.ce[t] = ct;
+  if (!a.with_grad) return;
+  const double n = a.prep[0];
+  const double sc = math::reduction_scales(a.red, true, a.grad_scale, n, n,
+                                           a.grad_output ? double(a.grad_output[t]) : 1.0, 1.0).ce;
+  const double ks = sc * a.sw / temp, kh = sc * a.hw;
+  for (int64_t v = threadIdx.x; v < V; v += RT) {
+    const double zv = double(ld(zs + v)), tv = double(ld(zt + v));
+    double g = 0.0;
+    if (ks != 0.0) {
+      const double lp = (zv - ms) / temp - lss, lq = (tv - mt) / temp - lst;
+      const double p = exp((zv - ms) / temp) * fs, q = exp((tv - mt) / temp) * ft;
+      const double h =
+          a.obj == Objective::KL ? 0.0 : math::div_elem(a.obj, a.beta, a.lb, a.l1b, lp, lq, p, q).h;
+      g = ks * math::div_grad(a.obj, a.beta, p, q, h, hsum);
+    }
+    if (kh != 0.0) g += kh * (exp(own_e1 ? zv - ms : (zv - ms) / temp) * (own_e1 ? f1 : fs)) -
+                        (v == y ? kh : 0.0);
+    st(zs + v, T(g));
+  }
+}
+
+// Token-order results in one block over a fixed partition of [0, N): LossSum's (total, first,
+// shifted) of loss_t, div_t and ce_t over the counted tokens, and the count; the reduced scalars
+// and the per-token outputs when asked for.
+template <class T>
+__global__ void __launch_bounds__(RT) k_distill_finish(const double* div, const double* ce,
+                                                       const uint8_t* valid, int64_t N, double sw,
+                                                       double hw, Reduction rk, double* sums,
+                                                       T* loss, T* dout, T* cout, T* loss_tok,
+                                                       T* div_tok, T* ce_tok) {
+  __shared__ double red[RT];
+  int64_t lo, hi;
+  share(N, &lo, &hi);
+  for (int64_t t = lo; t < hi; ++t) {
+    const double l = valid[t] ? sw * div[t] + hw * ce[t] : 0.0;
+    if (loss_tok) st(loss_tok + t, T(l));
+    if (div_tok) st(div_tok + t, T(div[t]));
+    if (ce_tok) st(ce_tok + t, T(ce[t]));
+  }
+  double first_t = INFINITY;
+  for (int64_t t = lo; t < hi; ++t)
+    if (valid[t]) {
+      first_t = double(t);
+      break;
+    }
+  first_t = block_min(first_t, red);
+  const bool any = first_t < double(N);
+  const int64_t f = any ? int64_t(first_t) : 0;
+  const double fd = any ? div[f] : 0.0, fc = any ? ce[f] : 0.0, fl = sw * fd + hw * fc;
+  double s[7] = {0, 0, 0, 0, 0, 0, 0};  // loss total/shifted, div, ce, count
+  for (int64_t t = lo; t < hi; ++t) {
+    if (!valid[t]) continue;
+    const double l = sw * div[t] + hw * ce[t];
+    s[0] += l, s[1] += l - fl, s[2] += div[t], s[3] += div[t] - fd, s[4] += ce[t];
+    s[5] += ce[t] - fc, s[6] += 1.0;
+  }
+  for (int i = 0; i < 7; ++i) s[i] = block_sum(s[i], red);
+  if (threadIdx.x != 0) return;
+  const double firsts[3] = {fl, fd, fc};
+  for (int k = 0; k < 3; ++k) {
+    sums[3 * k] = s[2 * k], sums[3 * k + 1] = firsts[k], sums[3 * k + 2] = s[2 * k + 1];
+  }
+  sums[9] = s[6];
+  T* outs[3] = {loss, dout, cout};
+  for (int k = 0; k < 3; ++k)
+    if (outs[k])
+      outs[k][0] = T(rk == Reduction::Sum ? s[2 * k] : math::sum_mean(firsts[k], s[2 * k + 1], s[6]));
+}
+
+template <class T>
+struct DistillScratch {
+  int* flags;                      // 7 flags
+  unsigned long long* first_bad;
+  double* prep;                    // 1
+  uint8_t *valid, *none;           // N each (none: all zero, the tile's "no target" rows)
+  double *div, *ce;                // N each
+  double* ztarget;                 // C (the tile writes none: every row is "not counted")
+  BlockStatD* stats;               // C * nvb (the tile's statistics, unused)
+  T *zs, *zt;                      // C * V each
+  T *dw_acc, *db_acc;              // half gradients' accumulators
+  double* sums;                    // 10, when the caller passes none
+  int64_t bytes;
+};
+
+template <class T>
+DistillScratch<T> carve(const DistillArgs<T>& a, const DistillCudaOut<T>& out, void* base) {
+  const int64_t N = a.n_tok, V = a.vocab, C = device_chunk_for(a.elem, a.chunk, a.n_tok);
+  const bool half_g = is_half(out.grad_elem);
+  Carver cv(base);
+  DistillScratch<T> s;
+  s.flags = cv.take<int>(7);
+  s.first_bad = cv.take<unsigned long long>(1);
+  s.prep = cv.take<double>(1);
+  s.valid = cv.take<uint8_t>(N);
+  s.none = cv.take<uint8_t>(N);
+  s.div = cv.take<double>(N);
+  s.ce = cv.take<double>(N);
+  s.ztarget = cv.take<double>(C);
+  s.stats = cv.take<BlockStatD>(C * ceil_div(V, BN));
+  s.zs = cv.take<T>(C * V);
+  s.zt = cv.take<T>(C * V);
+  s.dw_acc = out.d_weight && half_g ? cv.take<T>(V * a.d_model) : nullptr;
+  s.db_acc = out.d_bias && half_g ? cv.take<T>(V) : nullptr;
+  s.sums = cv.take<double>(10);
+  s.bytes = cv.off;
+  return s;
+}
+
+template <class T>
+void check_data(const DistillArgs<T>& a, const DistillScratch<T>& s, cudaStream_t st) {
+  const int64_t N = a.n_tok, V = a.vocab;
+  CK(cudaMemsetAsync(s.flags, 0, 7 * sizeof(int), st));
+  CK(cudaMemsetAsync(s.first_bad, 0xff, sizeof(unsigned long long), st));
+  auto finite = [&](const void* p, int64_t n, Dtype e, int flag) {
+    if (!p) return;
+    const unsigned g = grid_for(n, 256);
+    switch (e) {
+      case Dtype::F32: k_check_finite<float><<<g, 256, 0, st>>>(static_cast<const float*>(p), n, s.flags + flag); break;
+      case Dtype::F64: k_check_finite<double><<<g, 256, 0, st>>>(static_cast<const double*>(p), n, s.flags + flag); break;
+      case Dtype::BF16: k_check_finite<__nv_bfloat16><<<g, 256, 0, st>>>(static_cast<const __nv_bfloat16*>(p), n, s.flags + flag); break;
+      case Dtype::F16: k_check_finite<__half><<<g, 256, 0, st>>>(static_cast<const __half*>(p), n, s.flags + flag); break;
+      default: break;
+    }
+    CK(cudaGetLastError());
+  };
+  finite(a.grad_output, N, sizeof(T) == 8 ? Dtype::F64 : Dtype::F32, 0);
+  finite(a.hidden, N * a.d_model, a.elem, 1);
+  finite(a.weight, V * a.d_model, a.elem, 2);
+  finite(a.bias, V, a.elem, 3);
+  finite(a.t_hidden, N * a.t_d_model, a.t_elem, 4);
+  finite(a.t_weight, V * a.t_d_model, a.t_elem, 5);
+  finite(a.t_bias, V, a.t_elem, 6);
+  if (a.targets) {
+    k_check_targets<<<grid_for(N, 256), 256, 0, st>>>(a.targets, N, 0, 0, a.has_ignore,
+                                                      a.ignore_index, V, s.first_bad);
+    CK(cudaGetLastError());
+  }
+  int flags[7];
+  unsigned long long first = 0;
+  CK(cudaMemcpyAsync(flags, s.flags, sizeof flags, cudaMemcpyDeviceToHost, st));
+  CK(cudaMemcpyAsync(&first, s.first_bad, sizeof first, cudaMemcpyDeviceToHost, st));
+  CK(cudaStreamSynchronize(st));
+  static const char* const what[7] = {
+      "grad_output contains NaN or infinity", "student_input contains NaN or infinity",
+      "student_weight contains NaN or infinity", "student_bias contains NaN or infinity",
+      "teacher_input contains NaN or infinity", "teacher_weight contains NaN or infinity",
+      "teacher_bias contains NaN or infinity"};
+  for (int i = 0; i < 7; ++i)  // fused_linear_distill_check's order
+    if (flags[i]) refuse(LOSS_ERR_NON_FINITE, what[i]);
+  if (first != ~0ull) {
+    int64_t y = 0;
+    CK(cudaMemcpyAsync(&y, a.targets + int64_t(first), sizeof y, cudaMemcpyDeviceToHost, st));
+    CK(cudaStreamSynchronize(st));
+    refuse(LOSS_ERR_TARGET_OUT_OF_RANGE,
+           "target " + std::to_string(y) + " at token " + std::to_string(int64_t(first)) +
+               " is outside [0, " + std::to_string(V) + ")" +
+               (a.has_ignore ? "" : " (no ignore_index was given)"));
+  }
+}
+
+}  // namespace
+
+template <class T>
+int64_t fused_linear_distill_cuda_workspace(const DistillArgs<T>& a, const DistillCudaOut<T>& out) {
+  return carve(a, out, nullptr).bytes;
+}
+
+template <class T>
+void fused_linear_distill_cuda(const DistillArgs<T>& a, DistillCudaOut<T>& out, void* workspace,
+                               int64_t workspace_bytes, void* stream) {
+  std::string why;
+  const int st = fused_linear_distill_check_shape(a, &why);
+  if (st != LOSS_OK) refuse(st, why);
+  if (a.shard)
+    refuse(LOSS_ERR_LENGTH_MISMATCH, "the vocab-parallel form computes on the CPU backend only");
+  require_device("fused_linear_distill");
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int64_t N = a.n_tok, D = a.d_model, V = a.vocab;
+  const int64_t C = device_chunk_for(a.elem, a.chunk, a.n_tok), nvb = ceil_div(V, BN);
+  const DistillScratch<T> sc = carve(a, out, workspace);
+  if (!workspace || workspace_bytes < sc.bytes)
+    refuse(LOSS_ERR_LENGTH_MISMATCH, "the workspace has " + std::to_string(workspace_bytes) +
+                                         " bytes, this call needs " + std::to_string(sc.bytes));
+  const bool want_dh = out.d_hidden, want_dw = out.d_weight, want_db = out.d_bias;
+  const bool grad = want_dh || want_dw || want_db;
+  const bool half_g = is_half(out.grad_elem);
+  if (half_g && !is_half(a.elem))
+    refuse(LOSS_ERR_LENGTH_MISMATCH, "half-precision gradients need half-precision inputs");
+  if ((out.loss || out.div || out.ce) && a.reduction == Reduction::None)
+    refuse(LOSS_ERR_LENGTH_MISMATCH, "reduction none has per-token losses only (loss_tok)");
+  check_data(a, sc, s);
+
+  k_distill_prepare<<<1, RT, 0, s>>>(a.targets, N, a.has_ignore, a.ignore_index, sc.valid,
+                                     sc.prep);
+  CK(cudaGetLastError());
+  CK(cudaMemsetAsync(sc.none, 0, size_t(N), s));
+  T* dw = want_dw ? (half_g ? sc.dw_acc : static_cast<T*>(out.d_weight)) : nullptr;
+  T* db = want_db ? (half_g ? sc.db_acc : static_cast<T*>(out.d_bias)) : nullptr;
+  if (db) CK(cudaMemsetAsync(db, 0, sizeof(T) * size_t(V), s));
+  const Objective obj = math::effective_objective(a.objective, a.beta);
+  const unsigned char* H = static_cast<const unsigned char*>(a.hidden);
+  const unsigned char* TH = static_cast<const unsigned char*>(a.t_hidden);
+  const size_t esz = elem_bytes(a.elem), tesz = elem_bytes(a.t_elem);
+
+  for (int64_t t0 = 0; t0 < N; t0 += C) {
+    const int64_t c = std::min(C, N - t0);
+    // Both heads' logits (biased; no cap, T = 1: the row kernel divides by T in double). Every
+    // row is "not counted" for the tile (none), so it picks no target logit.
+    for (int head = 0; head < 2; ++head) {
+      TileArgs<T> f;
+      f.M = c, f.N = V, f.K = head ? a.t_d_model : D;
+      f.A = head ? TH + size_t(t0 * a.t_d_model) * tesz : H + size_t(t0 * D) * esz;
+      f.lda = f.K;
+      f.B = head ? a.t_weight : a.weight, f.ldb = f.K;
+      f.stats = sc.stats, f.nvb = nvb;
+      f.logits = head ? sc.zt : sc.zs;
+      f.bias = head ? a.t_bias : a.bias;
+      f.valid = sc.none, f.t0 = t0, f.ztarget = sc.ztarget;
+      launch_forward(head ? a.t_elem : a.elem, f, s);
+    }
+    RowArgs<T> r;
+    r.zs = sc.zs, r.zt = sc.zt, r.t0 = t0, r.V = V, r.valid = sc.valid, r.targets = a.targets;
+    r.obj = obj, r.beta = a.beta;
+    r.lb = obj == Objective::JSD ? std::log(a.beta) : 0.0;
+    r.l1b = obj == Objective::JSD ? std::log1p(-a.beta) : 0.0;
+    r.temp = a.temperature, r.sw = a.soft_weight, r.hw = a.hard_weight;
+    r.red = a.reduction, r.grad_scale = a.grad_scale, r.grad_output = a.grad_output;
+    r.prep = sc.prep, r.with_grad = grad, r.div = sc.div, r.ce = sc.ce;
+    k_distill_row<T><<<unsigned(c), RT, 0, s>>>(r);
+    CK(cudaGetLastError());
+    if (!grad) continue;
+    if (want_dh) {
+      TileArgs<T> g;
+      g.M = c, g.N = D, g.K = V;
+      g.A = sc.zs, g.lda = V;
+      g.B = a.weight, g.ldb = D;
+      g.C = static_cast<unsigned char*>(out.d_hidden) + size_t(t0 * D) * elem_bytes(out.grad_elem);
+      g.ldc = D;
+      launch_dhidden(a.elem, g, out.grad_elem, s);
+    }
+    if (want_dw) {
+      TileArgs<T> g;
+      g.M = V, g.N = D, g.K = c;
+      g.A = sc.zs, g.lda = V;
+      g.B = H + size_t(t0 * D) * esz, g.ldb = D;
+      g.C = dw, g.ldc = D, g.accumulate = t0 > 0;
+      launch_dweight(a.elem, g, s);
+    }
+    if (want_db) {
+      k_bias_grad<T><<<unsigned(ceil_div(V, 256)), 256, 0, s>>>(sc.zs, c, V, db);
+      CK(cudaGetLastError());
+    }
+  }
+  k_distill_finish<T><<<1, RT, 0, s>>>(sc.div, sc.ce, sc.valid, N, a.soft_weight, a.hard_weight,
+                                       a.reduction, out.sums ? out.sums : sc.sums, out.loss,
+                                       out.div, out.ce, out.loss_tok, out.div_tok, out.ce_tok);
+  CK(cudaGetLastError());
+  if (half_g) {
+    if (want_dw) narrow(sc.dw_acc, out.d_weight, V * D, out.grad_elem, s);
+    if (want_db) narrow(sc.db_acc, out.d_bias, V, out.grad_elem, s);
+  }
+}
+
+template <class T>
+void fused_linear_distill_cuda_host(const DistillArgs<T>& a, DistillOut<T>& out) {
+  require_device("fused_linear_distill");
+  const int64_t N = a.n_tok, D = a.d_model, Dt = a.t_d_model, V = a.vocab;
+  const size_t esz = elem_bytes(a.elem), tesz = elem_bytes(a.t_elem), tsz = sizeof(T);
+  DistillArgs<T> d = a;
+  DevBuf hidden(a.hidden, size_t(N * D) * esz), weight(a.weight, size_t(V * D) * esz);
+  DevBuf t_hidden(a.t_hidden, size_t(N * Dt) * tesz), t_weight(a.t_weight, size_t(V * Dt) * tesz);
+  DevBuf bias, t_bias, targets, go;
+  d.hidden = hidden.p, d.weight = weight.p, d.t_hidden = t_hidden.p, d.t_weight = t_weight.p;
+  if (a.bias) bias = DevBuf(a.bias, size_t(V) * esz), d.bias = bias.p;
+  if (a.t_bias) t_bias = DevBuf(a.t_bias, size_t(V) * tesz), d.t_bias = t_bias.p;
+  if (a.targets) targets = DevBuf(a.targets, size_t(N) * sizeof(int64_t)), d.targets = targets.as<int64_t>();
+  if (a.grad_output) go = DevBuf(a.grad_output, size_t(N) * tsz), d.grad_output = go.as<T>();
+
+  DistillCudaOut<T> o;
+  o.grad_elem = out.grad_elem;
+  const size_t gsz = elem_bytes(out.grad_elem);
+  DevBuf sums(10 * sizeof(double)), lt, dt, ct, dh, dw, db;
+  o.sums = sums.as<double>();
+  if (out.loss_tok) lt = DevBuf(size_t(N) * tsz), o.loss_tok = lt.as<T>();
+  if (out.div_tok) dt = DevBuf(size_t(N) * tsz), o.div_tok = dt.as<T>();
+  if (out.ce_tok) ct = DevBuf(size_t(N) * tsz), o.ce_tok = ct.as<T>();
+  if (out.d_hidden) dh = DevBuf(size_t(N * D) * gsz), o.d_hidden = dh.p;
+  if (out.d_weight) dw = DevBuf(size_t(V * D) * gsz), o.d_weight = dw.p;
+  if (out.d_bias) db = DevBuf(size_t(V) * gsz), o.d_bias = db.p;
+  const int64_t ws_bytes = fused_linear_distill_cuda_workspace(d, o);
+  DevBuf ws{size_t(ws_bytes)};
+  fused_linear_distill_cuda(d, o, ws.p, ws_bytes, nullptr);
+
+  to_host(out.loss_tok, o.loss_tok, size_t(N) * tsz);
+  to_host(out.div_tok, o.div_tok, size_t(N) * tsz);
+  to_host(out.ce_tok, o.ce_tok, size_t(N) * tsz);
+  to_host(out.d_hidden, o.d_hidden, size_t(N * D) * gsz);
+  to_host(out.d_weight, o.d_weight, size_t(V * D) * gsz);
+  to_host(out.d_bias, o.d_bias, size_t(V) * gsz);
+  double s[10];
+  to_host(s, o.sums, sizeof s);
+  LossSum* ls[3] = {&out.loss, &out.div, &out.ce};
+  for (int k = 0; k < 3; ++k)
+    ls[k]->total = s[3 * k], ls[k]->first = s[3 * k + 1], ls[k]->shifted = s[3 * k + 2],
+    ls[k]->count = int64_t(s[9]);
+}
+
+template int64_t fused_linear_distill_cuda_workspace<float>(const DistillArgs<float>&, const DistillCudaOut<float>&);
+template int64_t fused_linear_distill_cuda_workspace<double>(const DistillArgs<double>&, const DistillCudaOut<double>&);
+template void fused_linear_distill_cuda<float>(const DistillArgs<float>&, DistillCudaOut<float>&, void*, int64_t, void*);
+template void fused_linear_distill_cuda<double>(const DistillArgs<double>&, DistillCudaOut<double>&, void*, int64_t, void*);
+template void fused_linear_distill_cuda_host<float>(const DistillArgs<float>&, DistillOut<float>&);
+template void fused_linear_distill_cuda_host<double>(const DistillArgs<double>&, DistillOut<double>&);
+
+}  // namespace lossk
+}  // namespace algenta

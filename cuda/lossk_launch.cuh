@@ -1,0 +1,108 @@
+// Host-side launch helpers both fused lossk losses share on a CUDA device (lossk_cuda.cu, the
+// cross-entropy; lossk_distill.cu, distillation): the workspace carver and the tile GEMMs of the
+// logits and of the two gradient products for an element type.
+#pragma once
+
+#include <algorithm>
+
+#include "lossk_token.cuh"
+
+namespace algenta {
+namespace lossk {
+namespace {
+
+// Carves one caller-provided block into 256-byte aligned pieces; also sizes it (base null).
+struct Carver {
+  unsigned char* base;
+  int64_t off = 0;
+  explicit Carver(void* b) : base(static_cast<unsigned char*>(b)) {}
+  template <class X>
+  X* take(int64_t count) {
+    X* p = base ? reinterpret_cast<X*>(base + off) : nullptr;
+    off += round_up(std::max<int64_t>(count, 1) * int64_t(sizeof(X)), 256);
+    return p;
+  }
+};
+
+// The chunk the device runs: the caller's, and for half inputs rounded down to a multiple of 16
+// (at least 16) so d_weight's tensor-core k-steps group the same tokens for every chunk size.
+inline int64_t device_chunk_for(Dtype elem, int64_t chunk, int64_t n_tok) {
+  int64_t c = std::min(chunk, n_tok);
+  if (elem == Dtype::BF16 || elem == Dtype::F16) c = std::min(n_tok, std::max<int64_t>(16, c - c % 16));
+  return c;
+}
+
+// The forward tile for the inputs' element type.
+template <class T>
+void launch_forward(Dtype elem, const TileArgs<T>& p, cudaStream_t s) {
+  if constexpr (sizeof(T) == 8) {
+    launch_tile<LogitsTile<SIMT, double, double>>(p, s);
+  } else {
+    switch (elem) {
+      case Dtype::BF16:
+        launch_tile<LogitsTile<WMMA_BF16, float, __nv_bfloat16>>(p, s);
+        break;
+      case Dtype::F16:
+        launch_tile<LogitsTile<WMMA_F16, float, __half>>(p, s);
+        break;
+      default:
+        launch_tile<LogitsTile<SIMT, float, float>>(p, s);
+    }
+  }
+}
+
+// d_hidden rows = G (c, V) @ W (V, D), written in grad_elem.
+template <class T>
+void launch_dhidden(Dtype elem, const TileArgs<T>& p, Dtype ge, cudaStream_t s) {
+  if constexpr (sizeof(T) == 8) {
+    launch_tile<DHiddenTile<SIMT, double, double, double>>(p, s);
+  } else {
+    switch (elem) {
+      case Dtype::BF16:
+        if (ge == Dtype::BF16)
+          launch_tile<DHiddenTile<WMMA_BF16, float, __nv_bfloat16, __nv_bfloat16>>(p, s);
+        else
+          launch_tile<DHiddenTile<WMMA_BF16, float, __nv_bfloat16, float>>(p, s);
+        break;
+      case Dtype::F16:
+        if (ge == Dtype::F16)
+          launch_tile<DHiddenTile<WMMA_TF32, float, __half, __half>>(p, s);
+        else
+          launch_tile<DHiddenTile<WMMA_TF32, float, __half, float>>(p, s);
+        break;
+      default:
+        launch_tile<DHiddenTile<SIMT, float, float, float>>(p, s);
+    }
+  }
+}
+
+// d_weight (V, D) += G^T (V, c) @ H (c, D), into the T accumulator.
+template <class T>
+void launch_dweight(Dtype elem, const TileArgs<T>& p, cudaStream_t s) {
+  if constexpr (sizeof(T) == 8) {
+    launch_tile<DWeightTile<SIMT, double, double>>(p, s);
+  } else {
+    switch (elem) {
+      case Dtype::BF16:
+        launch_tile<DWeightTile<WMMA_BF16, float, __nv_bfloat16>>(p, s);
+        break;
+      case Dtype::F16:
+        launch_tile<DWeightTile<WMMA_TF32, float, __half>>(p, s);
+        break;
+      default:
+        launch_tile<DWeightTile<SIMT, float, float>>(p, s);
+    }
+  }
+}
+
+template <class T>
+void narrow(const T* src, void* dst, int64_t n, Dtype e, cudaStream_t s) {
+  const unsigned g = grid_for(n, 256);
+  if (e == Dtype::BF16) k_narrow<T, __nv_bfloat16><<<g, 256, 0, s>>>(src, static_cast<__nv_bfloat16*>(dst), n);
+  else k_narrow<T, __half><<<g, 256, 0, s>>>(src, static_cast<__half*>(dst), n);
+  CK(cudaGetLastError());
+}
+
+}  // namespace
+}  // namespace lossk
+}  // namespace algenta
