@@ -242,27 +242,8 @@ void fused_linear_ce_cuda(const FusedArgs<T>& a, FusedCudaOut<T>& out, void* wor
     k_softmax_grad<T><<<grid_for(c * V, 256), 256, 0, s>>>(sc.logits, c, V, sc.lse_c, sc.coef, cw,
                                                             tcap);
     CK(cudaGetLastError());
-    if (want_dh) {
-      TileArgs<T> g;
-      g.M = c, g.N = D, g.K = V;
-      g.A = sc.logits, g.lda = V;
-      g.B = a.weight, g.ldb = D;
-      g.C = static_cast<unsigned char*>(out.d_hidden) + size_t(t0 * D) * elem_bytes(out.grad_elem);
-      g.ldc = D;
-      launch_dhidden(a.elem, g, out.grad_elem, s);
-    }
-    if (want_dw) {
-      TileArgs<T> g;
-      g.M = V, g.N = D, g.K = c;
-      g.A = sc.logits, g.lda = V;
-      g.B = H + size_t(t0 * D) * esz, g.ldb = D;
-      g.C = dw, g.ldc = D, g.accumulate = t0 > 0;
-      launch_dweight(a.elem, g, s);
-    }
-    if (want_db) {
-      k_bias_grad<T><<<unsigned(ceil_div(V, 256)), 256, 0, s>>>(sc.logits, c, V, db);
-      CK(cudaGetLastError());
-    }
+    launch_backward(a.elem, sc.logits, t0, c, V, D, a.weight, H, out.d_hidden, out.grad_elem, dw,
+                    db, s);
   }
 
   k_finish<T><<<1, RT, 0, s>>>(sc.ce, sc.zl, sc.ent, sc.valid, out.pred, a.targets, a.shift, N,

@@ -158,13 +158,7 @@ __global__ void __launch_bounds__(RT) k_distill_finish(const double* div, const 
     if (div_tok) st(div_tok + t, T(div[t]));
     if (ce_tok) st(ce_tok + t, T(ce[t]));
   }
-  double first_t = INFINITY;
-  for (int64_t t = lo; t < hi; ++t)
-    if (valid[t]) {
-      first_t = double(t);
-      break;
-    }
-  first_t = block_min(first_t, red);
+  const double first_t = first_counted(valid, lo, hi, red);
   const bool any = first_t < double(N);
   const int64_t f = any ? int64_t(first_t) : 0;
   const double fd = any ? div[f] : 0.0, fc = any ? ce[f] : 0.0, fl = sw * fd + hw * fc;
@@ -350,27 +344,8 @@ void fused_linear_distill_cuda(const DistillArgs<T>& a, DistillCudaOut<T>& out, 
     k_distill_row<T><<<unsigned(c), RT, 0, s>>>(r);
     CK(cudaGetLastError());
     if (!grad) continue;
-    if (want_dh) {
-      TileArgs<T> g;
-      g.M = c, g.N = D, g.K = V;
-      g.A = sc.zs, g.lda = V;
-      g.B = a.weight, g.ldb = D;
-      g.C = static_cast<unsigned char*>(out.d_hidden) + size_t(t0 * D) * elem_bytes(out.grad_elem);
-      g.ldc = D;
-      launch_dhidden(a.elem, g, out.grad_elem, s);
-    }
-    if (want_dw) {
-      TileArgs<T> g;
-      g.M = V, g.N = D, g.K = c;
-      g.A = sc.zs, g.lda = V;
-      g.B = H + size_t(t0 * D) * esz, g.ldb = D;
-      g.C = dw, g.ldc = D, g.accumulate = t0 > 0;
-      launch_dweight(a.elem, g, s);
-    }
-    if (want_db) {
-      k_bias_grad<T><<<unsigned(ceil_div(V, 256)), 256, 0, s>>>(sc.zs, c, V, db);
-      CK(cudaGetLastError());
-    }
+    launch_backward(a.elem, sc.zs, t0, c, V, D, a.weight, H, out.d_hidden, out.grad_elem, dw,
+                    db, s);
   }
   k_distill_finish<T><<<1, RT, 0, s>>>(sc.div, sc.ce, sc.valid, N, a.soft_weight, a.hard_weight,
                                        a.reduction, out.sums ? out.sums : sc.sums, out.loss,

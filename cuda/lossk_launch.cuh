@@ -95,6 +95,37 @@ void launch_dweight(Dtype elem, const TileArgs<T>& p, cudaStream_t s) {
   }
 }
 
+// The gradient products of one chunk [t0, t0 + c) from its d_logits G (c, V), each when its
+// output is set: d_hidden rows = G @ W (in ge), d_weight += G^T @ H (the T accumulator dw, each
+// cell continuing its chain), d_bias += column sums of G (db). H: the chunk's input rows' base.
+template <class T>
+void launch_backward(Dtype elem, const T* G, int64_t t0, int64_t c, int64_t V, int64_t D,
+                     const void* weight, const unsigned char* H, void* d_hidden, Dtype ge, T* dw,
+                     T* db, cudaStream_t s) {
+  const size_t esz = elem_bytes(elem);
+  if (d_hidden) {
+    TileArgs<T> g;
+    g.M = c, g.N = D, g.K = V;
+    g.A = G, g.lda = V;
+    g.B = weight, g.ldb = D;
+    g.C = static_cast<unsigned char*>(d_hidden) + size_t(t0 * D) * elem_bytes(ge);
+    g.ldc = D;
+    launch_dhidden(elem, g, ge, s);
+  }
+  if (dw) {
+    TileArgs<T> g;
+    g.M = V, g.N = D, g.K = c;
+    g.A = G, g.lda = V;
+    g.B = H + size_t(t0 * D) * esz, g.ldb = D;
+    g.C = dw, g.ldc = D, g.accumulate = t0 > 0;
+    launch_dweight(elem, g, s);
+  }
+  if (db) {
+    k_bias_grad<T><<<unsigned(ceil_div(V, 256)), 256, 0, s>>>(G, c, V, db);
+    CK(cudaGetLastError());
+  }
+}
+
 template <class T>
 void narrow(const T* src, void* dst, int64_t n, Dtype e, cudaStream_t s) {
   const unsigned g = grid_for(n, 256);

@@ -32,6 +32,17 @@ __device__ __forceinline__ void share(int64_t n, int64_t* lo, int64_t* hi) {
   *hi = n * int64_t(threadIdx.x + 1) / RT;
 }
 
+// The first counted token (as a double; infinity when none) of the block's partition [lo, hi).
+__device__ double first_counted(const uint8_t* valid, int64_t lo, int64_t hi, double* red) {
+  double first_t = INFINITY;
+  for (int64_t t = lo; t < hi; ++t)
+    if (valid[t]) {
+      first_t = double(t);
+      break;
+    }
+  return block_min(first_t, red);
+}
+
 // prep: (0) counted tokens, (1) their sum of u w_y (token weight times class weight), (2) sum of
 // all class weights (V without), (3) their sum of u (the count without token weights). valid: per
 // token, counted or not.
@@ -231,13 +242,7 @@ __global__ void __launch_bounds__(RT) k_finish(const double* ce, const double* z
   __shared__ double red[RT];
   int64_t lo, hi;
   share(N, &lo, &hi);
-  double first_t = INFINITY;
-  for (int64_t t = lo; t < hi; ++t)
-    if (valid[t]) {
-      first_t = double(t);
-      break;
-    }
-  first_t = block_min(first_t, red);
+  const double first_t = first_counted(valid, lo, hi, red);
   const bool any = first_t < double(N);
   const double fce = any ? ce[int64_t(first_t)] : 0.0, fz = any ? zl[int64_t(first_t)] : 0.0;
   const double fe = any && ent ? ent[int64_t(first_t)] : 0.0;

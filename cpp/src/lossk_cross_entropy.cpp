@@ -174,13 +174,7 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
   const kern::IsaOps<T>& K = kern::ops<T>();
 
   // ---- every allocation, before any work --------------------------------------------------
-  head::Grads<T> grads;
-  grads.d_hidden = out.d_hidden;
-  grads.d_weight = out.d_weight;
-  grads.d_weight_half = out.d_weight_half;
-  grads.d_bias = out.d_bias;
-  grads.grad_elem = out.grad_elem;
-  head::Head<T> hd(a.hidden, a.weight, a.bias, a.elem, N, a.d_model, V, C, false, grads);
+  head::Head<T> hd(a.hidden, a.weight, a.bias, a.elem, N, a.d_model, V, C, false, head::grads_of<T>(out));
   const bool with_grad = hd.with_grad();
   Buffer<kern::BlockStats> stats(static_cast<size_t>(C * nVB));  // (C, nVB)
   Buffer<int32_t> blk_arg(want_pred ? static_cast<size_t>(C * nVB) : 0);  // first max per block

@@ -161,13 +161,7 @@ void fused_linear_distill(const DistillArgs<T>& a, DistillOut<T>& out) {
   const bool shard = a.shard;  // the vocab-parallel form
 
   // ---- every allocation, before any work --------------------------------------------------
-  head::Grads<T> grads;
-  grads.d_hidden = out.d_hidden;
-  grads.d_weight = out.d_weight;
-  grads.d_weight_half = out.d_weight_half;
-  grads.d_bias = out.d_bias;
-  grads.grad_elem = out.grad_elem;
-  head::Head<T> student(a.hidden, a.weight, a.bias, a.elem, N, a.d_model, V, C, true, grads);
+  head::Head<T> student(a.hidden, a.weight, a.bias, a.elem, N, a.d_model, V, C, true, head::grads_of<T>(out));
   head::Head<T> teacher(a.t_hidden, a.t_weight, a.t_bias, a.t_elem, N, a.t_d_model, V, C, true,
                         head::Grads<T>());
   const bool with_grad = student.with_grad();

@@ -137,6 +137,18 @@ struct Grads {
   Dtype grad_elem = sizeof(T) == 8 ? Dtype::F64 : Dtype::F32;
 };
 
+// A loss's output struct's gradient fields (FusedOut, DistillOut) as a head's Grads.
+template <class T, class Out>
+Grads<T> grads_of(const Out& out) {
+  Grads<T> g;
+  g.d_hidden = out.d_hidden;
+  g.d_weight = out.d_weight;
+  g.d_weight_half = out.d_weight_half;
+  g.d_bias = out.d_bias;
+  g.grad_elem = out.grad_elem;
+  return g;
+}
+
 template <class T>
 class Head {
  public:

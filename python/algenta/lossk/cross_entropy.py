@@ -275,6 +275,18 @@ def _grad_sets(with_grad, has_bias):
     return "hidden" in names, "weight" in names, "bias" in names
 
 
+def _grad_elem(elem: str, grad_dtype) -> str:
+    """The core's gradient element for inputs of `elem`: theirs, or float32 for half inputs
+    with grad_dtype=float32; anything else a TypeError."""
+    if grad_dtype is None or (elem == "f32" and np.dtype(grad_dtype) == np.float32) or \
+            (elem == "f64" and np.dtype(grad_dtype) == np.float64):
+        return elem
+    if elem in ("f16", "bf16") and np.dtype(grad_dtype) == np.float32:
+        return "f32"
+    raise TypeError(f"grad_dtype must be None, the input dtype or float32 (for half inputs), "
+                    f"got {grad_dtype!r}")
+
+
 def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=None, chunk=None,
                          reduction="mean", ignore_index=None, label_smoothing=0.0, softcap=None,
                          lse_square_scale=0.0, shift=0, return_accuracy=False, with_grad=False,
@@ -364,14 +376,7 @@ def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=Non
     reduction, ii, ls, cap, zs, k = (o.reduction, o.ignore_index, o.label_smoothing, o.softcap,
                                      o.lse_square_scale, o.shift)
     compute = np.float64 if elem == "f64" else np.float32
-    if grad_dtype is None or (elem == "f32" and np.dtype(grad_dtype) == np.float32) or \
-            (elem == "f64" and np.dtype(grad_dtype) == np.float64):
-        gelem = elem
-    elif elem in ("f16", "bf16") and np.dtype(grad_dtype) == np.float32:
-        gelem = "f32"
-    else:
-        raise TypeError(f"grad_dtype must be None, the input dtype or float32 (for half inputs), "
-                        f"got {grad_dtype!r}")
+    gelem = _grad_elem(elem, grad_dtype)
     if bias is not None:
         if not isinstance(bias, (np.ndarray, HalfBits)):
             raise TypeError("linear_bias must be a NumPy array (or HalfBits)")

@@ -17,7 +17,7 @@ from .._dtypes import HalfBits
 from .._records import record_type
 from ..errors import LossError
 from . import _args
-from .cross_entropy import _elem, _dtype_name, _grad_sets, _targets
+from .cross_entropy import _dtype_name, _elem, _grad_elem, _grad_sets, _targets
 
 _c = _core.lossk
 
@@ -116,14 +116,7 @@ def linear_distillation(student_input, student_weight, teacher_input, teacher_we
                "teacher_bias", "class_weight"))
     want_dh, want_dw, want_db = _grad_sets(with_grad, student_bias is not None)
     want_grad = want_dh or want_dw or want_db
-    if grad_dtype is None or (elem == "f32" and np.dtype(grad_dtype) == np.float32) or \
-            (elem == "f64" and np.dtype(grad_dtype) == np.float64):
-        gelem = elem
-    elif elem in ("f16", "bf16") and np.dtype(grad_dtype) == np.float32:
-        gelem = "f32"
-    else:
-        raise TypeError(f"grad_dtype must be None, the student's dtype or float32 (for half "
-                        f"inputs), got {grad_dtype!r}")
+    gelem = _grad_elem(elem, grad_dtype)
     biases = {}
     for b, ref, key, name in ((student_bias, student_weight, "bias", "student_bias"),
                               (teacher_bias, teacher_weight, "t_bias", "teacher_bias")):
