@@ -110,15 +110,7 @@ void check_data(const FusedArgs<T>& a, const Scratch<T>& s, cudaStream_t st) {
   CK(cudaMemsetAsync(s.flags, 0, 9 * sizeof(int), st));
   CK(cudaMemsetAsync(s.first_bad, 0xff, sizeof(unsigned long long), st));
   auto finite = [&](const void* p, int64_t n, Dtype e, int flag) {
-    if (!p) return;
-    const unsigned g = grid_for(n, 256);
-    switch (e) {
-      case Dtype::F32: k_check_finite<float><<<g, 256, 0, st>>>(static_cast<const float*>(p), n, s.flags + flag); break;
-      case Dtype::F64: k_check_finite<double><<<g, 256, 0, st>>>(static_cast<const double*>(p), n, s.flags + flag); break;
-      case Dtype::BF16: k_check_finite<__nv_bfloat16><<<g, 256, 0, st>>>(static_cast<const __nv_bfloat16*>(p), n, s.flags + flag); break;
-      case Dtype::F16: k_check_finite<__half><<<g, 256, 0, st>>>(static_cast<const __half*>(p), n, s.flags + flag); break;
-    }
-    CK(cudaGetLastError());
+    launch_check_finite(p, n, e, s.flags + flag, st);
   };
   const Dtype te = sizeof(T) == 8 ? Dtype::F64 : Dtype::F32;
   finite(a.grad_output, N, te, 0);

@@ -179,7 +179,8 @@ __global__ void __launch_bounds__(RT) k_distill_finish(const double* div, const 
   T* outs[3] = {loss, dout, cout};
   for (int k = 0; k < 3; ++k)
     if (outs[k])
-      outs[k][0] = T(rk == Reduction::Sum ? s[2 * k] : math::sum_mean(firsts[k], s[2 * k + 1], s[6]));
+      outs[k][0] =
+          T(rk == Reduction::Sum ? s[2 * k] : math::sum_mean(firsts[k], s[2 * k + 1], s[6]));
 }
 
 template <class T>
@@ -227,16 +228,7 @@ void check_data(const DistillArgs<T>& a, const DistillScratch<T>& s, cudaStream_
   CK(cudaMemsetAsync(s.flags, 0, 7 * sizeof(int), st));
   CK(cudaMemsetAsync(s.first_bad, 0xff, sizeof(unsigned long long), st));
   auto finite = [&](const void* p, int64_t n, Dtype e, int flag) {
-    if (!p) return;
-    const unsigned g = grid_for(n, 256);
-    switch (e) {
-      case Dtype::F32: k_check_finite<float><<<g, 256, 0, st>>>(static_cast<const float*>(p), n, s.flags + flag); break;
-      case Dtype::F64: k_check_finite<double><<<g, 256, 0, st>>>(static_cast<const double*>(p), n, s.flags + flag); break;
-      case Dtype::BF16: k_check_finite<__nv_bfloat16><<<g, 256, 0, st>>>(static_cast<const __nv_bfloat16*>(p), n, s.flags + flag); break;
-      case Dtype::F16: k_check_finite<__half><<<g, 256, 0, st>>>(static_cast<const __half*>(p), n, s.flags + flag); break;
-      default: break;
-    }
-    CK(cudaGetLastError());
+    launch_check_finite(p, n, e, s.flags + flag, st);
   };
   finite(a.grad_output, N, sizeof(T) == 8 ? Dtype::F64 : Dtype::F32, 0);
   finite(a.hidden, N * a.d_model, a.elem, 1);

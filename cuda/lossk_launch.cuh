@@ -24,6 +24,30 @@ struct Carver {
   }
 };
 
+// The data check "every element of p (n of element type e) is finite" into *flag (set when not).
+inline void launch_check_finite(const void* p, int64_t n, Dtype e, int* flag, cudaStream_t st) {
+  if (!p) return;
+  const unsigned g = grid_for(n, 256);
+  switch (e) {
+    case Dtype::F32:
+      k_check_finite<float><<<g, 256, 0, st>>>(static_cast<const float*>(p), n, flag);
+      break;
+    case Dtype::F64:
+      k_check_finite<double><<<g, 256, 0, st>>>(static_cast<const double*>(p), n, flag);
+      break;
+    case Dtype::BF16:
+      k_check_finite<__nv_bfloat16><<<g, 256, 0, st>>>(static_cast<const __nv_bfloat16*>(p), n,
+                                                       flag);
+      break;
+    case Dtype::F16:
+      k_check_finite<__half><<<g, 256, 0, st>>>(static_cast<const __half*>(p), n, flag);
+      break;
+    default:
+      break;
+  }
+  CK(cudaGetLastError());
+}
+
 // The chunk the device runs: the caller's, and for half inputs rounded down to a multiple of 16
 // (at least 16) so d_weight's tensor-core k-steps group the same tokens for every chunk size.
 inline int64_t device_chunk_for(Dtype elem, int64_t chunk, int64_t n_tok) {

@@ -434,9 +434,8 @@ py::dict distill(const py::dict& k, Dtype elem, Dtype t_elem, Dtype grad_elem) {
   }
   // device="cuda": the data's own checks (585/586) run on the device, after the copy
   const bool cuda = on_cuda(k.contains("device") ? k["device"].cast<std::string>() : "cpu");
-  if ((st = cuda ? fused_linear_distill_check_shape(a, &why) : fused_linear_distill_check(a, &why)) !=
-      LOSS_OK)
-    refuse(st, why);
+  st = cuda ? fused_linear_distill_check_shape(a, &why) : fused_linear_distill_check(a, &why);
+  if (st != LOSS_OK) refuse(st, why);
   if (!cuda) algenta::kern::isa();  // an invalid ALGENTA_ISA is refused here, before any allocation
 
   DistillOut<T> out;

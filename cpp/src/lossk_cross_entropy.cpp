@@ -174,7 +174,8 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
   const kern::IsaOps<T>& K = kern::ops<T>();
 
   // ---- every allocation, before any work --------------------------------------------------
-  head::Head<T> hd(a.hidden, a.weight, a.bias, a.elem, N, a.d_model, V, C, false, head::grads_of<T>(out));
+  head::Head<T> hd(a.hidden, a.weight, a.bias, a.elem, N, a.d_model, V, C, false,
+                   head::grads_of<T>(out));
   const bool with_grad = hd.with_grad();
   Buffer<kern::BlockStats> stats(static_cast<size_t>(C * nVB));  // (C, nVB)
   Buffer<int32_t> blk_arg(want_pred ? static_cast<size_t>(C * nVB) : 0);  // first max per block

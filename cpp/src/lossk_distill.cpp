@@ -161,7 +161,8 @@ void fused_linear_distill(const DistillArgs<T>& a, DistillOut<T>& out) {
   const bool shard = a.shard;  // the vocab-parallel form
 
   // ---- every allocation, before any work --------------------------------------------------
-  head::Head<T> student(a.hidden, a.weight, a.bias, a.elem, N, a.d_model, V, C, true, head::grads_of<T>(out));
+  head::Head<T> student(a.hidden, a.weight, a.bias, a.elem, N, a.d_model, V, C, true,
+                        head::grads_of<T>(out));
   head::Head<T> teacher(a.t_hidden, a.t_weight, a.t_bias, a.t_elem, N, a.t_d_model, V, C, true,
                         head::Grads<T>());
   const bool with_grad = student.with_grad();
@@ -238,7 +239,7 @@ void fused_linear_distill(const DistillArgs<T>& a, DistillOut<T>& out) {
         // in the vocab-parallel form a target outside [0, V) lies in another shard
         y = a.targets[t];
         if (y < 0 || y >= V) y = -1;
-        else ct = (ms - double(zs[y])) + n1;  // math::token_ce's form: exact log(V) for equal logits
+        else ct = (ms - double(zs[y])) + n1;  // math::token_ce's form: log(V) for equal logits
       }
       // The divergence's shares and, for ReverseKL and JSD, H = sum_v p_v h_v. p and q are the
       // stored exponentials times their normalizers; lp and lq are formed from the logits.

@@ -250,11 +250,11 @@ struct DistillArgs {
   int64_t ignore_index = -100;
   const T* grad_output = nullptr;    // (N) per-token upstream gradient, Reduction::None only
   double grad_scale = 1.0;           // the upstream gradient of a Mean/Sum loss
-  // The vocab-parallel form (shard): both heads are the same rows of a larger vocabulary, targets are
-  // local (outside [0, V): in another shard, never refused) and every token is scored (the
-  // caller zeroes the scales of tokens it does not count). shard_lse (N, 3): per token the full
-  // vocabulary's log-sum-exp of s / T, t / T and s, which then normalize p, q and the hard
-  // term's softmax; null for a whole vocabulary. For gradients also shard_h (N), the full
+  // The vocab-parallel form (shard): both heads are the same rows of a larger vocabulary,
+  // targets are local (outside [0, V): in another shard, never refused) and every token is
+  // scored (the caller zeroes the scales of tokens it does not count). shard_lse (N, 3): per
+  // token the full vocabulary's log-sum-exp of s / T, t / T and s, which then normalize p, q and
+  // the hard term's softmax (null: this call's own). For gradients also shard_h (N), the full
   // vocabulary's H = sum_v p_v h_v, and shard_coef (N, 2), each token's scales of d/ds (soft:
   // soft_weight / T times the reduction's; hard: hard_weight times it), replacing the
   // reduction's.
