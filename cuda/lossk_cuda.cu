@@ -143,15 +143,7 @@ void check_data(const FusedArgs<T>& a, const Scratch<T>& s, cudaStream_t st) {
   static const int order[9] = {0, 1, 8, 2, 3, 4, 5, 6, 7};  // fused_linear_ce_check's order
   for (int i : order)
     if (flags[i]) refuse(LOSS_ERR_NON_FINITE, what[i]);
-  if (first != ~0ull) {
-    int64_t y = 0;
-    CK(cudaMemcpyAsync(&y, a.targets + int64_t(first) + a.shift, sizeof y, cudaMemcpyDeviceToHost, st));
-    CK(cudaStreamSynchronize(st));
-    refuse(LOSS_ERR_TARGET_OUT_OF_RANGE,
-           "target " + std::to_string(y) + " at token " + std::to_string(int64_t(first) + a.shift) +
-               " is outside [0, " + std::to_string(V) + ")" +
-               (a.has_ignore ? "" : " (no ignore_index was given)"));
-  }
+  refuse_first_target(a.targets, first, a.shift, V, a.has_ignore, st);
 }
 
 }  // namespace

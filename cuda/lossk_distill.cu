@@ -254,15 +254,7 @@ void check_data(const DistillArgs<T>& a, const DistillScratch<T>& s, cudaStream_
       "teacher_bias contains NaN or infinity"};
   for (int i = 0; i < 7; ++i)  // fused_linear_distill_check's order
     if (flags[i]) refuse(LOSS_ERR_NON_FINITE, what[i]);
-  if (first != ~0ull) {
-    int64_t y = 0;
-    CK(cudaMemcpyAsync(&y, a.targets + int64_t(first), sizeof y, cudaMemcpyDeviceToHost, st));
-    CK(cudaStreamSynchronize(st));
-    refuse(LOSS_ERR_TARGET_OUT_OF_RANGE,
-           "target " + std::to_string(y) + " at token " + std::to_string(int64_t(first)) +
-               " is outside [0, " + std::to_string(V) + ")" +
-               (a.has_ignore ? "" : " (no ignore_index was given)"));
-  }
+  refuse_first_target(a.targets, first, 0, V, a.has_ignore, st);
 }
 
 }  // namespace

@@ -48,6 +48,18 @@ inline void launch_check_finite(const void* p, int64_t n, Dtype e, int* flag, cu
   CK(cudaGetLastError());
 }
 
+// The 586 refusal of the first bad token k_check_targets found (first: ~0 when none), reading
+// its target back from the device.
+inline void refuse_first_target(const int64_t* targets, unsigned long long first, int64_t shift,
+                                int64_t V, bool has_ignore, cudaStream_t st) {
+  if (first == ~0ull) return;
+  const int64_t t = int64_t(first) + shift;
+  int64_t y = 0;
+  CK(cudaMemcpyAsync(&y, targets + t, sizeof y, cudaMemcpyDeviceToHost, st));
+  CK(cudaStreamSynchronize(st));
+  refuse(LOSS_ERR_TARGET_OUT_OF_RANGE, target_refusal(y, t, V, has_ignore));
+}
+
 // The chunk the device runs: the caller's, and for half inputs rounded down to a multiple of 16
 // (at least 16) so d_weight's tensor-core k-steps group the same tokens for every chunk size.
 inline int64_t device_chunk_for(Dtype elem, int64_t chunk, int64_t n_tok) {

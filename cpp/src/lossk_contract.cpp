@@ -3,6 +3,8 @@
 #include <cfloat>
 #include <cmath>
 
+#include <string>
+
 #include "algenta/lossk.hpp"
 #include "algenta/lossk_math.hpp"
 
@@ -40,6 +42,11 @@ int loss_dims_check(int64_t n_tok, int64_t d_model, int64_t vocab) {
     return LOSS_ERR_DIMENSION_TOO_LARGE;
   if (!loss_work_fits(n_tok, d_model, vocab, LOSS_MAX_WORK_CELLS)) return LOSS_ERR_WORK_BUDGET;
   return LOSS_OK;
+}
+
+std::string target_refusal(int64_t y, int64_t t, int64_t vocab, bool has_ignore) {
+  return "target " + std::to_string(y) + " at token " + std::to_string(t) + " is outside [0, " +
+         std::to_string(vocab) + ")" + (has_ignore ? "" : " (no ignore_index was given)");
 }
 
 int loss_chunk_check(int64_t chunk, int64_t vocab) {

@@ -142,9 +142,7 @@ int fused_linear_ce_check(const FusedArgs<T>& a, std::string* why) {
     if (a.has_ignore && y == a.ignore_index) continue;
     if (y < 0 || y >= a.vocab)
       return refuse(LOSS_ERR_TARGET_OUT_OF_RANGE,
-                    "target " + std::to_string(y) + " at token " + std::to_string(t + a.shift) +
-                        " is outside [0, " + std::to_string(a.vocab) + ")" +
-                        (a.has_ignore ? "" : " (no ignore_index was given)"));
+                    target_refusal(y, t + a.shift, a.vocab, a.has_ignore));
   }
   return LOSS_OK;
 }

@@ -137,9 +137,7 @@ int fused_linear_distill_check(const DistillArgs<T>& a, std::string* why) {
       if (a.has_ignore && y == a.ignore_index) continue;
       if (y < 0 || y >= a.vocab)
         return refuse(LOSS_ERR_TARGET_OUT_OF_RANGE,
-                      "target " + std::to_string(y) + " at token " + std::to_string(t) +
-                          " is outside [0, " + std::to_string(a.vocab) + ")" +
-                          (a.has_ignore ? "" : " (no ignore_index was given)"));
+                      target_refusal(y, t, a.vocab, a.has_ignore));
     }
   return LOSS_OK;
 }

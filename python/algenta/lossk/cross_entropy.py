@@ -287,6 +287,19 @@ def _grad_elem(elem: str, grad_dtype) -> str:
                     f"got {grad_dtype!r}")
 
 
+def _grad_array(a, shape, gelem: str, elem: str, like):
+    """A gradient from the core in its caller's form: shaped, and half bits viewed as the input's
+    half dtype (HalfBits for HalfBits inputs); None stays None."""
+    if a is None:
+        return None
+    a = a.reshape(shape)
+    if gelem != elem or elem in ("f32", "f64"):
+        return a
+    if isinstance(like, HalfBits):
+        return HalfBits(a, like.dtype)
+    return a.view(like.dtype)
+
+
 def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=None, chunk=None,
                          reduction="mean", ignore_index=None, label_smoothing=0.0, softcap=None,
                          lse_square_scale=0.0, shift=0, return_accuracy=False, with_grad=False,
@@ -455,14 +468,7 @@ def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=Non
         return a[..., : seq - k] if out_shape != lead else a
 
     def grad(a, shape):
-        if a is None:
-            return None
-        a = a.reshape(shape)
-        if gelem != elem or elem in ("f32", "f64"):
-            return a
-        if isinstance(hidden, HalfBits):
-            return HalfBits(a, hidden.dtype)
-        return a.view(hidden.dtype)
+        return _grad_array(a, shape, gelem, elem, hidden)
 
     scalar = np.float64 if elem == "f64" else np.float32
     if reduction == "none":

@@ -17,7 +17,8 @@ from .._dtypes import HalfBits
 from .._records import record_type
 from ..errors import LossError
 from . import _args
-from .cross_entropy import _dtype_name, _elem, _grad_elem, _grad_sets, _targets
+from .cross_entropy import (_dtype_name, _elem, _grad_array, _grad_elem, _grad_sets,
+                            _targets)
 
 _c = _core.lossk
 
@@ -163,14 +164,7 @@ def linear_distillation(student_input, student_weight, teacher_input, teacher_we
         **biases)
 
     def grad(a, shape):
-        if a is None:
-            return None
-        a = a.reshape(shape)
-        if gelem != elem or elem in ("f32", "f64"):
-            return a
-        if isinstance(student_input, HalfBits):
-            return HalfBits(a, student_input.dtype)
-        return a.view(student_input.dtype)
+        return _grad_array(a, shape, gelem, elem, student_input)
 
     scalar = np.float64 if elem == "f64" else np.float32
     if o.reduction == "none":
