@@ -232,8 +232,10 @@ def lossk_case(rng: random.Random):
                         2**63 - 1, 2**64, 1.0, True, "1"])
     if rng.random() < 0.03:  # within every ceiling, past the work budget: 584 before any length
         N, D, V = 2**26, 2**17, rng.choice([2, 2**22])
-    which = rng.randrange(10)
+    which = rng.randrange(12)
     desc = f"n={N!r} d={D!r} v={V!r} chunk={chunk!r} h={_short(h)} w={_short(w)} t={_short(t)}"
+    if which >= 10:
+        return distill_case(rng, which == 10, n, d, v, N, D, V, h, w, t, chunk, desc)
     if which == 0:
         return "fused_linear_ce_flat " + desc, lambda: ce.fused_linear_ce_flat(h, w, t, N, D, V, chunk)
     if which == 1:
@@ -294,6 +296,55 @@ def lossk_case(rng: random.Random):
               want_dw=flags[1], grad_output=go, want_loss_tok=flags[2])
     return (f"_core fused_linear_ce {kw!r} go={_short(go)} " + desc,
             lambda: fn(h, w, t, N, D, V, chunk, **kw))
+
+
+def distill_case(rng, numpy_api, n, d, v, N, D, V, h, w, t, chunk, desc):
+    """Distillation: the NumPy API with hostile options and heads, or its raw binding with lying
+    dims, dtypes and the vocab-parallel form's per-token arrays."""
+    from algenta import _core, linear_distillation
+
+    dt_ = rng.randint(1, 4)
+    th = _array(rng, n * dt_)
+    tw = _array(rng, v * dt_)
+    if numpy_api:
+        dtype = rng.choice([np.float32, np.float64, np.float16])
+        S = np.array([rng.uniform(-2, 2) for _ in range(n * d)]).reshape(n, d).astype(dtype)
+        SW = np.ones((v, d), dtype=rng.choice([dtype, np.float64]))
+        TI = rng.choice([np.ones((n, dt_), dtype), np.ones((n + 1, dt_), dtype), S, th])
+        TW = rng.choice([np.ones((v, dt_), dtype), np.ones((v + 1, dt_), dtype), SW, tw])
+        kw = dict(objective=rng.choice(["kl", "reverse_kl", "jsd", "js", None, 3]),
+                  beta=rng.choice([0.0, 0.5, 1.0, 1.5, -0.1, float("nan"), "0.5"]),
+                  temperature=rng.choice([1.0, 0.5, 0.0, -1.0, float("inf"), 1e-300, "1"]),
+                  hard_weight=rng.choice([0.0, 0.5, -1.0, float("nan")]),
+                  soft_weight=rng.choice([1.0, 0.0, float("inf")]),
+                  ignore_index=rng.choice([-100, None, 2**64]),
+                  reduction=rng.choice(["mean", "sum", "none", "avg"]), chunk=chunk,
+                  with_grad=rng.choice([False, True, "hidden", "teacher"]))
+        target = rng.choice([None, t, np.zeros(n + 1, np.int64)])
+        return (f"linear_distillation S={_short(S)} TI={_short(TI)} TW={_short(TW)} {kw!r} "
+                + desc, lambda: linear_distillation(S, SW, TI, TW, target, **kw))
+    Dt = _dim(rng, dt_)
+    k = dict(hidden=h, weight=w, t_hidden=th, t_weight=tw,
+             targets=rng.choice([None, t, np.zeros(max(n - 1, 0), np.int64)]),
+             elem=rng.choice(["f64", "f32", "bf16", "i8"]),
+             t_elem=rng.choice(["f64", "f32", "f16"]), grad_elem=rng.choice(["", "f32", "f16"]),
+             n_tok=N, d_model=D, t_d_model=Dt, vocab=V, chunk=chunk,
+             objective=rng.choice(["kl", "jsd", "bogus"]), beta=rng.choice([0.5, 2.0]),
+             temperature=rng.choice([1.0, 0.0]), hard_weight=rng.choice([0.0, 1.0]),
+             soft_weight=1.0, reduction=rng.choice(["mean", "none", "bogus"]),
+             has_ignore=rng.choice([False, True]), ignore_index=-100,
+             want_dh=rng.random() < 0.5, want_dw=rng.random() < 0.5, want_db=False,
+             grad_output=rng.choice([None, np.ones(n), np.ones(max(n - 1, 0))]), grad_scale=1.0,
+             shard=rng.random() < 0.3,
+             shard_lse=rng.choice([None, np.zeros((n, 3)), np.zeros(n)]),
+             shard_h=rng.choice([None, np.zeros(n)]),
+             shard_coef=rng.choice([None, np.zeros((n, 2)), np.full((n, 2), np.nan)]),
+             want_shard_stats=rng.random() < 0.3)
+    if rng.random() < 0.1:
+        del k[rng.choice(sorted(k))]
+    shown = {key: (_short(val) if isinstance(val, np.ndarray) else val) for key, val in k.items()}
+    return (f"_core fused_linear_distill {shown!r} " + desc,
+            lambda: _core.lossk.fused_linear_distill(**k))
 
 
 def _short(x):

@@ -357,32 +357,46 @@ const void* input_data(const py::array& x, Dtype e, carray<T>& keep, const char*
   return keep.data();
 }
 
+// A keyword argument of the raw distillation binding as X: a missing key or a value of another
+// type is a TypeError naming it (as pybind11 refuses a typed signature's arguments).
+template <class X>
+X kwarg(const py::dict& k, const char* n) {
+  if (!k.contains(n))
+    throw py::type_error(std::string("fused_linear_distill: missing argument '") + n + "'");
+  try {
+    return k[n].cast<X>();
+  } catch (const py::cast_error&) {
+    throw py::type_error(std::string("fused_linear_distill: argument '") + n +
+                         "' has the wrong type (" + std::string(py::str(k[n].get_type())) + ")");
+  }
+}
+
 template <class T>
 py::dict distill(const py::dict& k, Dtype elem, Dtype t_elem, Dtype grad_elem) {
-  auto arr = [&](const char* n) { return k[n].cast<py::array>(); };
+  auto arr = [&](const char* n) { return kwarg<py::array>(k, n); };
   auto opt = [&](const char* n) {
     return k.contains(n) && !k[n].is_none() ? std::optional<py::array>(arr(n)) : std::nullopt;
   };
   DistillArgs<T> a;
   a.elem = elem;
   a.t_elem = t_elem;
-  a.n_tok = k["n_tok"].cast<int64_t>();
-  a.d_model = k["d_model"].cast<int64_t>();
-  a.t_d_model = k["t_d_model"].cast<int64_t>();
-  a.vocab = k["vocab"].cast<int64_t>();
-  a.chunk = k["chunk"].cast<int64_t>();
-  a.objective = parse_objective(k["objective"].cast<std::string>());
-  a.beta = k["beta"].cast<double>();
-  a.temperature = k["temperature"].cast<double>();
-  a.hard_weight = k["hard_weight"].cast<double>();
-  a.soft_weight = k["soft_weight"].cast<double>();
-  a.reduction = parse_reduction(k["reduction"].cast<std::string>());
-  a.has_ignore = k["has_ignore"].cast<bool>();
-  a.ignore_index = k["ignore_index"].cast<int64_t>();
-  a.grad_scale = k["grad_scale"].cast<double>();
-  a.shard = k.contains("shard") && k["shard"].cast<bool>();
-  const bool want_dh = k["want_dh"].cast<bool>(), want_dw = k["want_dw"].cast<bool>(),
-             want_db = k["want_db"].cast<bool>();
+  a.n_tok = kwarg<int64_t>(k, "n_tok");
+  a.d_model = kwarg<int64_t>(k, "d_model");
+  a.t_d_model = kwarg<int64_t>(k, "t_d_model");
+  a.vocab = kwarg<int64_t>(k, "vocab");
+  a.chunk = kwarg<int64_t>(k, "chunk");
+  a.objective = parse_objective(kwarg<std::string>(k, "objective"));
+  a.beta = kwarg<double>(k, "beta");
+  a.temperature = kwarg<double>(k, "temperature");
+  a.hard_weight = kwarg<double>(k, "hard_weight");
+  a.soft_weight = kwarg<double>(k, "soft_weight");
+  a.reduction = parse_reduction(kwarg<std::string>(k, "reduction"));
+  a.has_ignore = kwarg<bool>(k, "has_ignore");
+  a.ignore_index = kwarg<int64_t>(k, "ignore_index");
+  a.grad_scale = kwarg<double>(k, "grad_scale");
+  a.shard = k.contains("shard") && kwarg<bool>(k, "shard");
+  const bool want_dh = kwarg<bool>(k, "want_dh"), want_dw = kwarg<bool>(k, "want_dw"),
+             want_db = kwarg<bool>(k, "want_db");
   if (is_half(grad_elem) && !is_half(elem))
     refuse(LOSS_ERR_LENGTH_MISMATCH, "half-precision gradients need half-precision inputs");
   const std::optional<py::array> bias = opt("bias"), t_bias = opt("t_bias"),
@@ -433,7 +447,7 @@ py::dict distill(const py::dict& k, Dtype elem, Dtype t_elem, Dtype grad_elem) {
     *per_tok_dst[i] = per_tok_in[i].data();
   }
   // device="cuda": the data's own checks (585/586) run on the device, after the copy
-  const bool cuda = on_cuda(k.contains("device") ? k["device"].cast<std::string>() : "cpu");
+  const bool cuda = on_cuda(k.contains("device") ? kwarg<std::string>(k, "device") : "cpu");
   st = cuda ? fused_linear_distill_check_shape(a, &why) : fused_linear_distill_check(a, &why);
   if (st != LOSS_OK) refuse(st, why);
   if (!cuda) algenta::kern::isa();  // an invalid ALGENTA_ISA is refused here, before any allocation
@@ -450,7 +464,7 @@ py::dict distill(const py::dict& k, Dtype elem, Dtype t_elem, Dtype grad_elem) {
     out.ce_tok = ce_tok.mutable_data();
   }
   py::array_t<T> shard_stats;
-  const bool want_stats = k.contains("want_shard_stats") && k["want_shard_stats"].cast<bool>();
+  const bool want_stats = k.contains("want_shard_stats") && kwarg<bool>(k, "want_shard_stats");
   if (want_stats) {
     shard_stats = py::array_t<T>({a.n_tok, int64_t(6)});
     out.shard_stats = shard_stats.mutable_data();
@@ -487,9 +501,9 @@ py::dict distill(const py::dict& k, Dtype elem, Dtype t_elem, Dtype grad_elem) {
 // shard, shard_lse, shard_h, shard_coef and want_shard_stats (DistillArgs, DistillOut); device
 // ("cpu" or "cuda": host arrays either way).
 py::dict distill_any(const py::dict& k) {
-  const Dtype e = parse_elem(k["elem"].cast<std::string>(), "elem");
-  const Dtype te = parse_elem(k["t_elem"].cast<std::string>(), "t_elem");
-  const std::string g = k["grad_elem"].cast<std::string>();
+  const Dtype e = parse_elem(kwarg<std::string>(k, "elem"), "elem");
+  const Dtype te = parse_elem(kwarg<std::string>(k, "t_elem"), "t_elem");
+  const std::string g = kwarg<std::string>(k, "grad_elem");
   const Dtype ge = g.empty() ? e : parse_elem(g, "grad_elem");
   if (e == Dtype::F64) {
     if (ge != Dtype::F64) refuse(LOSS_ERR_LENGTH_MISMATCH, "float64 inputs give float64 gradients");
