@@ -363,11 +363,14 @@ template <class X>
 X kwarg(const py::dict& k, const char* n) {
   if (!k.contains(n))
     throw py::type_error(std::string("fused_linear_distill: missing argument '") + n + "'");
+  const std::string why = std::string("fused_linear_distill: argument '") + n +
+                          "' has the wrong type (" + std::string(py::str(k[n].get_type())) + ")";
   try {
     return k[n].cast<X>();
   } catch (const py::cast_error&) {
-    throw py::type_error(std::string("fused_linear_distill: argument '") + n +
-                         "' has the wrong type (" + std::string(py::str(k[n].get_type())) + ")");
+    throw py::type_error(why);
+  } catch (const py::error_already_set&) {  // NumPy's refusal of a ragged or odd array (the
+    throw py::type_error(why);                // Python error was fetched into the exception)
   }
 }
 

@@ -104,10 +104,16 @@ def linear_distillation(student_input, student_weight, teacher_input, teacher_we
                    f"student's ({student_weight.shape[0]}): distillation compares one vocabulary",
                    582)
     has_target = target is not None
+    t = None
+    if has_target:
+        if not isinstance(target, (np.ndarray, list, tuple)) and not hasattr(target, "__array__"):
+            raise TypeError(f"target must be an array of integer class indices, got "
+                            f"{type(target).__name__}")
+        t = _targets(target)
     o = _args.options(reduction, ignore_index, 0.0, None, 0.0, 0, chunk, temperature)
     lead, n, d, v = _args.shapes(
         student_input.shape, student_weight.shape,
-        np.shape(target) if has_target else student_input.shape[:-1], shift=0,
+        t.shape if has_target else student_input.shape[:-1], shift=0,
         bias_shape=None if student_bias is None else student_bias.shape,
         names=("student_input", "student_weight", "target", "student_bias", "class_weight"))
     _, _, dt, _ = _args.shapes(
@@ -130,12 +136,8 @@ def linear_distillation(student_input, student_weight, teacher_input, teacher_we
             raise _err(f"a head's bias must have its weight's dtype {_dtype_name(ref)}, got "
                        f"{_dtype_name(b)}", 582)
         biases[key] = np.ascontiguousarray(_elem(b)[1])
-    t = None
     if has_target:
-        if not isinstance(target, (np.ndarray, list, tuple)) and not hasattr(target, "__array__"):
-            raise TypeError(f"target must be an array of integer class indices, got "
-                            f"{type(target).__name__}")
-        t = _targets(target).reshape(n)
+        t = t.reshape(n)
     compute = np.float64 if elem == "f64" else np.float32
     go, gscale = None, 1.0
     if grad_output is not None:
