@@ -370,3 +370,46 @@ def test_torch_half_student_and_autocast():
     out = at.linear_distillation_loss(si, sw, ti, tw, torch.arange(6), hard_weight=1.0,
                                       return_terms=True)
     assert out.ce > 0 and not out.divergence.requires_grad
+
+
+MEM_CHILD = r"""
+import json, torch, algenta.torch as at
+torch.manual_seed(0)
+N, D, DT, V, C = 256, 256, 128, 65536, 128
+si = torch.randn(N, D, requires_grad=True); sw = (torch.randn(V, D) / 16).requires_grad_(True)
+ti, tw = torch.randn(N, DT), torch.randn(V, DT) / 16
+x = torch.zeros(2, D, requires_grad=True)  # warm up: libtorch's pages are not the call's
+at.linear_distillation_loss(x, torch.zeros(300, D, requires_grad=True), ti[:2], tw[:300]).backward()
+def rss(key):
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key))
+open("/proc/self/clear_refs", "w").write("5")
+base = rss("VmRSS:")
+at.linear_distillation_loss(si, sw, ti, tw, objective="jsd", chunk=C).backward()
+print(json.dumps({"extra": rss("VmHWM:") - base,
+                  "need": (N * D + V * D) * 4 + 2 * C * V * 4 + 4 * V * 8 * torch.get_num_threads()}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self")
+def test_training_step_holds_the_gradients_and_one_chunk_of_each_head():
+    pytest.importorskip("torch")
+    r = subprocess.run([sys.executable, "-c", MEM_CHILD], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    m = __import__("json").loads(r.stdout.strip().splitlines()[-1])
+    assert m["extra"] <= 1.2 * m["need"], m
+
+
+def test_torch_second_backward_and_upstream_scale():
+    torch = pytest.importorskip("torch")
+    import algenta.torch as at
+    g = torch.Generator().manual_seed(3)
+    si = torch.randn(5, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    sw = torch.randn(40, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    ti, tw = torch.randn(5, 4, generator=g, dtype=torch.float64), \
+        torch.randn(40, 4, generator=g, dtype=torch.float64)
+    loss = at.linear_distillation_loss(si, sw, ti, tw, objective="jsd")
+    g1 = torch.autograd.grad(3.0 * loss, (si, sw), retain_graph=True)
+    g2 = torch.autograd.grad(loss, (si, sw))  # the retained graph: another core pass
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, 3.0 * b, rtol=1e-14, atol=0)

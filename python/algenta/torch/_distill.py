@@ -35,8 +35,10 @@ def _run(si, sw, ti, tw, target, sb, tb, opts, need, grad_output=None):
 
 class _Distill(torch.autograd.Function):
     """Forward computes the student's gradients of the reduced loss in the same pass when any is
-    needed (mean and sum: scaled by the upstream gradient in backward); reduction "none" runs a
-    second pass in backward with the per-token upstream gradient."""
+    needed (mean and sum); backward hands those buffers out, scaled in place by the upstream
+    gradient (not at all for ``loss.backward()``), so a step holds the gradients once. Reduction
+    "none", or a second backward through a retained graph, runs another core pass with the
+    upstream gradient."""
 
     @staticmethod
     def forward(ctx, si, sw, sb, ti, tw, tb, target, opts):
@@ -47,12 +49,8 @@ class _Distill(torch.autograd.Function):
         ld = _loss_dtype(si.dtype)
         ctx.need, ctx.per_tok, ctx.opts = need, per_tok, opts
         ctx.dtype = si.dtype
-        if per_tok:
-            ctx.save_for_backward(si, sw, sb, ti, tw, tb, target)
-        else:
-            ctx.grads = {n: None if g is None else _tensor(g, si.dtype)
-                         for n, g in (("hidden", r.d_hidden), ("weight", r.d_weight),
-                                      ("bias", r.d_bias))}
+        ctx.save_for_backward(si, sw, sb, ti, tw, tb, target)
+        ctx.grads = None if per_tok else _grads(r, si.dtype)
         as_t = lambda x: torch.as_tensor(x).to(ld)
         div, ce = as_t(r.divergence), as_t(r.ce)
         ctx.mark_non_differentiable(div, ce)
@@ -60,15 +58,22 @@ class _Distill(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g, _g_div, _g_ce):
-        if ctx.per_tok:
+        grads, ctx.grads = ctx.grads, None
+        if grads is None:
             si, sw, sb, ti, tw, tb, target = ctx.saved_tensors
-            r = _run(si, sw, ti, tw, target, sb, tb, ctx.opts, ctx.need, grad_output=g)
-            grads = {n: None if x is None else _tensor(x, ctx.dtype)
-                     for n, x in (("hidden", r.d_hidden), ("weight", r.d_weight),
-                                  ("bias", r.d_bias))}
-        else:
-            grads = {n: None if x is None else x * g.to(x.dtype) for n, x in ctx.grads.items()}
+            up = g if ctx.per_tok else float(g)
+            grads = _grads(_run(si, sw, ti, tw, target, sb, tb, ctx.opts, ctx.need,
+                                grad_output=up), ctx.dtype)
+        elif not bool((g == 1).all()):
+            for x in grads.values():
+                if x is not None:
+                    x.mul_(g.to(x.dtype))
         return (grads["hidden"], grads["weight"], grads["bias"], None, None, None, None, None)
+
+
+def _grads(r, dtype) -> dict:
+    return {n: None if x is None else _tensor(x, dtype)
+            for n, x in (("hidden", r.d_hidden), ("weight", r.d_weight), ("bias", r.d_bias))}
 
 
 def _checked_heads(student_input, student_weight, teacher_input, teacher_weight, target,
