@@ -13,7 +13,7 @@
 // and k_distill_finish (token-order sums in a fixed tree, the reduced loss). The per-element
 // formulas are lossk_math.hpp's, shared with the CPU backend.
 // Exactness: no atomics in any reduction; each token's sums run over a partition of [0, V)
-// that depends on V only (thread i takes v = i, i + RT, ...) and fold in a fixed tree, so a token's
+// that depends on V only (thread i takes v = i, i + DT, ...) and fold in a fixed tree, so a token's
 // results do not depend on the chunk or on the other tokens of its batch. Bits differ from the
 // CPU backend's (another summation order, device libm).
 #include <algorithm>
@@ -27,8 +27,15 @@ namespace lossk {
 
 namespace {
 
-__device__ double block_max(double v, double* red) {
-  return gpu::block_tree<RT>(v, red, gpu::TreeMax{});
+// Threads of k_distill_row: 256, so its float64 sums fit the registers without spilling (1024,
+// the one-block reductions' RT, caps a thread at 64 registers and spilled 80 bytes).
+constexpr int DT = 256;
+
+__device__ double row_sum(double v, double* red) {
+  return gpu::block_tree<DT>(v, red, gpu::TreeSum{});
+}
+__device__ double row_max(double v, double* red) {
+  return gpu::block_tree<DT>(v, red, gpu::TreeMax{});
 }
 
 // valid (N): counted or not (a target other than ignore_index; every token without targets);
@@ -67,37 +74,37 @@ struct RowArgs {
 // One token per block: the CPU backend's per-row arithmetic (lossk_distill.cpp), each sum over
 // the block's fixed partition of the vocabulary folded in a fixed tree.
 template <class T>
-__global__ void __launch_bounds__(RT) k_distill_row(RowArgs<T> a) {
-  __shared__ double red[RT];
+__global__ void __launch_bounds__(DT) k_distill_row(RowArgs<T> a) {
+  __shared__ double red[DT];
   const int64_t r = blockIdx.x, t = a.t0 + r, V = a.V;
   T* zs = a.zs + r * V;
   const T* zt = a.zt + r * V;
   if (!a.valid[t]) {
     if (threadIdx.x == 0) a.div[t] = 0.0, a.ce[t] = 0.0;
     if (a.with_grad)
-      for (int64_t v = threadIdx.x; v < V; v += RT) st(zs + v, T(0));
+      for (int64_t v = threadIdx.x; v < V; v += DT) st(zs + v, T(0));
     return;
   }
   const double temp = a.temp;
   double ms = -INFINITY, mt = -INFINITY;
-  for (int64_t v = threadIdx.x; v < V; v += RT) {
+  for (int64_t v = threadIdx.x; v < V; v += DT) {
     ms = fmax(ms, double(ld(zs + v)));
     mt = fmax(mt, double(ld(zt + v)));
   }
-  ms = block_max(ms, red);
-  mt = block_max(mt, red);
+  ms = row_max(ms, red);
+  mt = row_max(mt, red);
   const bool has_ce = a.targets != nullptr;
   const bool own_e1 = has_ce && temp != 1.0;
   double ss = 0.0, st_ = 0.0, s1 = 0.0;
-  for (int64_t v = threadIdx.x; v < V; v += RT) {
+  for (int64_t v = threadIdx.x; v < V; v += DT) {
     const double zv = double(ld(zs + v));
     ss += exp((zv - ms) / temp);
     st_ += exp((double(ld(zt + v)) - mt) / temp);
     if (own_e1) s1 += exp(zv - ms);
   }
-  ss = block_sum(ss, red);
-  st_ = block_sum(st_, red);
-  s1 = own_e1 ? block_sum(s1, red) : ss;
+  ss = row_sum(ss, red);
+  st_ = row_sum(st_, red);
+  s1 = own_e1 ? row_sum(s1, red) : ss;
   const double lss = log(ss), lst = log(st_), ls1 = log(s1);
   const double fs = 1.0 / ss, ft = 1.0 / st_, f1 = 1.0 / s1;
   int64_t y = -1;
@@ -107,7 +114,7 @@ __global__ void __launch_bounds__(RT) k_distill_row(RowArgs<T> a) {
     ct = (ms - double(ld(zs + y))) + ls1;  // math::token_ce's form
   }
   double dsum = 0.0, hsum = 0.0;
-  for (int64_t v = threadIdx.x; v < V; v += RT) {
+  for (int64_t v = threadIdx.x; v < V; v += DT) {
     const double zv = double(ld(zs + v)), tv = double(ld(zt + v));
     const double lp = (zv - ms) / temp - lss, lq = (tv - mt) / temp - lst;
     const double p = exp((zv - ms) / temp) * fs;
@@ -116,15 +123,15 @@ __global__ void __launch_bounds__(RT) k_distill_row(RowArgs<T> a) {
     dsum += e.term;
     hsum += p * e.h;
   }
-  dsum = block_sum(dsum, red);
-  hsum = block_sum(hsum, red);  // its barriers also order every read of zs above before the writes
+  dsum = row_sum(dsum, red);
+  hsum = row_sum(hsum, red);  // its barriers also order every read of zs above before the writes
   if (threadIdx.x == 0) a.div[t] = dsum, a.ce[t] = ct;
   if (!a.with_grad) return;
   const double n = a.prep[0];
   const double sc = math::reduction_scales(a.red, true, a.grad_scale, n, n,
                                            a.grad_output ? double(a.grad_output[t]) : 1.0, 1.0).ce;
   const double ks = sc * a.sw / temp, kh = sc * a.hw;
-  for (int64_t v = threadIdx.x; v < V; v += RT) {
+  for (int64_t v = threadIdx.x; v < V; v += DT) {
     const double zv = double(ld(zs + v)), tv = double(ld(zt + v));
     double g = 0.0;
     if (ks != 0.0) {
@@ -325,7 +332,7 @@ void fused_linear_distill_cuda(const DistillArgs<T>& a, DistillCudaOut<T>& out, 
     r.temp = a.temperature, r.sw = a.soft_weight, r.hw = a.hard_weight;
     r.red = a.reduction, r.grad_scale = a.grad_scale, r.grad_output = a.grad_output;
     r.prep = sc.prep, r.with_grad = grad, r.div = sc.div, r.ce = sc.ce;
-    k_distill_row<T><<<unsigned(c), RT, 0, s>>>(r);
+    k_distill_row<T><<<unsigned(c), DT, 0, s>>>(r);
     CK(cudaGetLastError());
     if (!grad) continue;
     launch_backward(a.elem, sc.zs, t0, c, V, D, a.weight, H, out.d_hidden, out.grad_elem, dw,

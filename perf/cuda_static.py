@@ -1,9 +1,9 @@
 """A device-free performance model of the CUDA kernels, read from their compiled SASS.
 
 No GPU has run these kernels yet; their speed can still be estimated from what nvcc makes of
-them. For each kernel of cuda/session_cuda.cu and cuda/lossk_cuda.cu compiled for sm_90 (and
-sm_80): registers, shared memory and spills (ptxas --resource-usage), the occupancy they allow,
-and the SASS of its main loop (cuobjdump -sass): instructions per tensor-core MMA (or per FMA),
+them. For each kernel of cuda/session_cuda.cu, cuda/lossk_cuda.cu and cuda/lossk_distill.cu
+compiled for sm_90 (and sm_80): registers, shared memory and spills (ptxas --resource-usage),
+the occupancy they allow, and the SASS of its main loop (cuobjdump -sass): instructions per tensor-core MMA (or per FMA),
 bytes per global load instruction, global loads a warp issues per iteration. Then, for sm_90,
 an estimate against the H200's limit, from the model below (the sm_80 rows show the SASS and
 occupancy at the same SM limits, no estimate).
@@ -66,7 +66,7 @@ GRAPH_GAP_S = 2e-6
 # F 3072; stage_bytes of the staged vector).
 BLOCK_THREADS = {"k_norm_qkv": 256, "k_norm_gateup": 256, "k_matvec_residual": 256,
                  "k_head_argmax": 256, "k_attn_partial": 128, "k_gemm_wide": 256,
-                 "k_gemm_narrow": 256, "k_gemm_q8": 256, "k_tile": 256}
+                 "k_gemm_narrow": 256, "k_gemm_q8": 256, "k_tile": 256, "k_distill_row": 256}
 
 
 def stage_bytes(k: int, fmt: str) -> int:
@@ -276,7 +276,7 @@ def short(mangled: str):
     return name, what
 
 
-SOURCES = ("cuda/session_cuda.cu", "cuda/lossk_cuda.cu")
+SOURCES = ("cuda/session_cuda.cu", "cuda/lossk_cuda.cu", "cuda/lossk_distill.cu")
 
 
 def analyze(arch: str, tmp: str, sources=SOURCES) -> list:
@@ -288,6 +288,8 @@ def analyze(arch: str, tmp: str, sources=SOURCES) -> list:
             name, what = short(mangled)
             if name not in BLOCK_THREADS:
                 continue
+            if src.endswith("lossk_distill.cu") and name != "k_distill_row":
+                continue  # its tiles are lossk_cuda.cu's instantiations, reported from there
             if name == "k_tile" and src.endswith("session_cuda.cu"):
                 what = "bf16/prefill"  # the session's bf16 prefill on lossk's tile
             r = res.get(mangled, {"regs": 0, "smem": 0, "spill": 0})

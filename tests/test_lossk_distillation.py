@@ -413,3 +413,15 @@ def test_torch_second_backward_and_upstream_scale():
     g2 = torch.autograd.grad(loss, (si, sw))  # the retained graph: another core pass
     for a, b in zip(g1, g2):
         torch.testing.assert_close(a, 3.0 * b, rtol=1e-14, atol=0)
+
+
+def test_leading_axes_and_nested_targets():
+    rng = np.random.default_rng(59)
+    si, sw, ti, tw = _heads(rng, n=10, d=4, dt=3, v=30)
+    y = rng.integers(0, 30, 10)
+    flat = algenta.linear_distillation(si, sw, ti, tw, y, hard_weight=0.5, reduction="none")
+    r = algenta.linear_distillation(si.reshape(2, 5, 4), sw, ti.reshape(2, 5, 3), tw,
+                                    y.reshape(2, 5).tolist(), hard_weight=0.5, reduction="none")
+    assert r.loss.shape == (2, 5) and np.array_equal(r.loss.ravel(), flat.loss)
+    with pytest.raises(TypeError):  # a ragged target
+        algenta.linear_distillation(si, sw, ti, tw, [[1, 2], [3]] * 5)

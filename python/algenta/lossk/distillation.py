@@ -109,11 +109,11 @@ def linear_distillation(student_input, student_weight, teacher_input, teacher_we
         if not isinstance(target, (np.ndarray, list, tuple)) and not hasattr(target, "__array__"):
             raise TypeError(f"target must be an array of integer class indices, got "
                             f"{type(target).__name__}")
-        t = _targets(target)
+        t = _targets(target)  # a ragged target is refused here (TypeError), before its shape
     o = _args.options(reduction, ignore_index, 0.0, None, 0.0, 0, chunk, temperature)
     lead, n, d, v = _args.shapes(
         student_input.shape, student_weight.shape,
-        t.shape if has_target else student_input.shape[:-1], shift=0,
+        np.shape(target) if has_target else student_input.shape[:-1], shift=0,
         bias_shape=None if student_bias is None else student_bias.shape,
         names=("student_input", "student_weight", "target", "student_bias", "class_weight"))
     _, _, dt, _ = _args.shapes(
