@@ -5,9 +5,8 @@ them. For each kernel of cuda/session_cuda.cu, cuda/lossk_cuda.cu and cuda/lossk
 compiled for sm_90 (and sm_80): registers, shared memory and spills (ptxas --resource-usage),
 the occupancy they allow, and the SASS of its main loop (cuobjdump -sass): instructions per
 tensor-core MMA (or per FMA), bytes per global load instruction, global loads a warp issues per
-iteration. Then, for sm_90,
-an estimate against the H200's limit, from the model below (the sm_80 rows show the SASS and
-occupancy at the same SM limits, no estimate).
+iteration. Then, for sm_90, an estimate against the H200's limit, from the model below (the
+sm_80 rows show the SASS and occupancy at the same SM limits, no estimate).
 
     python perf/cuda_static.py [--arch sm_90,sm_80] [--json]
 
