@@ -41,9 +41,7 @@ class _Distill(torch.autograd.Function):
     upstream gradient."""
 
     @staticmethod
-    def forward(ctx, si, sw, sb, ti, tw, tb, target, opts):
-        need = [n for n, x in (("hidden", si), ("weight", sw), ("bias", sb))
-                if x is not None and x.requires_grad]
+    def forward(ctx, si, sw, sb, ti, tw, tb, target, opts, need):
         per_tok = opts["reduction"] == "none"
         r = _run(si, sw, ti, tw, target, sb, tb, opts, [] if per_tok else need)
         ld = _loss_dtype(si.dtype)
@@ -68,7 +66,7 @@ class _Distill(torch.autograd.Function):
             for x in grads.values():
                 if x is not None:
                     x.mul_(g.to(x.dtype))
-        return (grads["hidden"], grads["weight"], grads["bias"], None, None, None, None, None)
+        return (grads["hidden"], grads["weight"], grads["bias"]) + (None,) * 6
 
 
 def _grads(r, dtype) -> dict:
@@ -145,8 +143,14 @@ def linear_distillation_loss(student_input: Tensor, student_weight: Tensor,
     opts = {"objective": objective, "beta": beta, "temperature": temperature,
             "ignore_index": ignore_index, "hard_weight": hard_weight,
             "soft_weight": soft_weight, "reduction": reduction, "chunk": chunk}
+    # the student's tensors that want a gradient (none under no_grad: no gradient work at all)
+    grad_on = torch.is_grad_enabled()
+    need = [n for n, x in (("hidden", student_input), ("weight", student_weight),
+                           ("bias", student_bias))
+            if grad_on and x is not None and x.requires_grad]
     loss, div, ce = _Distill.apply(student_input, student_weight, student_bias,
-                                   teacher_input, teacher_weight, teacher_bias, target, opts)
+                                   teacher_input, teacher_weight, teacher_bias, target, opts,
+                                   need)
     return LinearDistillationOutput(loss, div, ce) if return_terms else loss
 
 
