@@ -26,7 +26,8 @@ Tensors go to the core as zero-copy NumPy views; a non-contiguous tensor is made
 The gradients the core returns become tensors without a copy.
 
 Limits: CPU tensors, and CUDA tensors where the build has the CUDA backend (a tensor is never
-moved between devices behind the caller's back); class-index targets only (no probability targets); double backward is not supported. Inputs the
+moved between devices behind the caller's back; the distillation losses take CPU tensors only);
+class-index targets only (no probability targets); double backward is not supported. Inputs the
 core refuses (NaN/inf, targets out of range, empty or oversized shapes, a negative soft cap) raise
 ``algenta.LossError`` with its status.
 
