@@ -1,6 +1,7 @@
 // lossk's tile GEMM on a CUDA device: one (BM x BN) output tile per block, operands staged
 // through shared memory, SIMT fma chains (float32, float64) or tensor cores through nvcuda::wmma
-// (bfloat16, float16; TF32 for the float16 backward), and an epilogue that either reduces the
+// (bfloat16, float16; TF32 for the float16 backward; interior tiles staged with 16-byte loads a
+// k-step ahead into a second buffer), and an epilogue that either reduces the
 // tile to the forward's per-(row, vocab block) statistics or stores it (see lossk_cuda.cu for
 // where each product runs and why the chains are chunk-invariant).
 #pragma once
@@ -33,8 +34,7 @@ template <int MMA, class T>
 struct TileTypes {
   typedef T S;    // staged operand element
   typedef T Acc;  // accumulator
-  static constexpr int BK = 16;
-  static constexpr int LDS = BK + 8;  // unused: SIMT stages [BK][BM] and [BK][BN]
+  static constexpr int BK = 16;  // SIMT stages [BK][BM] and [BK][BN]
 };
 // 16-bit operands H (bfloat16 or float16) on 16x16x16 tensor-core steps, float accumulators.
 template <class H>
@@ -42,10 +42,12 @@ struct TileTypes16 {
   typedef H S;
   typedef float Acc;
   static constexpr int BK = 32;
-  static constexpr int LDS = BK + 8;  // staged row stride: a 16-byte multiple, off the bank period
   static constexpr int KS = 16;
-  typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, H, wmma::row_major> FA;
-  typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, H, wmma::col_major> FB;
+  template <class LA, class LB>
+  struct Frags {
+    typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, H, LA> FA;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, H, LB> FB;
+  };
   typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FC;
 };
 template <class T>
@@ -57,10 +59,12 @@ struct TileTypes<WMMA_TF32, T> {
   typedef float S;
   typedef float Acc;
   static constexpr int BK = 16;
-  static constexpr int LDS = BK + 8;
   static constexpr int KS = 8;
-  typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> FA;
-  typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> FB;
+  template <class LA, class LB>
+  struct Frags {
+    typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LA> FA;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LB> FB;
+  };
   typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> FC;
 };
 
@@ -80,16 +84,97 @@ __device__ __forceinline__ typename TileTypes<MMA, T>::S stage(X x) {
   }
 }
 
-template <int MMA, class T>
+// How a tile product's operands lie in global memory: A (M x K) as rows of K (MK) or as rows of M
+// (KM, i.e. A^T is stored); B (K x N) as rows of K per output column (NK, i.e. B^T is stored, as
+// a weight matrix's rows) or as rows of N (KN).
+enum class ALayout { MK, KM };
+enum class BLayout { NK, KN };
+
+// One tensor-core operand tile in shared memory, kept in its global layout so that a 16-byte
+// global load lands as one 16-byte shared store: ROWS rows of the global contiguous axis, COLS
+// elements each (K_OUTER: BK rows of the BM or BN outputs, read by wmma as the transposed layout;
+// else BM or BN rows of BK), rows padded by 16 bytes so a fragment load's row reads and the
+// stores of consecutive rows fall on different banks.
+template <int OUT, bool K_OUTER, int BK, class S>
+struct Staged {
+  static constexpr int ROWS = K_OUTER ? BK : OUT, COLS = K_OUTER ? OUT : BK;
+  static constexpr int LD = COLS + 16 / int(sizeof(S));
+  static constexpr int ELEMS = ROWS * LD;
+};
+
+template <int MMA, class T, bool A_KM, bool B_KN>
+struct WmmaStage {
+  typedef TileTypes<MMA, T> TT;
+  typedef Staged<BM, A_KM, TT::BK, typename TT::S> SA;
+  typedef Staged<BN, B_KN, TT::BK, typename TT::S> SB;
+  static constexpr int ELEMS = SA::ELEMS + SB::ELEMS;  // one buffer: A then B
+};
+
+template <int MMA, class T, bool A_KM = false, bool B_KN = false>
 constexpr int tile_smem_bytes() {
   typedef TileTypes<MMA, T> TT;
   constexpr int BK = TT::BK;
+  // SIMT: one staged k-step; tensor cores: two (the next k-step is stored while this one runs)
   constexpr int stage_b = MMA == SIMT ? int(sizeof(typename TT::S)) * BK * (BM + BN)
-                                      : int(sizeof(typename TT::S)) * (BM + BN) * TT::LDS;
+                                      : 2 * int(sizeof(typename TT::S)) *
+                                            WmmaStage<MMA, T, A_KM, B_KN>::ELEMS;
   constexpr int es = 128 / int(sizeof(typename TT::Acc));  // epilogue slice rows
   constexpr int epi_b = int(sizeof(typename TT::Acc)) * es * LDE;
   return stage_b > epi_b ? stage_b : epi_b;
 }
+
+// N elements of one type as one aligned value: a 16-byte global load is reinterpreted as its
+// elements, and a staged vector leaves registers as one shared store.
+template <class E, int N>
+struct alignas(N * sizeof(E) >= 16 ? 16 : N * sizeof(E)) Pack {
+  E v[N];
+};
+
+// One 16-byte global vector of X elements, staged: converted element by element as stage()
+// converts one (the same values as the checked path), stored at dst in one piece.
+template <int MMA, class T, class X>
+__device__ __forceinline__ void stage_vec(typename TileTypes<MMA, T>::S* dst, int4 raw) {
+  typedef typename TileTypes<MMA, T>::S S;
+  constexpr int N = 16 / int(sizeof(X));
+  if constexpr (std::is_same<X, S>::value && MMA != WMMA_TF32) {
+    *reinterpret_cast<int4*>(dst) = raw;
+  } else {
+    Pack<X, N> in;
+    memcpy(&in, &raw, 16);
+    Pack<S, N> out;
+#pragma unroll
+    for (int j = 0; j < N; ++j) out.v[j] = stage<MMA, T>(in.v[j]);
+    *reinterpret_cast<Pack<S, N>*>(dst) = out;
+  }
+}
+
+// One operand tile's 16-byte vectors of an interior k-step: thread tid takes vectors tid + NT i,
+// consecutive threads along a row (coalesced). fetch issues the loads into registers (kept in
+// flight while the previous k-step multiplies), put stages them.
+template <int MMA, class T, class X, class SL>
+struct VecStage {
+  static constexpr int VX = 16 / int(sizeof(X));  // elements a vector
+  static constexpr int PER_ROW = SL::COLS / VX;
+  static constexpr int N = SL::ROWS * PER_ROW / NT;
+  static_assert(SL::COLS * int(sizeof(X)) % 16 == 0 && SL::ROWS * PER_ROW % NT == 0,
+                "a tile operand is a whole number of 16-byte vectors a thread");
+  int4 r[N];
+  // src points at the tile's element (row 0, col 0) in global memory, ld elements a row.
+  __device__ __forceinline__ void fetch(const X* src, int64_t ld) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int v = int(threadIdx.x) + NT * i, row = v / PER_ROW, col = (v % PER_ROW) * VX;
+      r[i] = __ldg(reinterpret_cast<const int4*>(src + row * ld + col));
+    }
+  }
+  __device__ __forceinline__ void put(typename TileTypes<MMA, T>::S* dst) const {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int v = int(threadIdx.x) + NT * i, row = v / PER_ROW, col = (v % PER_ROW) * VX;
+      stage_vec<MMA, T, X>(dst + row * SL::LD + col, r[i]);
+    }
+  }
+};
 
 // The register tile of a SIMT block: thread (tx, ty) owns rows ty + 8i and columns tx + 32j
 // (i, j < 8), so a warp reads one broadcast A value and 32 consecutive B values per k.
@@ -142,10 +227,16 @@ struct CoreSimt {
 
 // The fragments of a WMMA block: warp w owns rows (w / 4) * 32 + [0, 32) and columns
 // (w % 4) * 64 + [0, 64), as 2 x 4 accumulators of 16 x 16. A 32-row epilogue slice s is
-// exactly the warps with w / 4 == s.
-template <int MMA, class T>
+// exactly the warps with w / 4 == s. Each accumulator takes its k-steps in increasing k whatever
+// the staged layouts, so a cell's chain is the same in every tile it falls in.
+template <int MMA, class T, bool A_KM, bool B_KN>
 struct CoreWmma {
   typedef TileTypes<MMA, T> TT;
+  typedef WmmaStage<MMA, T, A_KM, B_KN> WS;
+  // A staged k-outer is A^T row-major, i.e. A column-major; B staged k-inner is B column-major.
+  typedef typename std::conditional<A_KM, wmma::col_major, wmma::row_major>::type LA;
+  typedef typename std::conditional<B_KN, wmma::row_major, wmma::col_major>::type LB;
+  typedef typename TT::template Frags<LA, LB> F;
   typename TT::FC c[2][4];
   __device__ __forceinline__ void zero() {
 #pragma unroll
@@ -153,19 +244,23 @@ struct CoreWmma {
 #pragma unroll
       for (int j = 0; j < 4; ++j) wmma::fill_fragment(c[i][j], 0.0f);
   }
-  // As: [BM][lds] row-major (m, k); Bs: [BN][lds], read as col-major (k, n).
+  // As, Bs: one staged buffer (WmmaStage's layouts).
   __device__ __forceinline__ void step(const typename TT::S* As, const typename TT::S* Bs, int) {
-    constexpr int L = TT::LDS;
+    constexpr int la = WS::SA::LD, lb = WS::SB::LD;
     const int w = threadIdx.x >> 5, wm = w >> 2, wn = w & 3;
 #pragma unroll
     for (int ks = 0; ks < TT::BK; ks += TT::KS) {
-      typename TT::FA a[2];
+      typename F::FA a[2];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a[i], As + (wm * 32 + i * 16) * L + ks, L);
+      for (int i = 0; i < 2; ++i) {
+        const int m = wm * 32 + i * 16;
+        wmma::load_matrix_sync(a[i], A_KM ? As + ks * la + m : As + m * la + ks, la);
+      }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        typename TT::FB b;
-        wmma::load_matrix_sync(b, Bs + (wn * 64 + j * 16) * L + ks, L);
+        const int n = wn * 64 + j * 16;
+        typename F::FB b;
+        wmma::load_matrix_sync(b, B_KN ? Bs + ks * lb + n : Bs + n * lb + ks, lb);
 #pragma unroll
         for (int i = 0; i < 2; ++i) wmma::mma_sync(c[i][j], a[i], b, c[i][j]);
       }
@@ -224,6 +319,7 @@ struct TileArgs {
   const uint8_t* valid = nullptr;  // (N tokens) counted or not
   int64_t t0 = 0, shift = 0;
   double* ztarget = nullptr;    // (M) the target's (capped) logit of each chunk row
+  bool vec = false;  // set by launch_tile: both operands' rows are 16-byte aligned
 };
 
 // One warp's statistics of one row of the epilogue tile (cols <= BN valid columns, the row's
@@ -299,12 +395,6 @@ __device__ void row_stats(const TileArgs<T>& p, Acc* row, int64_t gm, int64_t n0
   }
 }
 
-// How a tile product's operands lie in global memory: A (M x K) as rows of K (MK) or as rows of M
-// (KM, i.e. A^T is stored); B (K x N) as rows of K per output column (NK, i.e. B^T is stored, as
-// a weight matrix's rows) or as rows of N (KN).
-enum class ALayout { MK, KM };
-enum class BLayout { NK, KN };
-
 // One tile product, named: the multiply path, the compute type T, the operands' global element
 // types and layouts, the epilogue and (EPI_STORE) the output's element type. With accumulate,
 // XC is the accumulator type and each cell's chain continues from C's value.
@@ -343,13 +433,12 @@ __global__ void __launch_bounds__(NT) k_tile(TileArgs<typename P::T> p) {
   typedef typename TT::Acc Acc;
   constexpr int BK = TT::BK;
   constexpr bool simt = MMA == SIMT;
-  constexpr int L = TT::LDS;
   constexpr int ES = 128 / int(sizeof(Acc));  // epilogue slice rows: 32 float, 16 double
-  typedef typename std::conditional<simt, CoreSimt<Acc>, CoreWmma<MMA, T>>::type Core;
+  typedef typename std::conditional<simt, CoreSimt<Acc>, CoreWmma<MMA, T, A_KM, B_KN>>::type Core;
 
   extern __shared__ __align__(32) unsigned char smem[];
   S* As = reinterpret_cast<S*>(smem);
-  S* Bs = As + (simt ? BK * BM : BM * L);
+  S* Bs = As + BK * BM;  // SIMT's staged B
   Acc* Ep = reinterpret_cast<Acc*>(smem);  // the epilogue's slice: aliases the staged operands
 
   const int tid = threadIdx.x;
@@ -378,27 +467,90 @@ __global__ void __launch_bounds__(NT) k_tile(TileArgs<typename P::T> p) {
     core.zero();
   }
 
-  for (int64_t k0 = 0; k0 < p.K; k0 += BK) {
-    // Consecutive threads take consecutive addresses of whichever operand layout this is.
-    for (int i = tid; i < BM * BK; i += NT) {
-      const int m = A_KM ? i % BM : i / BK, k = A_KM ? i / BM : i % BK;
-      const int64_t gm = m0 + m, gk = k0 + k;
-      const S v = gm < p.M && gk < p.K
-                      ? stage<MMA, T>(__ldg(A + (A_KM ? gk * p.lda + gm : gm * p.lda + gk)))
-                      : stage<MMA, T>(0.0f);
-      As[simt ? k * BM + m : m * L + k] = v;
+  if constexpr (simt) {
+    for (int64_t k0 = 0; k0 < p.K; k0 += BK) {
+      // Consecutive threads take consecutive addresses of whichever operand layout this is.
+      for (int i = tid; i < BM * BK; i += NT) {
+        const int m = A_KM ? i % BM : i / BK, k = A_KM ? i / BM : i % BK;
+        const int64_t gm = m0 + m, gk = k0 + k;
+        As[k * BM + m] = gm < p.M && gk < p.K
+                             ? stage<MMA, T>(__ldg(A + (A_KM ? gk * p.lda + gm : gm * p.lda + gk)))
+                             : stage<MMA, T>(0.0f);
+      }
+      for (int i = tid; i < BN * BK; i += NT) {
+        const int n = B_KN ? i % BN : i / BK, k = B_KN ? i / BN : i % BK;
+        const int64_t gn = n0 + n, gk = k0 + k;
+        Bs[k * BN + n] = gn < p.N && gk < p.K
+                             ? stage<MMA, T>(__ldg(B + (B_KN ? gk * p.ldb + gn : gn * p.ldb + gk)))
+                             : stage<MMA, T>(0.0f);
+      }
+      __syncthreads();
+      core.step(As, Bs, int(p.K - k0 < BK ? p.K - k0 : BK));
+      __syncthreads();
     }
-    for (int i = tid; i < BN * BK; i += NT) {
-      const int n = B_KN ? i % BN : i / BK, k = B_KN ? i / BN : i % BK;
-      const int64_t gn = n0 + n, gk = k0 + k;
-      const S v = gn < p.N && gk < p.K
-                      ? stage<MMA, T>(__ldg(B + (B_KN ? gk * p.ldb + gn : gn * p.ldb + gk)))
-                      : stage<MMA, T>(0.0f);
-      Bs[simt ? k * BN + n : n * L + k] = v;
+  } else {
+    typedef WmmaStage<MMA, T, A_KM, B_KN> WS;
+    typedef typename WS::SA SA;
+    typedef typename WS::SB SB;
+    S* const S0 = As;  // buffer b at S0 + b * WS::ELEMS: its A, then its B at + SA::ELEMS
+    // The tile's (row 0, col 0) element at k-step k0 of each operand, in its global layout.
+    auto a_at = [&](int64_t k0) { return A_KM ? A + k0 * p.lda + m0 : A + m0 * p.lda + k0; };
+    auto b_at = [&](int64_t k0) { return B_KN ? B + k0 * p.ldb + n0 : B + n0 * p.ldb + k0; };
+    int64_t k0 = 0;
+    // Interior tiles of 16-byte-aligned operands: every full k-step with unchecked 16-byte
+    // loads, fetched into registers one k-step ahead and stored into the other buffer while
+    // this one multiplies, so one barrier a k-step orders both (a buffer is rewritten only after
+    // the barrier that follows its last read). Edge tiles and the last partial k-step take the
+    // checked path below; both feed each accumulator the same k-steps in the same order.
+    const bool fast = p.vec && m0 + BM <= p.M && n0 + BN <= p.N;
+    const int64_t nk = fast ? p.K / BK : 0;
+    if (nk > 0) {
+      VecStage<MMA, T, XA, SA> va;
+      VecStage<MMA, T, XB, SB> vb;
+      va.fetch(a_at(0), p.lda);
+      vb.fetch(b_at(0), p.ldb);
+      va.put(S0);
+      vb.put(S0 + SA::ELEMS);
+      __syncthreads();
+      for (int64_t kt = 0; kt < nk; ++kt) {
+        S* const cur = S0 + (kt & 1) * WS::ELEMS;
+        S* const nxt = S0 + ((kt + 1) & 1) * WS::ELEMS;
+        const bool more = kt + 1 < nk;
+        if (more) {
+          va.fetch(a_at((kt + 1) * BK), p.lda);
+          vb.fetch(b_at((kt + 1) * BK), p.ldb);
+        }
+        core.step(cur, cur + SA::ELEMS, BK);
+        if (more) {
+          va.put(nxt);
+          vb.put(nxt + SA::ELEMS);
+        }
+        __syncthreads();
+      }
+      k0 = nk * BK;
     }
-    __syncthreads();
-    core.step(As, Bs, int(p.K - k0 < BK ? p.K - k0 : BK));
-    __syncthreads();
+    for (; k0 < p.K; k0 += BK) {
+      // Consecutive threads along each operand's contiguous axis; outside the matrix, zeros.
+      for (int i = tid; i < SA::ROWS * SA::COLS; i += NT) {
+        const int r = i / SA::COLS, c = i % SA::COLS;
+        const int64_t gm = m0 + (A_KM ? c : r), gk = k0 + (A_KM ? r : c);
+        S0[r * SA::LD + c] =
+            gm < p.M && gk < p.K
+                ? stage<MMA, T>(__ldg(A_KM ? A + gk * p.lda + gm : A + gm * p.lda + gk))
+                : stage<MMA, T>(0.0f);
+      }
+      for (int i = tid; i < SB::ROWS * SB::COLS; i += NT) {
+        const int r = i / SB::COLS, c = i % SB::COLS;
+        const int64_t gn = n0 + (B_KN ? c : r), gk = k0 + (B_KN ? r : c);
+        S0[SA::ELEMS + r * SB::LD + c] =
+            gn < p.N && gk < p.K
+                ? stage<MMA, T>(__ldg(B_KN ? B + gk * p.ldb + gn : B + gn * p.ldb + gk))
+                : stage<MMA, T>(0.0f);
+      }
+      __syncthreads();
+      core.step(S0, S0 + SA::ELEMS, BK);
+      __syncthreads();
+    }
   }
 
   const int cols = int(p.N - n0 < BN ? p.N - n0 : BN);
@@ -422,13 +574,36 @@ __global__ void __launch_bounds__(NT) k_tile(TileArgs<typename P::T> p) {
   }
 }
 
+// The dynamic shared memory a tile of product P is launched with. Above 48 KiB a kernel runs only
+// after opting in (cudaFuncSetAttribute); every architecture the build targets (sm_80 and later)
+// allows at least 99 KiB a block.
+template <class P>
+constexpr int tile_bytes() {
+  return tile_smem_bytes<P::MMA, typename P::T, P::A_KM, P::B_KN>();
+}
+
+// p as k_tile takes it: vec says whether both operands' rows are 16-byte aligned (the unchecked
+// 16-byte path of interior tiles).
+template <class P>
+TileArgs<typename P::T> tile_args(const TileArgs<typename P::T>& p) {
+  auto rows16 = [](const void* q, int64_t ld, size_t esz) {
+    return reinterpret_cast<uintptr_t>(q) % 16 == 0 && (ld * int64_t(esz)) % 16 == 0;
+  };
+  TileArgs<typename P::T> q = p;
+  q.vec = P::MMA != SIMT && rows16(p.A, p.lda, sizeof(typename P::XA)) &&
+          rows16(p.B, p.ldb, sizeof(typename P::XB));
+  return q;
+}
+
 template <class P>
 void launch_tile(const TileArgs<typename P::T>& p, cudaStream_t s) {
-  constexpr int bytes = tile_smem_bytes<P::MMA, typename P::T>();
-  static_assert(bytes <= 48 * 1024, "a tile fits the default shared-memory limit");
+  constexpr int bytes = tile_bytes<P>();
+  static_assert(bytes <= 99 * 1024, "a tile fits every targeted device's shared memory");
+  if constexpr (bytes > 48 * 1024)
+    CK(cudaFuncSetAttribute(k_tile<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   const dim3 grid(unsigned(ceil_div(p.M, BM)), unsigned(ceil_div(p.N, BN)));
   gpu::launch_label(P::EPI == EPI_STATS ? "logits" : P::A_KM ? "d_weight" : "d_hidden");
-  k_tile<P><<<grid, NT, bytes, s>>>(p);
+  k_tile<P><<<grid, NT, bytes, s>>>(tile_args<P>(p));
   gpu::launch_label(nullptr);
   CK(cudaGetLastError());
 }

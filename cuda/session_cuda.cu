@@ -420,7 +420,8 @@ class CudaSession final : public SessionBase {
     load_kernel(k_gemm_wide<F>, "k_gemm_wide", 0);
     if (F == Dtype::BF16) {
       load_kernel(k_round_bf16, "k_round_bf16", 0);
-      load_kernel(lossk::k_tile<Bf16PrefillTile>, "k_tile(prefill)", 0);
+      load_kernel(lossk::k_tile<Bf16PrefillTile>, "k_tile(prefill)",
+                  lossk::tile_bytes<Bf16PrefillTile>());
     }
     if (F == Dtype::Int8) {
       load_kernel(k_quantize_rows, "k_quantize_rows", 0);
@@ -535,11 +536,10 @@ class CudaSession final : public SessionBase {
       p.B = Wt.w, p.ldb = K;
       p.C = Y, p.ldc = N;
       p.accumulate = accumulate;
-      constexpr int bytes = lossk::tile_smem_bytes<Tile::MMA, float>();
-      static_assert(bytes <= 48 * 1024, "a tile fits the default shared-memory limit");
+      constexpr int bytes = lossk::tile_bytes<Tile>();  // opted in at load (load_format_kernels)
       const dim3 grid(unsigned(ceil_div(M, lossk::BM)), unsigned(ceil_div(N, lossk::BN)));
       gpu::launch_label("prefill");
-      lossk::k_tile<Tile><<<grid, lossk::NT, bytes, stream_>>>(p);
+      lossk::k_tile<Tile><<<grid, lossk::NT, bytes, stream_>>>(lossk::tile_args<Tile>(p));
       gpu::launch_label(nullptr);
       launched("k_tile(prefill)");
       return;

@@ -25,7 +25,9 @@ The model (assumptions, all stated; figures are estimates, never measurements):
   datasheet peak (989e12 / (132 x 1.98e9) = 3,784 flops a clock: within 8% of 4,096). Memory
   latency, barriers' stalls and bank conflicts are not modeled for the GEMMs: their estimate
   is an upper bound, the issue-rate ceiling times an occupancy factor (resident warps / 8,
-  capped at 1: fewer than 8 warps per SM cannot cover the tensor pipe's latency).
+  capped at 1: fewer than 8 warps per SM cannot cover the tensor pipe's latency). lossk's tile
+  is read on its interior tiles' loop: of a 4,096 x 4,096 x 151,936 product only the last row
+  and column of tiles take the checked loop (a chunk of c tokens: 1 of ceil(c / 64) rows).
 - SIMT GEMMs (lossk's float32/float64 tiles, the session's float32 and int8 prefill tiles):
   the FP32 and dp4a pipes take 4 warp instructions a clock per SM, FP64 2 on H200, so the
   share of their peak is the multiply-add share of the main loop's instructions (FP64 counted
@@ -209,7 +211,10 @@ def main_loop(insns, compute: bool = False):
 
 
 # lossk's tile (lossk_tile.cuh): BM x BN outputs, NT threads, BK deep a k-step (32 for 16-bit
-# operands, 16 for TF32 and SIMT). Its k loop holds two staging loops, A's then B's.
+# operands, 16 for TF32 and SIMT). Tensor-core tiles have two k loops: interior tiles' (16-byte
+# loads one k-step ahead, unrolled, no nested loop), which main_loop picks as the smallest loop
+# holding MMAs and which nearly every tile of a large product takes, and edge tiles' checked
+# loop, whose two nested staging loops (A's then B's) expanded_insns counts.
 TILE_BM, TILE_BN, TILE_NT = 64, 256, 256
 
 
@@ -234,6 +239,23 @@ def expanded_insns(insns_all, loop, what: str) -> float:
         trips = math.ceil(elems[i] / loads)
         total += len(body) * (trips - 1)
     return total
+
+
+def tile_smem(variant: str) -> int:
+    """The dynamic shared memory k_tile is launched with (lossk_tile.cuh, tile_smem_bytes): for
+    tensor cores two staged k-steps, each operand in its global layout with rows padded by 16
+    bytes; for SIMT one k-step; at least the epilogue's 32-row float slice."""
+    mma, _, product = variant.partition("/")
+    epi = 32 * (TILE_BN + 4) * 4
+    if mma == "simt":  # float (the larger of the two SIMT variants, double, is 16 x 320 x 8)
+        return max(epi, 16 * (TILE_BM + TILE_BN) * 8)
+    bk, esz = (16, 4) if mma == "tf32" else (32, 2)
+    pad = 16 // esz
+    a_km = product == "d_weight"
+    b_kn = product in ("d_hidden", "d_weight")
+    a = bk * (TILE_BM + pad) if a_km else TILE_BM * (bk + pad)
+    b = bk * (TILE_BN + pad) if b_kn else TILE_BN * (bk + pad)
+    return max(epi, 2 * esz * (a + b))
 
 
 def occupancy(regs: int, smem_static: int, smem_dyn: int, threads: int) -> dict:
@@ -310,6 +332,8 @@ def analyze(arch: str, tmp: str, sources=SOURCES) -> list:
                 dyn = stage_bytes(3072, what)
             elif name == "k_attn_partial":
                 dyn = 4 * (128 + 4 * 128 + 8)
+            elif name == "k_tile":
+                dyn = tile_smem(what)
             occ = occupancy(r["regs"], r["smem"], dyn, threads)
             row = {"arch": arch, "kernel": name, "variant": what, "registers": r["regs"],
                    "smem_static": r["smem"], "smem_dynamic": dyn, "spill_bytes": r["spill"],

@@ -223,6 +223,37 @@ def test_bit_identical_across_chunks_and_runs(cuda, dtype):
     assert len(set(digests.values())) == 1, digests
 
 
+@pytest.mark.parametrize("kind", ["bf16", "f16"])
+def test_interior_tiles_take_the_vector_path_with_the_edge_tiles_bits(cuda, kind):
+    # D 256 and V 512: every tile of every product is interior at chunk 64 (BM 64 x BN 256
+    # outputs, whole k-steps, 16-byte rows), so all three run lossk_tile.cuh's unchecked 16-byte,
+    # double-buffered path; at chunks 16 and 48 the same rows sit in edge tiles and take the
+    # checked path. Same bits either way, and the float64 reference of the half values.
+    if EMULATED:
+        from algenta.traffic import count
+    h64, w64, t, _, _ = problem((2, 64), 256, 512, seed=21, scale=1.0)
+    (h, w), exact = _half(kind, h64, w64)
+    kw = dict(with_grad=True, device="cuda", shift=1)
+    runs = {c: lce(h, w, t, chunk=c, **kw) for c in (16, 48, 64, 128)}
+    assert len({digest(r) for r in runs.values()}) == 1
+    ref = reference_full(*exact, t, shift=1)
+    close(runs[64].loss, ref["loss"], 2e-5, "loss")
+    grel = 2.0 ** (-7 if kind == "bf16" else -10)
+    half_ulp = 2.0 ** (-8 if kind == "bf16" else -11)
+    for name in ("d_hidden", "d_weight"):
+        got, want = _widen(getattr(runs[64], name)), ref[name]
+        bound = grel * np.max(np.abs(want)) + half_ulp * np.abs(want)
+        assert np.all(np.abs(got - want) <= bound), (kind, name, np.max(np.abs(got - want)))
+    if EMULATED:  # the 16-byte loads ran (a checked one moves at most 128 bytes a warp request;
+        # d_weight's chunks after the first also read its float accumulator, 128 a request).
+        # f16's d_weight (TF32, 16-token k-steps) is interior at chunk 16 too.
+        per = {c: count(lambda: lce(h, w, t, chunk=c, **kw), parts=("load",)) for c in (16, 64)}
+        for k in ("k_tile[logits]", "k_tile[d_hidden]", "k_tile[d_weight]"):
+            bpr = {c: per[c][k]["bytes"] / per[c][k]["requests"] for c in per}
+            assert bpr[64] >= 192, (k, bpr)
+            assert bpr[16] <= 128 or (kind, k) == ("f16", "k_tile[d_weight]"), (k, bpr)
+
+
 def test_forward_only_and_with_gradients_give_the_same_loss(cuda):
     h, w, t, b, _ = problem((3, 10), 16, 600, dtype=np.float32, seed=2)
     f = lce(h, w, t, bias=b, device="cuda", chunk=8)

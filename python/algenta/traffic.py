@@ -38,10 +38,10 @@ def _kernel(name: str) -> str:
     return m.group(1).rstrip("_") + (m.group(3) or "")
 
 
-def count(fn) -> dict:
+def count(fn, parts=("load", "store")) -> dict:
     """Runs ``fn()`` with the emulator counting global-memory traffic: ``{kernel: {"requests",
-    "sectors", "ideal_sectors", "bytes", "efficiency"}}`` over loads and stores together, plus
-    ``"total"``. ``efficiency`` is ideal / moved sectors (1.0: every warp instruction touched the
+    "sectors", "ideal_sectors", "bytes", "efficiency"}}`` over the accesses named in ``parts``
+    (loads and stores together by default), plus ``"total"``. ``efficiency`` is ideal / moved sectors (1.0: every warp instruction touched the
     fewest sectors its bytes allow). Refuses (605) outside the emulation build, where nothing is
     counted."""
     if _core.session.cuda_backend()["kind"] != "emulator":
@@ -56,7 +56,7 @@ def count(fn) -> dict:
     keys = ("requests", "sectors", "ideal_sectors", "bytes")
     for name, ls in raw.items():
         k = out.setdefault(_kernel(name), dict.fromkeys(keys, 0))
-        for part in ("load", "store"):
+        for part in parts:
             for key in keys:
                 k[key] += ls[part][key]
     total = dict.fromkeys(keys, 0)
