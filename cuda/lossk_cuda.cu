@@ -223,8 +223,12 @@ void fused_linear_ce_cuda(const FusedArgs<T>& a, FusedCudaOut<T>& out, void* wor
     CK(cudaGetLastError());
     if (!grad) continue;
 
-    k_softmax_grad<T><<<grid_for(c * V, 256), 256, 0, s>>>(sc.logits, c, V, sc.lse_c, sc.coef, cw,
-                                                            tcap);
+    {  // at most 8,192 blocks, as grid_for: columns over x (8 or more a thread, so a row's
+       // coefficients are read once for several), rows over y
+      const unsigned gx = unsigned(std::min<int64_t>(ceil_div(V, 8 * 256), 64));
+      const unsigned gy = unsigned(std::min<int64_t>(c, 8192 / gx));
+      k_softmax_grad<T><<<dim3(gx, gy), 256, 0, s>>>(sc.logits, c, V, sc.lse_c, sc.coef, cw, tcap);
+    }
     CK(cudaGetLastError());
     launch_backward(a.elem, sc.logits, t0, c, V, D, a.weight, H, out.d_hidden, out.grad_elem, dw,
                     db, s);

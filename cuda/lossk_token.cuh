@@ -189,25 +189,36 @@ template <class T>
 __global__ void k_softmax_grad(T* g, int64_t c, int64_t V, const double* lse_c, const double* coef,
                                const T* w, double cap) {
   const T ic = cap > 0.0 ? T(1.0 / cap) : T(0);
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < c * V;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / V, v = i % V;
+  // Rows over grid.y, each row's columns over grid.x: a row's coefficients are read once a
+  // thread, and no element pays a 64-bit division for its row.
+  for (int64_t r = blockIdx.y; r < c; r += gridDim.y) {
     const double* k = coef + 6 * r;  // a, b, the target's term, target, e, max
-    const double ka = __ldg(k), kb = __ldg(k + 1), kt = __ldg(k + 2), ke = __ldg(k + 4);
-    if (ka == 0.0 && kb == 0.0 && kt == 0.0 && ke == 0.0) {
-      st(g + i, T(0));
-      continue;
+    const double ka = __ldg(k), kb = __ldg(k + 1), kt = __ldg(k + 2), ky = __ldg(k + 3);
+    const double ke = __ldg(k + 4), kmax = __ldg(k + 5);
+    const T lse = T(__ldg(lse_c + r));
+    const bool zero = ka == 0.0 && kb == 0.0 && kt == 0.0 && ke == 0.0;
+    T* row = g + r * V;
+    // Columns shifted back to the 32-byte sector the row starts in, so a warp's accesses fill
+    // whole sectors whatever V is (lanes before column 0 idle).
+    const int64_t off = (r * V) % (32 / int64_t(sizeof(T)));
+    for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x - off; v < V;
+         v += int64_t(gridDim.x) * blockDim.x) {
+      if (v < 0) continue;
+      if (zero) {
+        st(row + v, T(0));
+        continue;
+      }
+      const T x = ld(row + v);
+      // with the entropy's share p (a + e (z - max)), as the CPU backend's softmax_grad
+      const T pa = ke != 0.0 ? T(ka) + T(ke) * (x - T(kmax)) : T(ka);
+      T d = dexp(x - lse) * pa - T(kb) * (w ? __ldg(w + v) : T(1));
+      if (cap > 0.0) {
+        const T tz = x * ic;
+        d *= (T(1) - tz) * (T(1) + tz);
+      }
+      if (double(v) == ky) d -= T(kt);
+      st(row + v, d);
     }
-    const T x = ld(g + i);
-    // with the entropy's share p (a + e (z - max)), as the CPU backend's softmax_grad
-    const T pa = ke != 0.0 ? T(ka) + T(ke) * (x - T(__ldg(k + 5))) : T(ka);
-    T d = dexp(x - T(__ldg(lse_c + r))) * pa - T(kb) * (w ? __ldg(w + v) : T(1));
-    if (cap > 0.0) {
-      const T tz = x * ic;
-      d *= (T(1) - tz) * (T(1) + tz);
-    }
-    if (double(v) == __ldg(k + 3)) d -= T(kt);
-    st(g + i, d);
   }
 }
 
