@@ -148,6 +148,22 @@ __device__ __forceinline__ void stage_vec(typename TileTypes<MMA, T>::S* dst, in
   }
 }
 
+// One operand's k-step [k0, k0 + BK) element by element, zeros outside the matrix: OUT output
+// rows (A) or columns (B) from o0, O of them in the matrix, staged at dst[o SO + k SK];
+// consecutive threads along the operand's contiguous global axis (o when K_OUTER, else k).
+template <int MMA, class T, int OUT, int BK, bool K_OUTER, int SO, int SK, class X>
+__device__ __forceinline__ void stage_checked(typename TileTypes<MMA, T>::S* dst, const X* src,
+                                              int64_t ld, int64_t o0, int64_t O, int64_t k0,
+                                              int64_t K) {
+  for (int i = threadIdx.x; i < OUT * BK; i += NT) {
+    const int o = K_OUTER ? i % OUT : i / BK, k = K_OUTER ? i / OUT : i % BK;
+    const int64_t go = o0 + o, gk = k0 + k;
+    dst[o * SO + k * SK] =
+        go < O && gk < K ? stage<MMA, T>(__ldg(K_OUTER ? src + gk * ld + go : src + go * ld + gk))
+                         : stage<MMA, T>(0.0f);
+  }
+}
+
 // One operand tile's 16-byte vectors of an interior k-step: thread tid takes vectors tid + NT i,
 // consecutive threads along a row (coalesced). fetch issues the loads into registers (kept in
 // flight while the previous k-step multiplies), put stages them.
@@ -469,21 +485,8 @@ __global__ void __launch_bounds__(NT) k_tile(TileArgs<typename P::T> p) {
 
   if constexpr (simt) {
     for (int64_t k0 = 0; k0 < p.K; k0 += BK) {
-      // Consecutive threads take consecutive addresses of whichever operand layout this is.
-      for (int i = tid; i < BM * BK; i += NT) {
-        const int m = A_KM ? i % BM : i / BK, k = A_KM ? i / BM : i % BK;
-        const int64_t gm = m0 + m, gk = k0 + k;
-        As[k * BM + m] = gm < p.M && gk < p.K
-                             ? stage<MMA, T>(__ldg(A + (A_KM ? gk * p.lda + gm : gm * p.lda + gk)))
-                             : stage<MMA, T>(0.0f);
-      }
-      for (int i = tid; i < BN * BK; i += NT) {
-        const int n = B_KN ? i % BN : i / BK, k = B_KN ? i / BN : i % BK;
-        const int64_t gn = n0 + n, gk = k0 + k;
-        Bs[k * BN + n] = gn < p.N && gk < p.K
-                             ? stage<MMA, T>(__ldg(B + (B_KN ? gk * p.ldb + gn : gn * p.ldb + gk)))
-                             : stage<MMA, T>(0.0f);
-      }
+      stage_checked<MMA, T, BM, BK, A_KM, 1, BM>(As, A, p.lda, m0, p.M, k0, p.K);
+      stage_checked<MMA, T, BN, BK, B_KN, 1, BN>(Bs, B, p.ldb, n0, p.N, k0, p.K);
       __syncthreads();
       core.step(As, Bs, int(p.K - k0 < BK ? p.K - k0 : BK));
       __syncthreads();
@@ -530,23 +533,11 @@ __global__ void __launch_bounds__(NT) k_tile(TileArgs<typename P::T> p) {
       k0 = nk * BK;
     }
     for (; k0 < p.K; k0 += BK) {
-      // Consecutive threads along each operand's contiguous axis; outside the matrix, zeros.
-      for (int i = tid; i < SA::ROWS * SA::COLS; i += NT) {
-        const int r = i / SA::COLS, c = i % SA::COLS;
-        const int64_t gm = m0 + (A_KM ? c : r), gk = k0 + (A_KM ? r : c);
-        S0[r * SA::LD + c] =
-            gm < p.M && gk < p.K
-                ? stage<MMA, T>(__ldg(A_KM ? A + gk * p.lda + gm : A + gm * p.lda + gk))
-                : stage<MMA, T>(0.0f);
-      }
-      for (int i = tid; i < SB::ROWS * SB::COLS; i += NT) {
-        const int r = i / SB::COLS, c = i % SB::COLS;
-        const int64_t gn = n0 + (B_KN ? c : r), gk = k0 + (B_KN ? r : c);
-        S0[SA::ELEMS + r * SB::LD + c] =
-            gn < p.N && gk < p.K
-                ? stage<MMA, T>(__ldg(B_KN ? B + gk * p.ldb + gn : B + gn * p.ldb + gk))
-                : stage<MMA, T>(0.0f);
-      }
+      // Staged (r, c): (k, o) when K_OUTER, else (o, k)
+      stage_checked<MMA, T, BM, BK, A_KM, A_KM ? 1 : SA::LD, A_KM ? SA::LD : 1>(
+          S0, A, p.lda, m0, p.M, k0, p.K);
+      stage_checked<MMA, T, BN, BK, B_KN, B_KN ? 1 : SB::LD, B_KN ? SB::LD : 1>(
+          S0 + SA::ELEMS, B, p.ldb, n0, p.N, k0, p.K);
       __syncthreads();
       core.step(S0, S0 + SA::ELEMS, BK);
       __syncthreads();
