@@ -78,6 +78,69 @@ inline void launch_label(const char* label) {
 #endif
 }
 
+// ---- programmatic dependent launch (Hopper) -------------------------------------------------
+// A kernel launched with launch(pdl = true, ...) may start while the previous kernel of its
+// stream still runs (on sm_90; before it, and in a graph node without a predecessor, the
+// attribute orders nothing), so that its launch and its weights' first bytes overlap that
+// kernel. Until pdl_wait() returns (the previous grid has completed and its writes are visible)
+// such a kernel may only prefetch what no kernel of the step writes (prefetch_l2: weights).
+// Every thread calls pdl_wait() before any other global access and before it exits: the next
+// kernel's wait orders it after this grid's completion only, so a grid finishing early would
+// let it overtake the one before. The emulator enforces both (a PDL launch's thread touching
+// global memory or exiting before pdl_wait() fails with the kernel's name); on a device they are
+// invisible. pdl_launch_dependents() after the wait lets the next kernel launch: at most two
+// kernels of a step in flight, the running one and the next one prefetching.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#elif defined(ALGENTA_CUDA_EMU)
+  ::algenta_emu::pdl_waited();
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// The first PDL_PREFETCH_BYTES of [p, p + bytes) towards L2, one 128-byte line a thread: a
+// hint with no architectural effect (nothing on the emulator), sized so the blocks resident on
+// an H200 (a few per SM) ask for a few MB of its 50 MB L2 ahead of their first loads.
+constexpr int64_t PDL_PREFETCH_BYTES = 16 * 1024;
+__device__ __forceinline__ void prefetch_l2(const void* p, int64_t bytes) {
+#ifdef __CUDA_ARCH__
+  const int64_t off = int64_t(threadIdx.x) * 128;
+  if (off < bytes && off < PDL_PREFETCH_BYTES)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(p) + off));
+#else
+  (void)p, (void)bytes;
+#endif
+}
+
+// fn<<<grid, block, smem, s>>>(args...), as a programmatic dependent launch when pdl is set
+// (cudaLaunchKernelEx with programmatic stream serialization; in a stream capture it becomes a
+// programmatic edge of the graph). Errors are left for the caller's cudaGetLastError check.
+template <class... P, class... A>
+void launch(bool pdl, const char* name, void (*fn)(P...), dim3 grid, dim3 block, size_t smem,
+            cudaStream_t s, A&&... args) {
+#ifdef ALGENTA_CUDA_EMU
+  ::algenta_emu::launch(name, fn, grid, block, smem, s, pdl)(std::forward<A>(args)...);
+#else
+  (void)name;
+  cudaLaunchAttribute at[1] = {};
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cfg.attrs = at;
+  cfg.numAttrs = pdl ? 1 : 0;
+  cudaLaunchKernelEx(&cfg, fn, std::forward<A>(args)...);
+#endif
+}
+
 // ---- warp and block reductions ------------------------------------------------------------
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -10,6 +10,10 @@
 
 #include <string>
 
+#ifdef ALGENTA_CUDA_EMU
+#include "common.cuh"
+#endif
+
 #include "algenta/session.hpp"
 
 namespace algenta {
@@ -85,6 +89,44 @@ bool cuda_emulator_fail_after(int64_t n) {
   return true;
 #else
   (void)n;
+  return false;
+#endif
+}
+
+#ifdef ALGENTA_CUDA_EMU
+namespace {
+// The emulator's PDL checks on trial: mode 0 waits before reading, 1 reads first, 2 never waits.
+__global__ void k_pdl_probe(const int* in, int* out, int mode) {
+  if (mode == 2) return;
+  if (mode == 0) gpu::pdl_wait();
+  const int v = __ldg(in);
+  if (mode == 1) gpu::pdl_wait();
+  if (threadIdx.x == 0) __stwb(out, v + 1);
+}
+}  // namespace
+#endif
+
+int64_t cuda_emulator_pdl_launches() {
+#ifdef ALGENTA_CUDA_EMU
+  return algenta_emu::pdl_launches();
+#else
+  return -1;
+#endif
+}
+
+bool cuda_emulator_pdl_probe(int mode) {
+#ifdef ALGENTA_CUDA_EMU
+  int* buf = nullptr;
+  if (cudaMalloc(&buf, 2 * sizeof(int)) != cudaSuccess) return false;
+  const int zero = 41;
+  cudaMemcpy(buf, &zero, sizeof(int), cudaMemcpyHostToDevice);
+  gpu::launch(true, "k_pdl_probe", k_pdl_probe, dim3(1), dim3(32), 0, nullptr, buf, buf + 1, mode);
+  int got = 0;
+  cudaMemcpy(&got, buf + 1, sizeof(int), cudaMemcpyDeviceToHost);
+  cudaFree(buf);
+  return got == 42;
+#else
+  (void)mode;
   return false;
 #endif
 }

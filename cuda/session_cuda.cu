@@ -259,6 +259,9 @@ class CudaSession final : public SessionBase {
     // device), captured once: only kernels, reading the control block when they run.
     const char* g = std::getenv("ALGENTA_CUDA_GRAPHS");
     use_graphs_ = !(g && std::string(g) == "0");
+    // Decode's kernels overlap their neighbours' launch gaps on Hopper and later (gpu::launch):
+    // programmatic dependent launch exists from compute capability 9.0.
+    pdl_ = prop.major >= 9;
     if (use_graphs_) {
       capture(standard_, false);
       capture(deep_, true);
@@ -557,22 +560,24 @@ class CudaSession final : public SessionBase {
 
   // The per-row q/k norm + RoPE + KV write and attention launches shared by decode (M = 1) and
   // prefill.
-  void norm_rope(const LayerOffsets& l, int64_t li, float* qkv, int64_t M) {
-    k_qk_norm_rope_<<<dim3(unsigned(c_.h_q + 2 * c_.h_kv), unsigned(M)),
-                   unsigned(plan_.norm_rope_threads), 0, stream_>>>(
-        qkv, plan_.q_rows, W(l.qkv_b), W(l.q_norm), W(l.k_norm), rope_.f() + l.rope, ctl(),
-        c_.h_q, c_.h_kv,
-        c_.d_head, plan_.capacity, c_.rms_eps, kcache(li), vcache(li));
+  // pdl: a decode step's programmatic dependent launch (gpu::launch); prefill launches plainly.
+  void norm_rope(const LayerOffsets& l, int64_t li, float* qkv, int64_t M, bool pdl) {
+    gpu::launch(pdl, "k_qk_norm_rope", k_qk_norm_rope_,
+                dim3(unsigned(c_.h_q + 2 * c_.h_kv), unsigned(M)),
+                dim3(unsigned(plan_.norm_rope_threads)), 0, stream_, qkv, plan_.q_rows,
+                W(l.qkv_b), W(l.q_norm), W(l.k_norm), rope_.f() + l.rope, ctl(), c_.h_q, c_.h_kv,
+                c_.d_head, plan_.capacity, c_.rms_eps, kcache(li), vcache(li));
     launched("k_qk_norm_rope");
   }
   void attention(int64_t li, const float* qkv, int64_t M, int64_t S_grid, bool splits_on_device,
-                 bool finalize, float* out) {
+                 bool finalize, float* out, bool pdl) {
     const int64_t window = plan_.layers[size_t(li)].slides ? c_.sliding_window : 0;
-    k_attn_partial_<<<dim3(unsigned(c_.h_q), unsigned(S_grid), unsigned(M)), ATTN_THREADS,
-                   size_t(plan_.attn_smem_bytes), stream_>>>(
-        qkv, plan_.q_rows, kcache(li), vcache(li), ctl(), plan_.capacity, c_.h_q / c_.h_kv,
-        c_.d_head, attn_scale_, window, float(c_.attn_softcap), splits_on_device, finalize, out,
-        A(plan_.part_acc), A(plan_.part_ml));
+    gpu::launch(pdl, "k_attn_partial", k_attn_partial_,
+                dim3(unsigned(c_.h_q), unsigned(S_grid), unsigned(M)), dim3(ATTN_THREADS),
+                size_t(plan_.attn_smem_bytes), stream_, qkv, plan_.q_rows, kcache(li),
+                vcache(li), ctl(), plan_.capacity, c_.h_q / c_.h_kv, c_.d_head, attn_scale_,
+                window, float(c_.attn_softcap), splits_on_device, finalize, out,
+                A(plan_.part_acc), A(plan_.part_ml));
     launched("k_attn_partial");
   }
 
@@ -624,50 +629,57 @@ class CudaSession final : public SessionBase {
         mat(plan_.embed), &ctl()->tok, A(plan_.x), D, embed_scale_);
     launched("k_embed");
     ++n;
+    // The first kernel launches plainly (before it in the stream: the control block's copy).
+    const bool p = pdl_;
+    const dim3 mv(MATVEC_THREADS);
     for (int64_t li = 0; li < c_.n_layers; ++li) {
       const LayerOffsets& l = plan_.layers[size_t(li)];
-      k_norm_qkv<Fw><<<unsigned(plan_.qkv_mv.grid), MATVEC_THREADS, smem(D), stream_>>>(
-          mat(l.wqkv), A(plan_.x), W(l.in_norm), D, plan_.q_rows, c_.rms_eps,
-          plan_.qkv_mv.rows_per_block, A(plan_.qkv));
+      gpu::launch(p, "k_norm_qkv", k_norm_qkv<Fw>, dim3(unsigned(plan_.qkv_mv.grid)), mv, smem(D),
+                  stream_, mat(l.wqkv), A(plan_.x), W(l.in_norm), D, plan_.q_rows, c_.rms_eps,
+                  plan_.qkv_mv.rows_per_block, A(plan_.qkv));
       launched("k_norm_qkv");
       ++n;
-      norm_rope(l, li, A(plan_.qkv), 1);
+      norm_rope(l, li, A(plan_.qkv), 1, p);
       ++n;
-      attention(li, A(plan_.qkv), 1, deep ? plan_.max_splits : 1, deep, !deep, A(plan_.attn));
+      attention(li, A(plan_.qkv), 1, deep ? plan_.max_splits : 1, deep, !deep, A(plan_.attn), p);
       ++n;
       if (deep) {
-        k_attn_merge<<<unsigned(c_.h_q), ROW_THREADS, 0, stream_>>>(
-            A(plan_.part_acc), A(plan_.part_ml), ctl(), c_.d_head, A(plan_.attn));
+        gpu::launch(p, "k_attn_merge", k_attn_merge, dim3(unsigned(c_.h_q)), dim3(ROW_THREADS), 0,
+                    stream_, A(plan_.part_acc), A(plan_.part_ml), ctl(), c_.d_head,
+                    A(plan_.attn));
         launched("k_attn_merge");
         ++n;
       }
       float* y = sandwich_ ? A(plan_.y) : nullptr;  // sublayer outputs through their norm
-      k_matvec_residual<Fw><<<unsigned(plan_.o_mv.grid), MATVEC_THREADS, smem(Aw), stream_>>>(
-          mat(l.wo), A(plan_.attn), Aw, D, plan_.o_mv.rows_per_block, W(l.o_b), y, A(plan_.x));
+      gpu::launch(p, "k_matvec_residual", k_matvec_residual<Fw>, dim3(unsigned(plan_.o_mv.grid)),
+                  mv, smem(Aw), stream_, mat(l.wo), A(plan_.attn), Aw, D,
+                  plan_.o_mv.rows_per_block, W(l.o_b), y, A(plan_.x));
       launched("k_matvec_residual(o_proj)");
       ++n;
-      n += out_norm(A(plan_.x), y, l.attn_out_norm, 1);
-      k_norm_gateup<Fw><<<unsigned(plan_.gateup_mv.grid), MATVEC_THREADS, smem(D), stream_>>>(
-          mat(l.wg), mat(l.wu), A(plan_.x), W(l.post_norm), D, F, c_.rms_eps,
-          plan_.gateup_mv.rows_per_block, W(l.g_b), W(l.u_b), gelu_, A(plan_.act));
+      n += out_norm(A(plan_.x), y, l.attn_out_norm, 1, p);
+      gpu::launch(p, "k_norm_gateup", k_norm_gateup<Fw>, dim3(unsigned(plan_.gateup_mv.grid)), mv,
+                  smem(D), stream_, mat(l.wg), mat(l.wu), A(plan_.x), W(l.post_norm), D, F,
+                  c_.rms_eps, plan_.gateup_mv.rows_per_block, W(l.g_b), W(l.u_b), gelu_,
+                  A(plan_.act));
       launched("k_norm_gateup");
       ++n;
-      k_matvec_residual<Fw><<<unsigned(plan_.down_mv.grid), MATVEC_THREADS, smem(F), stream_>>>(
-          mat(l.wd), A(plan_.act), F, D, plan_.down_mv.rows_per_block, W(l.d_b), y, A(plan_.x));
+      gpu::launch(p, "k_matvec_residual", k_matvec_residual<Fw>,
+                  dim3(unsigned(plan_.down_mv.grid)), mv, smem(F), stream_, mat(l.wd),
+                  A(plan_.act), F, D, plan_.down_mv.rows_per_block, W(l.d_b), y, A(plan_.x));
       launched("k_matvec_residual(down)");
       ++n;
-      n += out_norm(A(plan_.x), y, l.mlp_out_norm, 1);
+      n += out_norm(A(plan_.x), y, l.mlp_out_norm, 1, p);
     }
-    n += head<Fw>(A(plan_.x));
+    n += head<Fw>(A(plan_.x), p);
     return n;
   }
 
   // A sandwich family's X (M, D) += rmsnorm(Y) * w (norm at offset w_off); returns the launches
   // (0 for a family without sandwich norms).
-  int64_t out_norm(float* X, const float* Y, int64_t w_off, int64_t M) {
+  int64_t out_norm(float* X, const float* Y, int64_t w_off, int64_t M, bool pdl) {
     if (!sandwich_) return 0;
-    k_out_norm_residual<<<unsigned(M), ROW_THREADS, 0, stream_>>>(X, Y, W(w_off), c_.d_model,
-                                                                  c_.rms_eps);
+    gpu::launch(pdl, "k_out_norm_residual", k_out_norm_residual, dim3(unsigned(M)),
+                dim3(ROW_THREADS), 0, stream_, X, Y, W(w_off), c_.d_model, c_.rms_eps);
     launched("k_out_norm_residual");
     return 1;
   }
@@ -683,20 +695,20 @@ class CudaSession final : public SessionBase {
     k_bias_residual<<<unsigned(ceil_div(M * D, ROW_THREADS)), ROW_THREADS, 0, stream_>>>(
         X, Y, W(b_off), M, D, sandwich_);
     launched("k_bias_residual");
-    out_norm(X, Y, norm_off, M);
+    out_norm(X, Y, norm_off, M, false);
   }
 
   // Final norm of row x (D), the head and its argmax (into the control block).
   template <Dtype Fw>
-  int64_t head(const float* x) {
+  int64_t head(const float* x, bool pdl) {
     const int64_t D = c_.d_model;
-    k_rmsnorm_rows<<<1, ROW_THREADS, 0, stream_>>>(x, W(plan_.final_norm), D, c_.rms_eps,
-                                                   A(plan_.xf));
+    gpu::launch(pdl, "k_rmsnorm_rows", k_rmsnorm_rows, dim3(1), dim3(ROW_THREADS), 0, stream_, x,
+                W(plan_.final_norm), D, c_.rms_eps, A(plan_.xf));
     launched("k_rmsnorm_rows(final)");
-    k_head_argmax<Fw><<<unsigned(plan_.head_mv.grid), MATVEC_THREADS, smem(D), stream_>>>(
-        mat(plan_.head), A(plan_.xf), D, c_.vocab, plan_.head_mv.rows_per_block,
-        float(c_.final_softcap), A(plan_.logits),
-        A(plan_.argmax_val), static_cast<int64_t*>(blk_idx_.p), ctl());
+    gpu::launch(pdl, "k_head_argmax", k_head_argmax<Fw>, dim3(unsigned(plan_.head_mv.grid)),
+                dim3(MATVEC_THREADS), smem(D), stream_, mat(plan_.head), A(plan_.xf), D,
+                c_.vocab, plan_.head_mv.rows_per_block, float(c_.final_softcap),
+                A(plan_.logits), A(plan_.argmax_val), static_cast<int64_t*>(blk_idx_.p), ctl());
     launched("k_head_argmax");
     return 2;
   }
@@ -721,8 +733,8 @@ class CudaSession final : public SessionBase {
       k_rmsnorm_rows<<<unsigned(M), ROW_THREADS, 0, stream_>>>(X, W(l.in_norm), D, c_.rms_eps, Xn);
       launched("k_rmsnorm_rows(input)");
       gemm<Fw>(as_consumed<Fw>(Xn, M, D), M, D, mat(l.wqkv), Q, QKV, false);
-      norm_rope(l, li, QKV, M);
-      attention(li, QKV, M, 1, false, true, At);
+      norm_rope(l, li, QKV, M, false);
+      attention(li, QKV, M, 1, false, true, At, false);
       residual<Fw>(as_consumed<Fw>(At, M, Aw), M, Aw, mat(l.wo), l.o_b, l.attn_out_norm, X, Y);
       k_rmsnorm_rows<<<unsigned(M), ROW_THREADS, 0, stream_>>>(X, W(l.post_norm), D, c_.rms_eps,
                                                                Xn);
@@ -736,7 +748,7 @@ class CudaSession final : public SessionBase {
       residual<Fw>(as_consumed<Fw>(Gt, M, F), M, F, mat(l.wd), l.d_b, l.mlp_out_norm, X, Y);
     }
     if (logits) {
-      head<Fw>(X + (M - 1) * D);
+      head<Fw>(X + (M - 1) * D, false);
       CK(cudaMemcpyAsync(logits, A(plan_.logits), size_t(c_.vocab) * 4, cudaMemcpyDeviceToHost,
                          stream_));
     }
@@ -757,6 +769,7 @@ class CudaSession final : public SessionBase {
   decltype(&k_qk_norm_rope<Dtype::F32>) k_qk_norm_rope_ = nullptr;
   decltype(&k_attn_partial<Dtype::F32>) k_attn_partial_ = nullptr;
   bool use_graphs_ = true;
+  bool pdl_ = false;  // decode's kernels as programmatic dependent launches (set at open)
   // the family (arch_spec) as the kernels take it
   bool gelu_ = false, sandwich_ = false;
   float embed_scale_ = 0.f;  // 0: embeddings unscaled

@@ -110,6 +110,22 @@ __device__ __forceinline__ float w_at(const DevMat& m, int64_t r, int64_t K, int
          __ldg(m.s + r * nb + k / RESIDENT_INT8_BLOCK);
 }
 
+// ---- the start of a decode kernel --------------------------------------------------------------
+// A decode step launches its kernels as programmatic dependent launches (gpu::launch, common.cuh):
+// each may start while the kernel before it runs. step_begin() is every such kernel's first
+// global access: the wait for the kernel before it, then the next kernel's launch. A matvec first
+// asks L2 for the opening bytes of its block's weight rows (prefetch_rows), which no kernel of the
+// step writes, so they stream in while the kernel before still runs.
+__device__ __forceinline__ void step_begin() {
+  gpu::pdl_wait();
+  gpu::pdl_launch_dependents();
+}
+template <Dtype F>
+__device__ __forceinline__ void prefetch_rows(const DevMat& m, int64_t r0, int64_t r1, int64_t K) {
+  const int64_t eb = F == Dtype::F32 ? 4 : F == Dtype::Int8 ? 1 : 2;
+  if (r1 > r0) gpu::prefetch_l2(static_cast<const char*>(m.w) + r0 * K * eb, (r1 - r0) * K * eb);
+}
+
 // ---- the staged input vector ------------------------------------------------------------------
 // A matvec kernel's dynamic shared memory (stage_bytes(K, F)): the K-vector in float32, padded to
 // whole float4; for int8 then its codes (padded to 16 bytes) and block scales.
@@ -278,6 +294,7 @@ static_assert(offsetof(Control, pos) == 8 && offsetof(Control, n_splits) == 16,
 template <Dtype F>
 __global__ void k_embed(DevMat E /* (V, D) */, const int64_t* __restrict__ ids,
                         float* __restrict__ X /* (M, D) */, int64_t D, float scale) {
+  step_begin();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t r = blockIdx.y;
   if (i >= D) return;
@@ -289,6 +306,7 @@ __global__ void k_embed(DevMat E /* (V, D) */, const int64_t* __restrict__ ids,
 __global__ void k_rmsnorm_rows(const float* __restrict__ X /* (M, D) */,
                                const float* __restrict__ w /* (D) */, int64_t D, double eps,
                                float* __restrict__ Y /* (M, D) */) {
+  step_begin();
   const int64_t r = blockIdx.x;
   block_rmsnorm<true>(X + r * D, w, D, eps, Y + r * D);
 }
@@ -300,12 +318,14 @@ __global__ void k_norm_qkv(DevMat W, const float* __restrict__ x, const float* _
                            int64_t K, int64_t N, double eps, int64_t rows_per_block,
                            float* __restrict__ y) {
   extern __shared__ float4 smem4[];
+  const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
+  const int64_t r1 = min(N, r0 + rows_per_block);
+  prefetch_rows<F>(W, r0, r1, K);
+  step_begin();
   const Staged v = staged(smem4, K);
   block_rmsnorm<false>(x, nw, K, eps, v.x);
   consume<F>(v, K);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
-  const int64_t r1 = min(N, r0 + rows_per_block);
   for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {
     const float d = warp_dot<F>(W, r, v, K, lane);
     if (lane == 0) st(y + r, d);
@@ -330,12 +350,15 @@ __global__ void k_norm_gateup(DevMat Wg /* (Fd, D) */, DevMat Wu /* (Fd, D) */,
                               const float* __restrict__ gb, const float* __restrict__ ub,
                               bool gelu, float* __restrict__ act) {
   extern __shared__ float4 smem4[];
+  const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
+  const int64_t r1 = min(Fd, r0 + rows_per_block);
+  prefetch_rows<F>(Wg, r0, r1, D);
+  prefetch_rows<F>(Wu, r0, r1, D);
+  step_begin();
   const Staged v = staged(smem4, D);
   block_rmsnorm<false>(x, nw, D, eps, v.x);
   consume<F>(v, D);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
-  const int64_t r1 = min(Fd, r0 + rows_per_block);
   for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {
     const float g = warp_dot<F>(Wg, r, v, D, lane);
     const float u = warp_dot<F>(Wu, r, v, D, lane);
@@ -351,12 +374,14 @@ __global__ void k_matvec_residual(DevMat W, const float* __restrict__ a, int64_t
                                   int64_t rows_per_block, const float* __restrict__ b,
                                   float* __restrict__ y, float* __restrict__ x) {
   extern __shared__ float4 smem4[];
+  const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
+  const int64_t r1 = min(N, r0 + rows_per_block);
+  prefetch_rows<F>(W, r0, r1, K);
+  step_begin();
   const Staged v = staged(smem4, K);
   stage(a, K, v.x);
   consume<F>(v, K);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
-  const int64_t r1 = min(N, r0 + rows_per_block);
   for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {
     const float d = warp_dot<F>(W, r, v, K, lane);
     if (lane != 0) continue;
@@ -376,6 +401,7 @@ __global__ void k_matvec_residual(DevMat W, const float* __restrict__ a, int64_t
 // then the residual add (the CPU engine's out_norm_add). grid M, ROW_THREADS.
 __global__ void k_out_norm_residual(float* __restrict__ X, const float* __restrict__ Y,
                                     const float* __restrict__ w, int64_t D, double eps) {
+  step_begin();
   const int64_t r = blockIdx.x;
   const float* y = Y + r * D;
   const float inv = block_rms_inv(y, D, eps);
@@ -415,6 +441,7 @@ __global__ void k_qk_norm_rope(float* __restrict__ qkv /* (M, Q) */, int64_t Q,
                                void* __restrict__ Kc /* (Hkv, T, Dh) of KV */,
                                void* __restrict__ Vc /* (Hkv, T, Dh) of KV */) {
   __shared__ double red[32];
+  step_begin();
   const int64_t h = blockIdx.x, row = blockIdx.y;
   const int64_t p = ld(&ctl->pos) + row;
   float* v = qkv + row * Q + h * Dh;
@@ -484,6 +511,7 @@ __global__ void k_attn_partial(const float* __restrict__ qkv /* (M, Q) */, int64
                                float* __restrict__ part_acc /* (Hq, S, Dh) */,
                                float* __restrict__ part_ml /* (Hq, S, 2) */) {
   extern __shared__ float4 smem4[];
+  step_begin();
   float* qs = reinterpret_cast<float*>(smem4);
   float* acc = qs + Dh;
   float* ml = acc + ATTN_WARPS * Dh;
@@ -562,6 +590,7 @@ __global__ void k_attn_merge(const float* __restrict__ part_acc /* (Hq, S, Dh) *
   __shared__ float wts[RESIDENT_SPLITK_MAX_SPLITS];
   __shared__ float redf[32];
   __shared__ double red[32];
+  step_begin();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   const int64_t h = blockIdx.x, S = ld(&ctl->n_splits);
   const float* pm = part_ml + h * S * 2;
@@ -607,11 +636,13 @@ __global__ void k_head_argmax(DevMat H, const float* __restrict__ xf, int64_t D,
   __shared__ float bv[32];
   __shared__ int64_t bi[32];
   __shared__ bool last;
+  const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
+  const int64_t r1 = min(V, r0 + rows_per_block);
+  prefetch_rows<F>(H, r0, r1, D);
+  step_begin();
   stage(xf, D, xs.x);
   consume<F>(xs, D);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
-  const int64_t r1 = min(V, r0 + rows_per_block);
   float best = -INFINITY;
   int64_t besti = -1;
   for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {

@@ -39,7 +39,12 @@ The model (assumptions, all stated; figures are estimates, never measurements):
 - Decode step at the Qwen3-0.6B shape: each matvec's weight bytes at its kernel's share of HBM
   bandwidth, plus 2 us of launch gap per graph node (171 nodes a token on the standard path;
   a CUDA graph's node-to-node gap on Hopper is about 1-2 us): the time a token takes and its
-  share of the HBM roofline (the format's weight bytes / 4.8 TB/s).
+  share of the HBM roofline (the format's weight bytes / 4.8 TB/s). The decode kernels are
+  programmatic dependent launches (common.cuh): each launches while the one before runs, its
+  matvec blocks prefetch their rows' first 16 KB into L2, then wait. What of a boundary stays
+  exposed (the previous grid's completion and the release of the wait) is not knowable without
+  a device: the estimate is printed for 1, 0.5 and 0.25 us, with the prefetched bytes streaming
+  during that exposed part (decode_estimate).
 """
 
 from __future__ import annotations
@@ -363,25 +368,103 @@ def analyze(arch: str, tmp: str, sources=SOURCES) -> list:
     return rows
 
 
-def decode_estimate(rows: list) -> dict:
-    """Per weight format: a Qwen3-0.6B decode token by the model (see the module docstring)."""
-    D, Hq, Hkv, Dh, F, L, V = 1024, 16, 8, 128, 3072, 28, 151936
-    mats = {"k_norm_qkv": (Hq + 2 * Hkv) * Dh * D, "k_norm_gateup": 2 * F * D,
-            "k_matvec_residual": D * Hq * Dh + D * F, "k_head_argmax": V * D}
+# The kernels a decode step launches (session_cuda.cu, enqueue_decode), every one but k_embed as
+# a programmatic dependent launch; k_embed calls the wait too (a no-op when nothing precedes it).
+DECODE_KERNELS = ("k_embed", "k_norm_qkv", "k_qk_norm_rope", "k_attn_partial", "k_attn_merge",
+                  "k_matvec_residual", "k_out_norm_residual", "k_norm_gateup", "k_rmsnorm_rows",
+                  "k_head_argmax")
+_GLOBAL_ACCESS = ("LDG", "STG", "LD.", "ST.", "ATOM", "RED", "LDGSTS")
+
+
+def pdl_discipline(arch: str, tmp: str, src: str = "cuda/session_cuda.cu") -> dict:
+    """{(kernel, variant): {"wait", "l2_prefetch", "global_before_wait"}} for the decode kernels,
+    read from the SASS: whether the kernel has griddepcontrol.wait (ACQBULK on sm_90), whether
+    it prefetches into L2 (CCTL ... PF2), and how many global-memory instructions come before
+    its first wait in program order (the prologue is straight-line code: any there would read
+    what the kernel before may still be writing)."""
+    cubin, _ = compile_cubin(src, arch, tmp)
     out = {}
+    for mangled, insns in sass(cubin).items():
+        name, what = short(mangled)
+        if name not in DECODE_KERNELS:
+            continue
+        ops = [o for _, o, _ in insns]
+        wait = next((i for i, o in enumerate(ops) if o.startswith("ACQBULK")), None)
+        before = ops if wait is None else ops[:wait]
+        out[(name, what)] = {
+            "wait": wait is not None,
+            "l2_prefetch": any(o.startswith("CCTL") and "PF2" in o for o in ops),
+            "global_before_wait": sum(o.startswith(_GLOBAL_ACCESS) for o in before)}
+    return out
+
+
+# A decode step's nodes at the Qwen3-0.6B shape on the standard path (session_cuda.cu,
+# enqueue_decode): per layer the four matvecs and q/k norm + RoPE and attention; then the final
+# norm and the head; k_embed first. Every node but k_embed is a programmatic dependent launch.
+QWEN3 = dict(D=1024, Hq=16, Hkv=8, Dh=128, F=3072, L=28, V=151936)
+PDL_PREFETCH_BYTES = 16 * 1024  # common.cuh: what a PDL matvec block asks L2 for before waiting
+PDL_GAPS_S = (1e-6, 0.5e-6, 0.25e-6)  # exposed boundary under PDL: assumed, not known
+
+
+def decode_estimate(rows: list, gap_s: float = GRAPH_GAP_S, pdl: bool = False) -> dict:
+    """Per weight format: a Qwen3-0.6B decode token by the model (see the module docstring).
+
+    Without PDL every node pays gap_s (GRAPH_GAP_S, 2 us). With PDL (pdl=True) the first node
+    pays GRAPH_GAP_S and every other node gap_s, the part of the boundary its early launch does
+    not hide; a matvec's blocks, resident before the wait, have asked L2 for the first
+    PDL_PREFETCH_BYTES of their rows, which stream during that exposed gap, so up to
+    gap_s x bandwidth of the matvec's bytes are off its own time. An upper bound: the prefetching
+    blocks are assumed resident beside the retiring kernel."""
+    from algenta import _core  # the CUDA launch plan's grids (any build: host arithmetic)
+    c = QWEN3
+    D, F, V = c["D"], c["F"], c["V"]
+    mats = {"k_norm_qkv": (c["Hq"] + 2 * c["Hkv"]) * c["Dh"] * D, "k_norm_gateup": 2 * F * D,
+            "k_matvec_residual": D * c["Hq"] * c["Dh"] + D * F, "k_head_argmax": V * D}
+    out = {}
+    bw = H200["hbm_bytes_s"]
     for fmt, bpe in (("f32", 4.0), ("bf16", 2.0), ("f16", 2.0), ("int8", 1.125)):
         share = {r["kernel"]: r.get("estimate_hbm_share", 0.0) for r in rows
                  if r["variant"] == fmt and r["kernel"] in mats and r["arch"] == "sm_90"}
         if len(share) < len(mats):
             continue
-        t = sum((L if k != "k_head_argmax" else 1) * n * bpe /
-                (max(share[k], 1e-9) * H200["hbm_bytes_s"]) for k, n in mats.items())
-        t += 171 * GRAPH_GAP_S
-        weight = (L * sum(n for k, n in mats.items() if k != "k_head_argmax")
-                  + mats["k_head_argmax"]) * bpe
+        plan = _core.session.cuda_plan.make_plan(D, c["Hq"], c["Hkv"], c["Dh"], F, c["L"], V,
+                                                 1e-6, 1e6, True, 512, H200["sms"],
+                                                 weights=fmt)
+        # (kernel, bytes, blocks) of each matvec launch a token makes
+        launches = []
+        for _ in range(c["L"]):
+            launches += [("k_norm_qkv", mats["k_norm_qkv"] * bpe, plan["qkv_mv"]["grid"]),
+                         ("k_matvec_residual", D * c["Hq"] * c["Dh"] * bpe, plan["o_mv"]["grid"]),
+                         ("k_norm_gateup", mats["k_norm_gateup"] * bpe,
+                          2 * plan["gateup_mv"]["grid"]),
+                         ("k_matvec_residual", D * F * bpe, plan["down_mv"]["grid"])]
+        launches.append(("k_head_argmax", mats["k_head_argmax"] * bpe, plan["head_mv"]["grid"]))
+        nodes = 6 * c["L"] + 3
+        t = GRAPH_GAP_S + (nodes - 1) * gap_s if pdl else nodes * gap_s
+        for k, nbytes, blocks in launches:
+            hidden = min(nbytes, blocks * PDL_PREFETCH_BYTES, gap_s * bw) if pdl else 0.0
+            t += (nbytes - hidden) / (max(share[k], 1e-9) * bw)
+        weight = sum(n for _, n, _ in launches)
         out[fmt] = {"ms_per_token": 1e3 * t, "tok_s": 1.0 / t,
-                    "share_of_hbm_roofline": weight / H200["hbm_bytes_s"] / t}
+                    "share_of_hbm_roofline": weight / bw / t}
     return out
+
+
+def gap_for_share(rows: list, fmt: str, share: float):
+    """The largest exposed PDL boundary (seconds) at which fmt's decode reaches share of the HBM
+    roofline in the model, or None when even a zero gap does not (bisection; the share falls as
+    the gap grows)."""
+    def at(g):
+        return decode_estimate(rows, g, pdl=True).get(fmt, {}).get("share_of_hbm_roofline", 0.0)
+    if at(0.0) < share:
+        return None
+    lo, hi = 0.0, GRAPH_GAP_S
+    if at(hi) >= share:
+        return hi
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if at(mid) >= share else (lo, mid)
+    return lo
 
 
 def main(argv=None) -> int:
@@ -396,7 +479,10 @@ def main(argv=None) -> int:
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         rows = [r for arch in a.arch.split(",") for r in analyze(arch, tmp)]
-    report = {"device": H200, "kernels": rows, "decode_qwen3_0.6b": decode_estimate(rows)}
+    report = {"device": H200, "kernels": rows, "decode_qwen3_0.6b": decode_estimate(rows),
+              "decode_qwen3_0.6b_pdl": {f"{g * 1e6:g}us": decode_estimate(rows, g, pdl=True)
+                                        for g in PDL_GAPS_S},
+              "pdl_gap_for_bf16_75pct_s": gap_for_share(rows, "bf16", 0.75)}
     if a.json:
         json.dump(report, sys.stdout, indent=2)
         print()
@@ -420,6 +506,16 @@ def main(argv=None) -> int:
     for fmt, e in report["decode_qwen3_0.6b"].items():
         print(f"  {fmt:<5} {e['ms_per_token']:.3f} ms/token, {e['tok_s']:.0f} tok/s, "
               f"{100 * e['share_of_hbm_roofline']:.0f}% of the HBM roofline")
+    print("\nThe same with programmatic dependent launch (170 of the 171 nodes), by the exposed "
+          "part of each boundary (assumed; a device measures it):")
+    for g, est in report["decode_qwen3_0.6b_pdl"].items():
+        print(f"  {g:>7} " + ", ".join(f"{fmt} {e['ms_per_token']:.3f} ms "
+                                       f"({100 * e['share_of_hbm_roofline']:.0f}%)"
+                                       for fmt, e in est.items()))
+    g75 = report["pdl_gap_for_bf16_75pct_s"]
+    if g75 is not None:
+        print(f"  bf16 weights reach 75% of the HBM roofline while a boundary exposes at most "
+              f"{g75 * 1e6:.2f} us")
     return 0
 
 

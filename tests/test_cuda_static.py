@@ -5,7 +5,8 @@ enough of them in flight for the H200's bandwidth in the model; attention's load
 rows; lossk's tile GEMM (which the session's bf16 prefill runs too) stages interior tiles with
 16-byte loads and keeps its tensor-core loops near the issue-rate ceiling: at most 10.5
 instructions per MMA (bf16 prefill 8.2, bf16 d_weight 10.0; 45.6 with the element-by-element
-staging before), the bf16 forward at least half the tensor-core peak in the model.
+staging before), the bf16 forward at least half the tensor-core peak in the model; every decode
+kernel waits for the one before it (programmatic dependent launch) before any global access.
 
 Needs nvcc, cuobjdump and nvdisasm (the PyPI packages nvidia-cuda-cuobjdump and
 nvidia-cuda-nvdisasm; .ci/run installs them) and compiles cuda/session_cuda.cu for sm_90 (about
@@ -77,6 +78,19 @@ def test_loss_tiles_near_the_tensor_core_issue_ceiling():
         assert r["insns_per_mma"] <= 10.5 and r["blocks_per_sm"] >= 1, r
     assert tiles["bf16/logits"]["estimate_tensor_share"] >= 0.5, tiles["bf16/logits"]
     assert tiles["f16/logits"]["insns_per_mma"] <= 6, tiles["f16/logits"]
+
+
+def test_decode_kernels_wait_before_any_global_access():
+    # Every decode kernel is a programmatic dependent launch (cuda/common.cuh): in its SASS the
+    # wait (griddepcontrol.wait, ACQBULK on sm_90) comes before any global load or store, and the
+    # matvecs ask L2 for their first weight bytes ahead of it. The emulator checks the same
+    # discipline at run time; this is the compiled code's side.
+    with tempfile.TemporaryDirectory() as tmp:
+        d = cuda_static.pdl_discipline("sm_90", tmp)
+    assert {k for k, _ in d} == set(cuda_static.DECODE_KERNELS), sorted(d)
+    for (k, fmt), r in d.items():
+        assert r["wait"] and r["global_before_wait"] == 0, (k, fmt, r)
+        assert r["l2_prefetch"] == (k in MATVECS), (k, fmt, r)
 
 
 def test_distillation_row_kernel_does_not_spill():

@@ -329,6 +329,42 @@ def test_graph_replay_matches_direct_launches(monkeypatch):
     np.testing.assert_array_equal(direct.generate([5, 9], 20), graph.generate([5, 9], 20))
 
 
+def test_decode_kernels_are_programmatic_dependent_launches(monkeypatch):
+    # On Hopper (the emulator plays compute capability 9.0) every kernel of a decode step but the
+    # first is a programmatic dependent launch, so its launch and its weights' first bytes
+    # overlap the kernel before it (cuda/common.cuh). The emulator checks each such thread's
+    # discipline (no global access and no exit before gpu::pdl_wait); a violation would have
+    # aborted this process. Graph replay and direct launches alike; prefill launches plainly.
+    if not EMULATED:
+        pytest.skip("the count is the CUDA emulator's")
+    cfg = SMALL["gqa3_tied"]
+    L = cfg["n_layers"]
+    w = dict(random_weights(cfg, 4))
+    for graphs in ("1", "0"):
+        monkeypatch.setenv("ALGENTA_CUDA_GRAPHS", graphs)
+        s = ResidentSession(cfg, w, max_ctx=64, device="cuda")
+        n0 = _core.session.cuda_emulator_pdl_launches()
+        t = int(np.argmax(s.prefill([3, 1, 4])))
+        assert _core.session.cuda_emulator_pdl_launches() == n0
+        for _ in range(3):
+            t = int(np.argmax(s.step(t)))
+        assert s.dispatches_per_token == RC.residentk_dispatch_budget(L)
+        assert _core.session.cuda_emulator_pdl_launches() - n0 == 3 * (s.dispatches_per_token - 1)
+
+
+def test_the_emulator_refuses_a_pdl_kernel_that_does_not_wait():
+    if not EMULATED:
+        pytest.skip("the check is the CUDA emulator's")
+    assert _core.session.cuda_emulator_pdl_probe(0) is True
+    import subprocess
+    import sys
+    for mode, what in ((1, "read global memory"), (2, "exited without gpu::pdl_wait()")):
+        r = subprocess.run([sys.executable, "-c", "from algenta import _core; "
+                            f"_core.session.cuda_emulator_pdl_probe({mode})"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0 and "k_pdl_probe" in r.stderr and what in r.stderr, r.stderr
+
+
 def test_sessions_of_different_shapes_coexist():
     # The per-kernel shared-memory opt-in is process-wide: opening a smaller model must not
     # lower it under a larger session that is still open.

@@ -76,6 +76,13 @@ void bind_session_cuda(py::module_& s) {
   s.def("cuda_emulator_fail_after", &algenta::residentk::cuda_emulator_fail_after, py::arg("n"),
         "Test hook: on the CUDA emulator, the n-th next fallible CUDA call fails (0: off). "
         "False in any other build.");
+  s.def("cuda_emulator_pdl_launches", &algenta::residentk::cuda_emulator_pdl_launches,
+        "Test hook: programmatic dependent launches the CUDA emulator has run (-1 in any other "
+        "build).");
+  s.def("cuda_emulator_pdl_probe", &algenta::residentk::cuda_emulator_pdl_probe, py::arg("mode"),
+        "Test hook: a PDL-launched probe kernel on the CUDA emulator that waits (0), reads before "
+        "waiting (1) or never waits (2); the emulator aborts the process on 1 and 2. False in any "
+        "other build.");
   s.def(
       "cuda_emulator_traffic",
       [](bool start) -> py::object {

@@ -35,6 +35,8 @@ std::unique_ptr<Session> make_cuda_session(const SessionConfig& cfg, int64_t max
 
 bool cuda_emulator_fail_after(int64_t) { return false; }
 bool cuda_emulator_traffic(bool, std::vector<KernelTraffic>*) { return false; }
+int64_t cuda_emulator_pdl_launches() { return -1; }
+bool cuda_emulator_pdl_probe(int) { return false; }
 
 double cuda_copy_bandwidth(int64_t, int) {
   throw StatusError(Family::Resident, RESIDENT_ERR_NO_KERNELS,

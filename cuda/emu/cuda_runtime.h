@@ -247,8 +247,9 @@ inline cudaError_t cudaFuncSetAttribute(void (*fn)(P...), cudaFuncAttribute attr
 namespace algenta_emu {
 
 struct Thread {
-  uint3 idx;       // threadIdx
-  unsigned lane;   // linear thread index % 32
+  uint3 idx;          // threadIdx
+  unsigned lane;      // linear thread index % 32
+  bool pdl_pending;   // a programmatic launch's thread before gpu::pdl_wait() (common.cuh)
 };
 struct BlockInfo {
   uint3 idx;       // blockIdx
@@ -291,6 +292,7 @@ struct LaunchSpec {
   size_t smem;
   cudaStream_t stream;
   const char* label;  // launch_label's at the launch, or null (the traffic report's key)
+  bool pdl = false;   // a programmatic dependent launch (gpu::launch): its threads must wait
 };
 // What the host thread's next launches are for (a kernel template launched for several jobs),
 // for the traffic report: gpu::launch_label sets it in an emulation build.
@@ -315,10 +317,21 @@ struct Launcher {
 };
 template <class... P>
 inline Launcher<P...> launch(const char* name, void (*fn)(P...), dim3 grid, dim3 block,
-                             size_t smem = 0, cudaStream_t stream = 0) {
+                             size_t smem = 0, cudaStream_t stream = 0, bool pdl = false) {
   return Launcher<P...>{LaunchSpec{name, reinterpret_cast<const void*>(fn), grid, block, smem,
-                                   stream, t_launch_label},
+                                   stream, t_launch_label, pdl},
                         fn};
+}
+
+// Programmatic dependent launch: the emulator runs kernels one after another, so the ordering
+// needs nothing; what it checks is the discipline a device cannot show (gpu::pdl_wait in
+// common.cuh): a PDL launch's thread touching global memory through the load/store intrinsics,
+// or exiting, before it waited.
+void pdl_waited();
+[[noreturn]] void pdl_violation(const void* p, bool store);
+int64_t pdl_launches();  // programmatic dependent launches run so far (a test's evidence)
+inline void pdl_check(const void* p, bool store) {
+  if (t_thread && t_thread->pdl_pending) pdl_violation(p, store);
 }
 
 // Facts about the emulated device, for tests and error messages.
@@ -449,36 +462,43 @@ std::vector<KernelTraffic> traffic_stop();  // turns it off; the counts per kern
 // Cache-hinted loads and stores: plain accesses on the host, counted while traffic is on.
 template <class T>
 inline T __ldg(const T* p) {
+  ::algenta_emu::pdl_check(p, false);
   if (::algenta_emu::g_traffic) ::algenta_emu::traffic_access(p, sizeof(T), false);
   return *p;
 }
 template <class T>
 inline T __ldcg(const T* p) {
+  ::algenta_emu::pdl_check(p, false);
   if (::algenta_emu::g_traffic) ::algenta_emu::traffic_access(p, sizeof(T), false);
   return *p;
 }
 template <class T>
 inline T __ldca(const T* p) {
+  ::algenta_emu::pdl_check(p, false);
   if (::algenta_emu::g_traffic) ::algenta_emu::traffic_access(p, sizeof(T), false);
   return *p;
 }
 template <class T>
 inline T __ldcs(const T* p) {
+  ::algenta_emu::pdl_check(p, false);
   if (::algenta_emu::g_traffic) ::algenta_emu::traffic_access(p, sizeof(T), false);
   return *p;
 }
 template <class T>
 inline void __stwb(T* p, T v) {
+  ::algenta_emu::pdl_check(p, true);
   if (::algenta_emu::g_traffic) ::algenta_emu::traffic_access(p, sizeof(T), true);
   *p = v;
 }
 template <class T>
 inline void __stcg(T* p, T v) {
+  ::algenta_emu::pdl_check(p, true);
   if (::algenta_emu::g_traffic) ::algenta_emu::traffic_access(p, sizeof(T), true);
   *p = v;
 }
 template <class T>
 inline void __stcs(T* p, T v) {
+  ::algenta_emu::pdl_check(p, true);
   if (::algenta_emu::g_traffic) ::algenta_emu::traffic_access(p, sizeof(T), true);
   *p = v;
 }

@@ -354,6 +354,10 @@ struct Sched {
   }
 
   void on_exit(Fiber& f) {
+    if (f.th.pdl_pending)
+      fatal("%s: thread %u of a programmatic dependent launch exited without gpu::pdl_wait() "
+            "(the next kernel's wait would not order it after the kernel before this one)",
+            where().c_str(), f.warp * 32 + f.th.lane);
     f.st = St::Done;
     --live;
     WarpState& w = warps[f.warp];
@@ -412,6 +416,7 @@ struct Sched {
       const unsigned u = unsigned(i);
       f.th.idx = uint3{u % s.block.x, (u / s.block.x) % s.block.y, u / (s.block.x * s.block.y)};
       f.th.lane = u & 31u;
+      f.th.pdl_pending = s.pdl;
       f.warp = u >> 5;
       f.st = St::Fresh;
       f.mask = 0;
@@ -632,9 +637,24 @@ void* static_smem_ptr(const char* key, size_t bytes, size_t align) {
 
 const char* order_name() { return config().order_name.c_str(); }
 
+void pdl_waited() {
+  if (t_thread) t_thread->pdl_pending = false;
+}
+
+static std::atomic<int64_t> g_pdl_grids{0};
+int64_t pdl_launches() { return g_pdl_grids.load(); }
+
+void pdl_violation(const void* p, bool store) {
+  fatal("%s: thread (%u,%u,%u) of a programmatic dependent launch %s global memory at %p "
+        "before gpu::pdl_wait() (on a device the kernel before it may still be writing)",
+        sched().where().c_str(), t_thread->idx.x, t_thread->idx.y, t_thread->idx.z,
+        store ? "wrote" : "read", p);
+}
+
 // ---- the grid: blocks over a pool of OS threads ---------------------------------------------
 // Called by the host side when a launch runs (seq: the launch's number, which salts the order).
 void run_grid(const LaunchSpec& spec, const std::function<void()>& body, uint64_t seq) {
+  if (spec.pdl) g_pdl_grids.fetch_add(1);
   const dim3 g = spec.grid;
   const int64_t n = int64_t(g.x) * g.y * g.z;
   std::vector<int> order;

@@ -225,5 +225,13 @@ struct KernelTraffic {
 };
 bool cuda_emulator_traffic(bool start, std::vector<KernelTraffic>* out);
 
+// Test hooks of the emulation build for programmatic dependent launch (cuda/common.cuh,
+// gpu::launch): how many such launches have run (-1 in every other build), and a probe kernel
+// launched that way which waits as it must (mode 0), reads global memory before its wait (1) or
+// exits without waiting (2); the emulator aborts the process on 1 and 2, naming the kernel.
+// Returns false, doing nothing, in every other build.
+int64_t cuda_emulator_pdl_launches();
+bool cuda_emulator_pdl_probe(int mode);
+
 }  // namespace residentk
 }  // namespace algenta
