@@ -636,7 +636,7 @@ class CudaSession final : public SessionBase {
       const LayerOffsets& l = plan_.layers[size_t(li)];
       gpu::launch(p, "k_norm_qkv", k_norm_qkv<Fw>, dim3(unsigned(plan_.qkv_mv.grid)), mv, smem(D),
                   stream_, mat(l.wqkv), A(plan_.x), W(l.in_norm), D, plan_.q_rows, c_.rms_eps,
-                  plan_.qkv_mv.rows_per_block, A(plan_.qkv));
+                  plan_.qkv_mv.rows_per_block, int(plan_.qkv_mv.split), A(plan_.qkv));
       launched("k_norm_qkv");
       ++n;
       norm_rope(l, li, A(plan_.qkv), 1, p);
@@ -653,19 +653,20 @@ class CudaSession final : public SessionBase {
       float* y = sandwich_ ? A(plan_.y) : nullptr;  // sublayer outputs through their norm
       gpu::launch(p, "k_matvec_residual", k_matvec_residual<Fw>, dim3(unsigned(plan_.o_mv.grid)),
                   mv, smem(Aw), stream_, mat(l.wo), A(plan_.attn), Aw, D,
-                  plan_.o_mv.rows_per_block, W(l.o_b), y, A(plan_.x));
+                  plan_.o_mv.rows_per_block, int(plan_.o_mv.split), W(l.o_b), y, A(plan_.x));
       launched("k_matvec_residual(o_proj)");
       ++n;
       n += out_norm(A(plan_.x), y, l.attn_out_norm, 1, p);
       gpu::launch(p, "k_norm_gateup", k_norm_gateup<Fw>, dim3(unsigned(plan_.gateup_mv.grid)), mv,
                   smem(D), stream_, mat(l.wg), mat(l.wu), A(plan_.x), W(l.post_norm), D, F,
-                  c_.rms_eps, plan_.gateup_mv.rows_per_block, W(l.g_b), W(l.u_b), gelu_,
-                  A(plan_.act));
+                  c_.rms_eps, plan_.gateup_mv.rows_per_block, int(plan_.gateup_mv.split),
+                  W(l.g_b), W(l.u_b), gelu_, A(plan_.act));
       launched("k_norm_gateup");
       ++n;
       gpu::launch(p, "k_matvec_residual", k_matvec_residual<Fw>,
                   dim3(unsigned(plan_.down_mv.grid)), mv, smem(F), stream_, mat(l.wd),
-                  A(plan_.act), F, D, plan_.down_mv.rows_per_block, W(l.d_b), y, A(plan_.x));
+                  A(plan_.act), F, D, plan_.down_mv.rows_per_block, int(plan_.down_mv.split),
+                  W(l.d_b), y, A(plan_.x));
       launched("k_matvec_residual(down)");
       ++n;
       n += out_norm(A(plan_.x), y, l.mlp_out_norm, 1, p);

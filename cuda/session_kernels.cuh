@@ -160,22 +160,23 @@ __device__ void consume(const Staged& v, int64_t K) {
   }
 }
 
-// One warp: row r of m (K) . the staged vector v (consume<F>'s form); every lane returns the sum.
-// 16-byte loads where each row is 16-byte aligned, which the arena (256-byte aligned tensors)
-// gives exactly when K * elem_bytes % 16 == 0 (int8 also needs whole blocks: K % 32 == 0);
-// other K take one element (int8: one block) a lane at a time.
+// One warp: elements [k0, k1) of row r of m (K) . the staged vector v (consume<F>'s form); every
+// lane returns the sum. 16-byte loads where each row is 16-byte aligned, which the arena
+// (256-byte aligned tensors) gives exactly when K * elem_bytes % 16 == 0 (int8 also needs whole
+// blocks: K % 32 == 0); other K take one element (int8: one block) a lane at a time. A slice
+// (decode_matvec_launch) starts on a 16-byte unit, for int8 on a block.
 template <Dtype F>
 __device__ __forceinline__ float warp_dot(const DevMat& m, int64_t r, const Staged& v, int64_t K,
-                                          int lane) {
+                                          int lane, int64_t k0, int64_t k1) {
   float acc = 0.f;
   if (F == Dtype::F32) {
     const float* w = static_cast<const float*>(m.w) + r * K;
     if ((K & 3) == 0) {
       const float4* w4 = reinterpret_cast<const float4*>(w);
       const float4* x4 = reinterpret_cast<const float4*>(v.x);
-      const int64_t K4 = K >> 2;
-#pragma unroll 4
-      for (int64_t i = lane; i < K4; i += 32) {
+      const int64_t K4 = k1 >> 2;
+#pragma unroll MATVEC_LOADS
+      for (int64_t i = (k0 >> 2) + lane; i < K4; i += 32) {
         const float4 a = __ldg(w4 + i);
         const float4 b = x4[i];
         acc = fmaf(a.x, b.x, acc);
@@ -184,16 +185,16 @@ __device__ __forceinline__ float warp_dot(const DevMat& m, int64_t r, const Stag
         acc = fmaf(a.w, b.w, acc);
       }
     } else {
-      for (int64_t i = lane; i < K; i += 32) acc = fmaf(__ldg(w + i), v.x[i], acc);
+      for (int64_t i = k0 + lane; i < k1; i += 32) acc = fmaf(__ldg(w + i), v.x[i], acc);
     }
   } else if (F == Dtype::BF16 || F == Dtype::F16) {
     const uint16_t* w = static_cast<const uint16_t*>(m.w) + r * K;
     if ((K & 7) == 0) {
       const int4* w8 = reinterpret_cast<const int4*>(w);
       const float4* x4 = reinterpret_cast<const float4*>(v.x);
-      const int64_t K8 = K >> 3;
-#pragma unroll 4
-      for (int64_t i = lane; i < K8; i += 32) {
+      const int64_t K8 = k1 >> 3;
+#pragma unroll MATVEC_LOADS
+      for (int64_t i = (k0 >> 3) + lane; i < K8; i += 32) {
         const int4 a = __ldg(w8 + i);
         const float4 b0 = x4[2 * i], b1 = x4[2 * i + 1];
         float2 p = widen2<F>(uint32_t(a.x));
@@ -210,7 +211,8 @@ __device__ __forceinline__ float warp_dot(const DevMat& m, int64_t r, const Stag
         acc = fmaf(p.y, b1.w, acc);
       }
     } else {
-      for (int64_t i = lane; i < K; i += 32) acc = fmaf(widen2<F>(__ldg(w + i)).x, v.x[i], acc);
+      for (int64_t i = k0 + lane; i < k1; i += 32)
+        acc = fmaf(widen2<F>(__ldg(w + i)).x, v.x[i], acc);
     }
   } else {  // int8
     const int8_t* w = static_cast<const int8_t*>(m.w) + r * K;
@@ -223,9 +225,9 @@ __device__ __forceinline__ float warp_dot(const DevMat& m, int64_t r, const Stag
       // lane, so each reaches the shuffle.
       const int4* w16 = reinterpret_cast<const int4*>(w);
       const int4* x16 = reinterpret_cast<const int4*>(v.q);
-      const int64_t K16 = K >> 4;
-#pragma unroll 4
-      for (int64_t i0 = 0; i0 < K16; i0 += 32) {
+      const int64_t K16 = k1 >> 4;
+#pragma unroll MATVEC_LOADS
+      for (int64_t i0 = k0 >> 4; i0 < K16; i0 += 32) {
         const int64_t i = i0 + lane;
         int isum = 0;
         if (i < K16) {
@@ -239,15 +241,47 @@ __device__ __forceinline__ float warp_dot(const DevMat& m, int64_t r, const Stag
         if (i < K16 && (lane & 1) == 0) acc = fmaf(float(isum), __ldg(sw + (i >> 1)) * v.s[i >> 1], acc);
       }
     } else {
-      for (int64_t b = lane; b < nb; b += 32) {
-        const int64_t k0 = b * RESIDENT_INT8_BLOCK, k1 = min(K, k0 + RESIDENT_INT8_BLOCK);
+      for (int64_t b = k0 / RESIDENT_INT8_BLOCK + lane; b * RESIDENT_INT8_BLOCK < k1; b += 32) {
+        const int64_t b0 = b * RESIDENT_INT8_BLOCK, b1 = min(K, b0 + RESIDENT_INT8_BLOCK);
         int isum = 0;
-        for (int64_t k = k0; k < k1; ++k) isum += int(__ldg(w + k)) * int(v.q[k]);
+        for (int64_t k = b0; k < b1; ++k) isum += int(__ldg(w + k)) * int(v.q[k]);
         acc = fmaf(float(isum), __ldg(sw + b) * v.s[b], acc);
       }
     }
   }
   return warp_sum(acc);
+}
+
+// ---- a decode matvec block's warps over its rows ---------------------------------------------
+// As decode_matvec_launch arranged them (session_cuda_plan.hpp): with split 1 each warp takes
+// every MATVEC_WARPS-th row of the block whole; with split s > 1 the block has MATVEC_WARPS / s
+// rows, one a group of s warps, warp j of a group on the j-th of s equal slices of K, the
+// slices' sums joined in warp order (a fixed order: a row's sum depends on s alone). dot(r, k0,
+// k1) gives a warp's one or two products (float2: gate and up together) of row r over [k0, k1)
+// in every lane; out(r, d) runs in one lane a row with the joined products.
+template <class Dot, class Out>
+__device__ __forceinline__ void for_rows(int64_t rows_per_block, int64_t N, int64_t K, int split,
+                                         Dot dot, Out out) {
+  __shared__ float2 part[MATVEC_WARPS];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
+  const int64_t r1 = min(N, r0 + rows_per_block);
+  if (split == 1) {
+    for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {
+      const float2 d = dot(r, int64_t(0), K);
+      if (lane == 0) out(r, d);
+    }
+    return;
+  }
+  const int j = warp % split;
+  const int64_t r = r0 + warp / split, n = K / split;
+  const float2 d = r < r1 ? dot(r, j * n, j * n + n) : make_float2(0.f, 0.f);
+  if (lane == 0) part[warp] = d;
+  __syncthreads();  // every thread of the block: split is the same for all
+  if (j != 0 || lane != 0 || r >= r1) return;
+  float2 sum = part[warp];
+  for (int i = 1; i < split; ++i) sum.x += part[warp + i].x, sum.y += part[warp + i].y;
+  out(r, sum);
 }
 
 // ---- the KV cache in its format ---------------------------------------------------------------
@@ -316,20 +350,20 @@ __global__ void k_rmsnorm_rows(const float* __restrict__ X /* (M, D) */,
 template <Dtype F>
 __global__ void k_norm_qkv(DevMat W, const float* __restrict__ x, const float* __restrict__ nw,
                            int64_t K, int64_t N, double eps, int64_t rows_per_block,
-                           float* __restrict__ y) {
+                           int split, float* __restrict__ y) {
   extern __shared__ float4 smem4[];
-  const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
-  const int64_t r1 = min(N, r0 + rows_per_block);
-  prefetch_rows<F>(W, r0, r1, K);
+  prefetch_rows<F>(W, int64_t(blockIdx.x) * rows_per_block,
+                   min(N, int64_t(blockIdx.x + 1) * rows_per_block), K);
   step_begin();
   const Staged v = staged(smem4, K);
   block_rmsnorm<false>(x, nw, K, eps, v.x);
   consume<F>(v, K);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {
-    const float d = warp_dot<F>(W, r, v, K, lane);
-    if (lane == 0) st(y + r, d);
-  }
+  for_rows(
+      rows_per_block, N, K, split,
+      [&](int64_t r, int64_t k0, int64_t k1) {
+        return make_float2(warp_dot<F>(W, r, v, K, threadIdx.x & 31, k0, k1), 0.f);
+      },
+      [&](int64_t r, float2 d) { st(y + r, d.x); });
 }
 
 // The MLP gate of one element: act(g + bg) * (u + bu) (biases where the family has them),
@@ -346,24 +380,26 @@ __device__ __forceinline__ float gate_act(float g, float u, const float* __restr
 template <Dtype F>
 __global__ void k_norm_gateup(DevMat Wg /* (Fd, D) */, DevMat Wu /* (Fd, D) */,
                               const float* __restrict__ x, const float* __restrict__ nw, int64_t D,
-                              int64_t Fd, double eps, int64_t rows_per_block,
+                              int64_t Fd, double eps, int64_t rows_per_block, int split,
                               const float* __restrict__ gb, const float* __restrict__ ub,
                               bool gelu, float* __restrict__ act) {
   extern __shared__ float4 smem4[];
-  const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
-  const int64_t r1 = min(Fd, r0 + rows_per_block);
-  prefetch_rows<F>(Wg, r0, r1, D);
-  prefetch_rows<F>(Wu, r0, r1, D);
+  prefetch_rows<F>(Wg, int64_t(blockIdx.x) * rows_per_block,
+                   min(Fd, int64_t(blockIdx.x + 1) * rows_per_block), D);
+  prefetch_rows<F>(Wu, int64_t(blockIdx.x) * rows_per_block,
+                   min(Fd, int64_t(blockIdx.x + 1) * rows_per_block), D);
   step_begin();
   const Staged v = staged(smem4, D);
   block_rmsnorm<false>(x, nw, D, eps, v.x);
   consume<F>(v, D);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {
-    const float g = warp_dot<F>(Wg, r, v, D, lane);
-    const float u = warp_dot<F>(Wu, r, v, D, lane);
-    if (lane == 0) st(act + r, gate_act(g, u, gb, ub, r, gelu));
-  }
+  for_rows(
+      rows_per_block, Fd, D, split,
+      [&](int64_t r, int64_t k0, int64_t k1) {
+        const int lane = threadIdx.x & 31;
+        return make_float2(warp_dot<F>(Wg, r, v, D, lane, k0, k1),
+                           warp_dot<F>(Wu, r, v, D, lane, k0, k1));
+      },
+      [&](int64_t r, float2 gu) { st(act + r, gate_act(gu.x, gu.y, gb, ub, r, gelu)); });
 }
 
 // x (N) += W (N, K) . a (K) (+ bias b where given); a staged in shared memory (stage_bytes(K,
@@ -371,30 +407,28 @@ __global__ void k_norm_gateup(DevMat Wg /* (Fd, D) */, DevMat Wu /* (Fd, D) */,
 // Row r of x is read and written only by the warp that owns it: no atomics.
 template <Dtype F>
 __global__ void k_matvec_residual(DevMat W, const float* __restrict__ a, int64_t K, int64_t N,
-                                  int64_t rows_per_block, const float* __restrict__ b,
-                                  float* __restrict__ y, float* __restrict__ x) {
+                                  int64_t rows_per_block, int split,
+                                  const float* __restrict__ b, float* __restrict__ y,
+                                  float* __restrict__ x) {
   extern __shared__ float4 smem4[];
-  const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
-  const int64_t r1 = min(N, r0 + rows_per_block);
-  prefetch_rows<F>(W, r0, r1, K);
+  prefetch_rows<F>(W, int64_t(blockIdx.x) * rows_per_block,
+                   min(N, int64_t(blockIdx.x + 1) * rows_per_block), K);
   step_begin();
   const Staged v = staged(smem4, K);
   stage(a, K, v.x);
   consume<F>(v, K);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {
-    const float d = warp_dot<F>(W, r, v, K, lane);
-    if (lane != 0) continue;
-    if (!b && !y) {
-      st(x + r, ld(x + r) + d);
-      continue;
-    }
-    const float o = b ? d + __ldg(b + r) : d;
-    if (y)
-      st(y + r, o);
-    else
-      st(x + r, ld(x + r) + o);
-  }
+  for_rows(
+      rows_per_block, N, K, split,
+      [&](int64_t r, int64_t k0, int64_t k1) {
+        return make_float2(warp_dot<F>(W, r, v, K, threadIdx.x & 31, k0, k1), 0.f);
+      },
+      [&](int64_t r, float2 d) {
+        const float o = b ? d.x + __ldg(b + r) : d.x;
+        if (y)
+          st(y + r, o);
+        else
+          st(x + r, ld(x + r) + o);
+      });
 }
 
 // X (M, D) row r += rmsnorm(Y row r) * w: a sandwich family's norm of a sublayer's output,
@@ -646,7 +680,7 @@ __global__ void k_head_argmax(DevMat H, const float* __restrict__ xf, int64_t D,
   float best = -INFINITY;
   int64_t besti = -1;
   for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {
-    float v = warp_dot<F>(H, r, xs, D, lane);
+    float v = warp_dot<F>(H, r, xs, D, lane, 0, D);
     if (softcap > 0.f) v = session_math::softcap(v, softcap);  // a family's final soft cap
     if (lane == 0) st(logits + r, v);
     if (argmax_beats(v, r, best, besti)) best = v, besti = r;

@@ -35,9 +35,12 @@ The model (assumptions, all stated; figures are estimates, never measurements):
 - Memory-bound kernels (decode matvecs): Little's law. HBM at 4.8 TB/s with ~700 ns of load
   latency needs 3.4 MB in flight, 25.5 KB per SM. A resident warp keeps the global loads of one
   main-loop iteration in flight (the loads issued before the first use of their results); the
-  estimated share of HBM bandwidth is min(1, in-flight bytes per SM / 25.5 KB).
-- Decode step at the Qwen3-0.6B shape: each matvec's weight bytes at its kernel's share of HBM
-  bandwidth, plus 2 us of launch gap per graph node (171 nodes a token on the standard path;
+  estimated share of HBM bandwidth is min(1, in-flight bytes per SM / 25.5 KB), in the kernel
+  rows at full occupancy (what the kernel allows), in the decode step with the blocks each
+  launch actually has.
+- Decode step at the Qwen3-0.6B shape: each matvec's weight bytes at the share of HBM its
+  launch can hold (launch_share: the kernel's in-flight bytes per lane, at most its slice of a
+  row, times the blocks its grid puts on an SM, at most its occupancy), plus 2 us of launch gap per graph node (171 nodes a token on the standard path;
   a CUDA graph's node-to-node gap on Hopper is about 1-2 us): the time a token takes and its
   share of the HBM roofline (the format's weight bytes / 4.8 TB/s). The decode kernels are
   programmatic dependent launches (common.cuh): each launches while the one before runs, its
@@ -406,6 +409,17 @@ PDL_PREFETCH_BYTES = 16 * 1024  # common.cuh: what a PDL matvec block asks L2 fo
 PDL_GAPS_S = (1e-6, 0.5e-6, 0.25e-6)  # exposed boundary under PDL: assumed, not known
 
 
+def launch_share(row: dict, mv: dict, row_bytes: float) -> float:
+    """The share of HBM bandwidth one matvec launch can hold (Little's law, as the kernel rows'
+    estimate) with the blocks it has: its grid spread over the SMs, at most its occupancy, and a
+    lane's bytes in flight, one main-loop iteration's loads but at most its slice of a row (a
+    row split over mv["split"] warps gives each lane 1/split of its share)."""
+    need = H200["hbm_bytes_s"] * H200["load_latency_s"] / H200["sms"]
+    resident = min(row["blocks_per_sm"], mv["grid"] / H200["sms"])
+    lane = min(row["ldg_bytes_per_lane"], row_bytes / mv["split"] / 32)
+    return min(1.0, resident * BLOCK_THREADS[row["kernel"]] * lane / need)
+
+
 def decode_estimate(rows: list, gap_s: float = GRAPH_GAP_S, pdl: bool = False) -> dict:
     """Per weight format: a Qwen3-0.6B decode token by the model (see the module docstring).
 
@@ -423,28 +437,30 @@ def decode_estimate(rows: list, gap_s: float = GRAPH_GAP_S, pdl: bool = False) -
     out = {}
     bw = H200["hbm_bytes_s"]
     for fmt, bpe in (("f32", 4.0), ("bf16", 2.0), ("f16", 2.0), ("int8", 1.125)):
-        share = {r["kernel"]: r.get("estimate_hbm_share", 0.0) for r in rows
+        share = {r["kernel"]: r for r in rows
                  if r["variant"] == fmt and r["kernel"] in mats and r["arch"] == "sm_90"}
         if len(share) < len(mats):
             continue
         plan = _core.session.cuda_plan.make_plan(D, c["Hq"], c["Hkv"], c["Dh"], F, c["L"], V,
                                                  1e-6, 1e6, True, 512, H200["sms"],
                                                  weights=fmt)
-        # (kernel, bytes, blocks) of each matvec launch a token makes
+        # (kernel, bytes, launch plan, K, matrices a block prefetches) of each matvec a token
+        # makes
+        A = c["Hq"] * c["Dh"]
         launches = []
         for _ in range(c["L"]):
-            launches += [("k_norm_qkv", mats["k_norm_qkv"] * bpe, plan["qkv_mv"]["grid"]),
-                         ("k_matvec_residual", D * c["Hq"] * c["Dh"] * bpe, plan["o_mv"]["grid"]),
-                         ("k_norm_gateup", mats["k_norm_gateup"] * bpe,
-                          2 * plan["gateup_mv"]["grid"]),
-                         ("k_matvec_residual", D * F * bpe, plan["down_mv"]["grid"])]
-        launches.append(("k_head_argmax", mats["k_head_argmax"] * bpe, plan["head_mv"]["grid"]))
+            launches += [("k_norm_qkv", mats["k_norm_qkv"] * bpe, plan["qkv_mv"], D, 1),
+                         ("k_matvec_residual", D * A * bpe, plan["o_mv"], A, 1),
+                         ("k_norm_gateup", mats["k_norm_gateup"] * bpe, plan["gateup_mv"], D, 2),
+                         ("k_matvec_residual", D * F * bpe, plan["down_mv"], F, 1)]
+        launches.append(("k_head_argmax", mats["k_head_argmax"] * bpe, plan["head_mv"], D, 1))
         nodes = 6 * c["L"] + 3
         t = GRAPH_GAP_S + (nodes - 1) * gap_s if pdl else nodes * gap_s
-        for k, nbytes, blocks in launches:
-            hidden = min(nbytes, blocks * PDL_PREFETCH_BYTES, gap_s * bw) if pdl else 0.0
-            t += (nbytes - hidden) / (max(share[k], 1e-9) * bw)
-        weight = sum(n for _, n, _ in launches)
+        for k, nbytes, mv, K, n_mats in launches:
+            hidden = (min(nbytes, n_mats * mv["grid"] * PDL_PREFETCH_BYTES, gap_s * bw)
+                      if pdl else 0.0)
+            t += (nbytes - hidden) / (max(launch_share(share[k], mv, K * bpe), 1e-9) * bw)
+        weight = sum(x[1] for x in launches)
         out[fmt] = {"ms_per_token": 1e3 * t, "tok_s": 1.0 / t,
                     "share_of_hbm_roofline": weight / bw / t}
     return out

@@ -1,7 +1,8 @@
 """The static performance model of the CUDA kernels (perf/cuda_static.py) keeps the key ratios
 of the compiled SASS from regressing: no kernel spills; the decode matvecs stream their weights
 with 16-byte loads (int8: with its block scales, at least 256 bytes a warp instruction) and keep
-enough of them in flight for the H200's bandwidth in the model; attention's loads are whole
+enough of them in flight for the H200's bandwidth in the model, at full occupancy and with the
+grids the launch plan gives at the Qwen3-0.6B shape; attention's loads are whole
 rows; lossk's tile GEMM (which the session's bf16 prefill runs too) stages interior tiles with
 16-byte loads and keeps its tensor-core loops near the issue-rate ceiling: at most 10.5
 instructions per MMA (bf16 prefill 8.2, bf16 d_weight 10.0; 45.6 with the element-by-element
@@ -53,6 +54,27 @@ def test_decode_matvecs_stream_16_byte_loads(rows):
         assert r["bytes_per_load"] >= floor, r
         assert r["estimate_hbm_share"] == 1.0, r
     assert len(seen) == 4 * 4  # every matvec in every weight format
+
+
+def test_decode_launches_hold_hbm_latency_in_flight(rows):
+    # With the grids the plan gives at the Qwen3-0.6B shape on 132 SMs (rows split over warps
+    # where a matrix has few: o_proj and down), each matvec launch holds HBM's latency in
+    # flight in the model, or its whole matrix (int8's 2.3 MB o_proj). One warp a row, bf16's
+    # o_proj and down would hold 62% (one block an SM).
+    from algenta import _core
+    c = cuda_static.QWEN3
+    D, A, F = c["D"], c["Hq"] * c["Dh"], c["F"]
+    need = cuda_static.H200["hbm_bytes_s"] * cuda_static.H200["load_latency_s"]
+    for fmt, bpe in (("f32", 4.0), ("bf16", 2.0), ("f16", 2.0), ("int8", 1.125)):
+        plan = _core.session.cuda_plan.make_plan(D, c["Hq"], c["Hkv"], c["Dh"], F, c["L"],
+                                                 c["V"], 1e-6, 1e6, True, 512, 132, weights=fmt)
+        by = {r["kernel"]: r for r in rows if r["variant"] == fmt}
+        for kernel, mv, K in (("k_norm_qkv", plan["qkv_mv"], D), ("k_matvec_residual",
+                              plan["o_mv"], A), ("k_norm_gateup", plan["gateup_mv"], D),
+                              ("k_matvec_residual", plan["down_mv"], F),
+                              ("k_head_argmax", plan["head_mv"], D)):
+            share = cuda_static.launch_share(by[kernel], mv, K * bpe)
+            assert share >= min(1.0, mv["rows"] * K * bpe / need) - 1e-9, (fmt, kernel, mv)
 
 
 def test_attention_and_prefill_tile(rows):

@@ -156,6 +156,36 @@ def test_weight_formats_against_the_cpu_engine(name, weights):
     _formats_against_cpu(SMALL[name], weights, "f32")
 
 
+# Shapes whose decode matvecs split rows over warps on 132 SMs (decode_matvec_launch): a down
+# projection of 256 rows of K 4,096 (k_matvec_residual), and qkv and gate/up of 512 and 256 rows
+# of K 4,096 (k_norm_qkv, k_norm_gateup): over 8 warps in f32, 4 in bf16 and f16, 2 in int8.
+SPLIT = {
+    "down": dict(d_model=256, h_q=4, h_kv=2, d_head=64, d_ff=4096, n_layers=1, vocab=300),
+    "qkv_gateup": dict(d_model=4096, h_q=4, h_kv=2, d_head=64, d_ff=256, n_layers=1, vocab=300),
+}
+
+
+@pytest.mark.parametrize("weights", ["f32", "bf16", "f16", "int8"])
+@pytest.mark.parametrize("shape", sorted(SPLIT))
+def test_rows_split_over_warps_against_the_cpu_engine(shape, weights):
+    c = SPLIT[shape]
+    p = _core.session.cuda_plan.make_plan(c["d_model"], c["h_q"], c["h_kv"], c["d_head"],
+                                          c["d_ff"], c["n_layers"], c["vocab"], 1e-6, 1e6, True,
+                                          64, 132, weights=weights)
+    splits = [p[k]["split"] for k in ("qkv_mv", "o_mv", "gateup_mv", "down_mv")]
+    s = {"f32": 8, "bf16": 4, "f16": 4, "int8": 2}[weights]
+    assert splits == ([1, 1, 1, s] if shape == "down" else [s, 1, s, 1]), splits
+    cpu, gpu = _pair(c, seed=5, max_ctx=64, weights=weights)
+    prompt = [7, 3, 250, 19, 4]
+    a, b = [cpu.prefill(prompt)], [gpu.prefill(prompt)]
+    for t in (11, 2, 299, 42):
+        a.append(cpu.step(t))
+        b.append(gpu.step(t))
+    scale = max(1.0, max(float(np.abs(x).max()) for x in a))
+    dev = max(float(np.abs(x - y).max()) for x, y in zip(a, b))
+    assert dev <= FORMAT_TOL[weights] * scale, (weights, splits, dev, scale)
+
+
 @pytest.mark.parametrize("weights", ["bf16", "f16", "int8"])
 def test_wide_prefill_in_each_format(weights):
     # 70 prompt rows take the wide prefill GEMM (bf16: lossk's tile GEMM on tensor cores, its

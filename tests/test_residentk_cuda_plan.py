@@ -54,8 +54,65 @@ def test_matvec_launch_covers_every_row_once(rows, sms):
         assert grid > target // 2
 
 
+UNIT = {"f32": 4, "bf16": 8, "f16": 8, "int8": 32}  # a slice's start: a 16-byte load, an int8 block
+MIN_SLICE = {"f32": 128, "bf16": 256, "f16": 256, "int8": 512}  # 32 lanes x 16 bytes
+
+
+@pytest.mark.parametrize("rows", [1, 8, 64, 512, 1024, 3072, 4096])
+@pytest.mark.parametrize("K", [52, 256, 1000, 1024, 1536, 2048, 3072])
+@pytest.mark.parametrize("weights", FORMATS)
+@pytest.mark.parametrize("sms", [40, 132])
+def test_decode_matvec_launch_splits_short_matrices(rows, K, weights, sms):
+    m = CP.decode_matvec_launch(rows, K, weights, sms)
+    base = CP.matvec_launch(rows, sms)
+    s = m["split"]
+    assert m["rows"] == rows and s in (1, 2, 4, 8)
+    assert m["grid"] * m["rows_per_block"] >= rows > (m["grid"] - 1) * m["rows_per_block"]
+
+    def slice_ok(n):  # K in n slices, each whole units and one 16-byte load a lane or more
+        return K % n == 0 and (K // n) % UNIT[weights] == 0 and K // n >= MIN_SLICE[weights]
+
+    def flight(n):  # blocks an SM (at most the aim) x a lane's bytes in flight
+        grid = math.ceil(rows / (CP.MATVEC_WARPS // n)) if n > 1 else base["grid"]
+        lane = min(16 * CP.MATVEC_LOADS, (K // n) * ELEM_BYTES[weights] / 32)
+        return min(grid / sms, CP.MATVEC_BLOCKS_PER_SM) * lane
+
+    if base["rows_per_block"] > CP.MATVEC_WARPS:
+        assert m == dict(base, split=1)  # rows enough: one warp a row
+        return
+    allowed = [1] + [n for n in (2, 4, 8) if all(slice_ok(j) for j in (2, 4, 8) if j <= n)]
+    assert s in allowed and m["rows_per_block"] == CP.MATVEC_WARPS // s
+    # the most bytes in flight, the fewest warps a row on a tie
+    assert all(flight(n) <= flight(s) * (1 + 1e-12) for n in allowed), (allowed, s)
+    assert all(flight(n) < flight(s) for n in allowed if n < s)
+
+
+def test_matvec_min_slice_is_one_load_a_lane():
+    assert {f: CP.matvec_min_slice(f) for f in FORMATS} == MIN_SLICE
+
+
+def test_qwen3_06b_matvecs_hold_hbm_latency_in_flight():
+    # Every decode matvec at the 0.6B shape on an H200 (132 SMs) holds, by the plan's count, at
+    # least the 25.5 KB an SM that 4.8 TB/s over ~700 ns of latency asks (perf/cuda_static.py),
+    # or the whole matrix (int8's o_proj, 2 MB, is smaller than that on all SMs). o_proj and
+    # down split over warps where that holds more: unsplit they have one block an SM.
+    need = 4.8e12 * 700e-9 / 132
+    A = QWEN3_06B["h_q"] * QWEN3_06B["d_head"]
+    D, F = QWEN3_06B["d_model"], QWEN3_06B["d_ff"]
+    for f in FORMATS:
+        p = plan("qwen3_06b", sms=132, weights=f)
+        for name, K in (("qkv_mv", D), ("o_mv", A), ("gateup_mv", D), ("down_mv", F)):
+            mv = p[name]
+            lane = min(16 * CP.MATVEC_LOADS, (K // mv["split"]) * ELEM_BYTES[f] / 32)
+            held = min(mv["grid"] / 132, CP.MATVEC_BLOCKS_PER_SM) * CP.MATVEC_THREADS * lane
+            whole = mv["rows"] * K * ELEM_BYTES[f] / 132  # the matrix, an SM's share
+            assert held >= min(need, whole), (f, name, held, whole)
+        if f != "int8":  # int8's 64-byte rows a lane: o_proj is in flight whole unsplit
+            assert p["o_mv"]["split"] > 1 and p["down_mv"]["split"] > 1, f
+
+
 def test_matvec_launch_degenerate_inputs():
-    assert CP.matvec_launch(0, 132) == {"rows": 0, "rows_per_block": 0, "grid": 0}
+    assert CP.matvec_launch(0, 132) == {"rows": 0, "rows_per_block": 0, "grid": 0, "split": 1}
     assert CP.matvec_launch(1000, 0) == CP.matvec_launch(1000, CP.FALLBACK_SMS)
 
 
@@ -203,8 +260,9 @@ def test_cache_activation_and_prefill_arenas(shape, max_ctx, sms):
     assert p["attn_smem_bytes"] == 4 * (Dh + CP.ATTN_WARPS * Dh + 2 * CP.ATTN_WARPS)
     nrt = p["norm_rope_threads"]
     assert nrt % 32 == 0 and 32 <= nrt <= 1024 and nrt >= min(max(Dh // 2, 1), 1024)
-    for name, rows in [("qkv_mv", Q), ("o_mv", D), ("gateup_mv", F), ("down_mv", D)]:
-        assert p[name] == CP.matvec_launch(rows, sms), name
+    for name, rows, K in [("qkv_mv", Q, D), ("o_mv", D, A), ("gateup_mv", F, D),
+                          ("down_mv", D, F)]:
+        assert p[name] == CP.decode_matvec_launch(rows, K, "f32", sms), name
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))

@@ -24,6 +24,7 @@ py::dict matvec_dict(const cp::MatvecLaunch& m) {
   d["rows"] = m.rows;
   d["rows_per_block"] = m.rows_per_block;
   d["grid"] = m.grid;
+  d["split"] = m.split;
   return d;
 }
 
@@ -118,6 +119,7 @@ void bind_session_cuda(py::module_& s) {
 
   py::module_ p = s.def_submodule("cuda_plan", "host-side launch plan of the CUDA session");
   p.attr("MATVEC_THREADS") = cp::MATVEC_THREADS;
+  p.attr("MATVEC_LOADS") = cp::MATVEC_LOADS;
   p.attr("MATVEC_WARPS") = cp::MATVEC_WARPS;
   p.attr("MATVEC_BLOCKS_PER_SM") = cp::MATVEC_BLOCKS_PER_SM;
   p.attr("ATTN_THREADS") = cp::ATTN_THREADS;
@@ -132,6 +134,19 @@ void bind_session_cuda(py::module_& s) {
   p.def("matvec_launch",
         [](int64_t rows, int64_t sms) { return matvec_dict(cp::matvec_launch(rows, sms)); },
         py::arg("rows"), py::arg("sms"));
+  p.def(
+      "decode_matvec_launch",
+      [](int64_t rows, int64_t K, const std::string& weights, int64_t sms) {
+        return matvec_dict(cp::decode_matvec_launch(
+            rows, K, algenta::residentk::weight_format(weights), sms));
+      },
+      py::arg("rows"), py::arg("K"), py::arg("weights"), py::arg("sms"));
+  p.def(
+      "matvec_min_slice",
+      [](const std::string& weights) {
+        return cp::matvec_min_slice(algenta::residentk::weight_format(weights));
+      },
+      py::arg("weights"));
   p.def("splitk_plan",
         [](int64_t n_keys, int64_t sms, int64_t h_q) {
           const cp::SplitPlan sp = cp::splitk_plan(n_keys, sms, h_q);

@@ -29,6 +29,41 @@ MatvecLaunch matvec_launch(int64_t rows, int64_t sms) {
   return m;
 }
 
+// A slice starts on its format's 16-byte load unit (int8: a whole 32-code block, so a lane pair
+// shares a block as in an unsplit row).
+static int64_t slice_unit(Dtype weights) {
+  return weights == Dtype::Int8 ? RESIDENT_INT8_BLOCK : 16 / dtype_info(weights).bytes;
+}
+
+int64_t matvec_min_slice(Dtype weights) { return 16 * WARP / dtype_info(weights).bytes; }
+
+// What decode_matvec_launch maximizes: blocks an SM (at most MATVEC_BLOCKS_PER_SM) times a
+// lane's weight bytes in flight (MATVEC_LOADS 16-byte loads, at most its slice of a row).
+static double matvec_flight_bytes(const MatvecLaunch& m, int64_t K, Dtype weights, int64_t sms) {
+  if (sms < 1) sms = FALLBACK_SMS;
+  const double blocks = std::min(double(m.grid) / double(sms), double(MATVEC_BLOCKS_PER_SM));
+  const double slice_lane = double(K / m.split) * dtype_info(weights).bytes / WARP;
+  return blocks * std::min(double(16 * MATVEC_LOADS), slice_lane);
+}
+
+MatvecLaunch decode_matvec_launch(int64_t rows, int64_t K, Dtype weights, int64_t sms) {
+  const MatvecLaunch base = matvec_launch(rows, sms);
+  if (base.grid == 0 || base.rows_per_block > MATVEC_WARPS) return base;  // rows for every SM
+  MatvecLaunch best = base;
+  double best_bytes = matvec_flight_bytes(base, K, weights, sms);
+  for (int64_t s = 2; s <= MATVEC_WARPS; s *= 2) {
+    if (K % s != 0 || K / s < matvec_min_slice(weights) || (K / s) % slice_unit(weights) != 0)
+      break;
+    MatvecLaunch m = base;
+    m.split = s;
+    m.rows_per_block = MATVEC_WARPS / s;
+    m.grid = ceil_div(rows, m.rows_per_block);
+    const double b = matvec_flight_bytes(m, K, weights, sms);
+    if (b > best_bytes) best = m, best_bytes = b;
+  }
+  return best;
+}
+
 SplitPlan splitk_plan(int64_t n_keys, int64_t sms, int64_t h_q) {
   SplitPlan s;
   if (!residentk_splitk_should_split(n_keys)) return s;
@@ -111,11 +146,11 @@ Plan make_plan(const SessionConfig& c, int64_t max_ctx, int64_t sms) {
   }
 
   // ---- decode launches (the head's grid sizes the argmax scratch) ----
-  p.qkv_mv = matvec_launch(Q, sms);
-  p.o_mv = matvec_launch(D, sms);
-  p.gateup_mv = matvec_launch(F, sms);
-  p.down_mv = matvec_launch(D, sms);
-  p.head_mv = matvec_launch(V, sms);
+  p.qkv_mv = decode_matvec_launch(Q, D, c.weights, sms);
+  p.o_mv = decode_matvec_launch(D, A, c.weights, sms);
+  p.gateup_mv = decode_matvec_launch(F, D, c.weights, sms);
+  p.down_mv = decode_matvec_launch(D, F, c.weights, sms);
+  p.head_mv = matvec_launch(V, sms);  // k_head_argmax keeps one warp a row (its argmax is per warp)
   p.staged_floats = std::max({D, F, A});
   // q staged (Dh) + per-warp accumulators (ATTN_WARPS, Dh) + per-warp (m, l).
   p.attn_smem_bytes = int64_t(sizeof(float)) * (Dh + ATTN_WARPS * Dh + 2 * ATTN_WARPS);

@@ -25,13 +25,16 @@ namespace cudaplan {
 
 // ---- fixed launch shapes ------------------------------------------------------------------
 constexpr int WARP = 32;
-// Matvec-style kernels: 8 warps per block, one weight row per warp at a time.
+// Matvec-style kernels: 8 warps per block, one weight row per warp at a time (a decode matvec's
+// short matrices: one row per 2, 4 or 8 warps, decode_matvec_launch).
 constexpr int MATVEC_THREADS = 256;
 constexpr int MATVEC_WARPS = MATVEC_THREADS / WARP;
 // Blocks per SM a matvec grid aims at: enough independent rows in flight to cover HBM latency
 // on a memory-bound stage, few enough that each block's staged input vector (re-read from L2
 // by every block) stays a small fraction of the weight bytes it streams.
 constexpr int64_t MATVEC_BLOCKS_PER_SM = 4;
+// 16-byte weight loads a lane of a matvec keeps in flight (warp_dot's unrolled main loop).
+constexpr int MATVEC_LOADS = 4;
 // Attention: 4 warps per (query head, split, row) block; each warp walks every 4th key.
 constexpr int ATTN_THREADS = 128;
 constexpr int ATTN_WARPS = ATTN_THREADS / WARP;
@@ -70,13 +73,29 @@ ALGENTA_HD void splitk_range(int64_t n, int64_t S, int64_t s, int64_t* k0, int64
 }
 
 // ---- one matvec-style launch ---------------------------------------------------------------
+// With split 1 each warp of a block takes every MATVEC_WARPS-th of its rows; with split s > 1
+// (decode_matvec_launch) a block has MATVEC_WARPS / s rows, one for each group of s warps, warp
+// j on the j-th of s equal slices of K, the slices' sums joined in warp order: a row's sum
+// depends on s (fixed by the plan) and nothing else.
 struct MatvecLaunch {
   int64_t rows = 0;            // N
-  int64_t rows_per_block = 0;  // a multiple of MATVEC_WARPS
+  int64_t rows_per_block = 0;  // a multiple of MATVEC_WARPS, or MATVEC_WARPS / split
   int64_t grid = 0;            // ceil(N / rows_per_block)
+  int64_t split = 1;           // warps a row: 1, 2, 4 or 8
 };
-// About MATVEC_BLOCKS_PER_SM blocks per SM, never a block without a row.
+// About MATVEC_BLOCKS_PER_SM blocks per SM, never a block without a row; one warp a row.
 MatvecLaunch matvec_launch(int64_t rows, int64_t sms);
+// Smallest slice of K a warp takes in a split row: one 16-byte load a lane, in elements of a
+// matrix of this format (f32 128, bf16 and f16 256, int8 512).
+int64_t matvec_min_slice(Dtype weights);
+// A decode matvec over (rows, K) weights, for HBM: a memory-bound launch streams at the rate of
+// the bytes it holds in flight, so each row is split over the 1, 2, 4 or 8 warps that hold the
+// most, counted as blocks an SM (its grid over the SMs, at most MATVEC_BLOCKS_PER_SM) times a
+// lane's bytes in flight (MATVEC_LOADS 16-byte loads, at most its slice of the row), the fewest
+// on a tie; a slice is at least matvec_min_slice elements, whole 16-byte units (int8: blocks).
+// At a 0.6B shape on 132 SMs o_proj and down (1,024 rows: 128 blocks unsplit, one on an SM)
+// split (bf16: over 2 and 4 warps); qkv and gate/up have rows enough (f32: 2 warps a row).
+MatvecLaunch decode_matvec_launch(int64_t rows, int64_t K, Dtype weights, int64_t sms);
 
 // ---- split-K attention for one decode step ---------------------------------------------------
 struct SplitPlan {
