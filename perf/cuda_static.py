@@ -28,6 +28,10 @@ The model (assumptions, all stated; figures are estimates, never measurements):
   capped at 1: fewer than 8 warps per SM cannot cover the tensor pipe's latency). lossk's tile
   is read on its interior tiles' loop: of a 4,096 x 4,096 x 151,936 product only the last row
   and column of tiles take the checked loop (a chunk of c tokens: 1 of ceil(c / 64) rows).
+- lossk's bf16 loss with gradients at 4,096 x 4,096 x 151,936 (loss_estimate): per chunk its
+  three tile GEMMs in waves of SMs x blocks an SM at the tiles' estimates, or d_weight's float32
+  accumulator traffic where longer, plus the chunk's float32 logits stored, read and rewritten
+  by the softmax gradient at HBM rate; operands from L2.
 - SIMT GEMMs (lossk's float32/float64 tiles, the session's float32 and int8 prefill tiles):
   the FP32 and dp4a pipes take 4 warp instructions a clock per SM, FP64 2 on H200, so the
   share of their peak is the multiply-add share of the main loop's instructions (FP64 counted
@@ -466,6 +470,49 @@ def decode_estimate(rows: list, gap_s: float = GRAPH_GAP_S, pdl: bool = False) -
     return out
 
 
+# lossk's tile (lossk_tile.cuh): BM x BN outputs a block; the GEMM sizes of the issue's target.
+TILE_BM, TILE_BN = 64, 256
+LOSS_SHAPE = dict(N=4096, D=4096, V=151936)
+
+
+def loss_estimate(rows: list, N: int, D: int, V: int) -> dict:
+    """bf16 fused linear cross-entropy with gradients, N tokens x d_model D x vocab V, by the
+    model: per chunk (the largest the contract allows, a multiple of 16 as the device rounds
+    bf16 chunks) its three tile GEMMs (logits, d_hidden, d_weight) and the float32 logit traffic
+    between them. A GEMM of ctas = ceil(M / 64) x ceil(N / 256) tiles runs in waves of (SMs x
+    its blocks an SM); a wave takes one tile's flops at its blocks' share of the SM's rate (the
+    kernel row's interior-tile estimate; edge tiles taken as interior ones), or its memory time
+    when longer: d_weight reads and rewrites its float32 accumulator (V x D) every chunk. The
+    chunk's logits are stored (c x V float32) and rewritten in place by the softmax gradient
+    (read + write), at HBM rate. Operand reads are assumed served from L2."""
+    from algenta import _core
+    tile = {r["variant"].split("/")[1]: r for r in rows
+            if r["kernel"] == "k_tile" and r["arch"] == "sm_90" and
+            r["variant"].startswith("bf16/") and r["variant"] != "bf16/prefill"}
+    peak, sms, bw = H200["bf16_peak_flops"], H200["sms"], H200["hbm_bytes_s"]
+    c0 = _core.lossk.loss_max_chunk(N, V)
+    c0 = min(N, max(16, c0 - c0 % 16))  # lossk_launch.cuh's device_chunk_for, bf16
+    t = {"logits": 0.0, "d_hidden": 0.0, "d_weight": 0.0, "logit_traffic": 0.0}
+    eff = {}
+    for t0 in range(0, N, c0):
+        c = min(c0, N - t0)
+        for name, m, n, k, mem in (("logits", c, V, D, 0.0), ("d_hidden", c, D, V, 0.0),
+                                   ("d_weight", V, D, c, 2.0 * 4 * V * D)):
+            r = tile[name]
+            ctas = math.ceil(m / TILE_BM) * math.ceil(n / TILE_BN)
+            slots = sms * r["blocks_per_sm"]
+            waves = math.ceil(ctas / slots)
+            wave_s = 2.0 * TILE_BM * TILE_BN * k / (r["estimate_tensor_share"] * peak / slots)
+            t[name] += max(waves * wave_s, mem / bw)
+            eff.setdefault(name, []).append(ctas / (waves * slots))
+        t["logit_traffic"] += 3.0 * 4 * c * V / bw
+    flops = 2.0 * N * D * V
+    total = sum(t.values())
+    return {"chunk": c0, "seconds": t, "wave_efficiency": {k: min(v) for k, v in eff.items()},
+            "forward_share": flops / t["logits"] / peak, "total_s": total,
+            "total_share": 3 * flops / total / peak}
+
+
 def gap_for_share(rows: list, fmt: str, share: float):
     """The largest exposed PDL boundary (seconds) at which fmt's decode reaches share of the HBM
     roofline in the model, or None when even a zero gap does not (bisection; the share falls as
@@ -499,6 +546,8 @@ def main(argv=None) -> int:
               "decode_qwen3_0.6b_pdl": {f"{g * 1e6:g}us": decode_estimate(rows, g, pdl=True)
                                         for g in PDL_GAPS_S},
               "pdl_gap_for_bf16_75pct_s": gap_for_share(rows, "bf16", 0.75)}
+    if any(r["variant"] == "bf16/logits" and r["arch"] == "sm_90" for r in rows):
+        report["lossk_bf16"] = loss_estimate(rows, **LOSS_SHAPE)
     if a.json:
         json.dump(report, sys.stdout, indent=2)
         print()
@@ -532,6 +581,17 @@ def main(argv=None) -> int:
     if g75 is not None:
         print(f"  bf16 weights reach 75% of the HBM roofline while a boundary exposes at most "
               f"{g75 * 1e6:.2f} us")
+    le = report.get("lossk_bf16")
+    if le:
+        sh = LOSS_SHAPE
+        print(f"\nlossk bf16 forward + backward, {sh['N']:,} x {sh['D']:,} x {sh['V']:,} "
+              f"(chunks of {le['chunk']}), sm_90 tile estimates with waves and float32 traffic:")
+        for k, v in le["seconds"].items():
+            w = le["wave_efficiency"].get(k)
+            print(f"  {k:<14} {1e3 * v:7.2f} ms" + (f"  (waves at least {100 * w:.0f}% full)"
+                                                   if w is not None else ""))
+        print(f"  total          {1e3 * le['total_s']:7.2f} ms: {100 * le['total_share']:.0f}% of "
+              f"the bf16 tensor peak; the forward's GEMM {100 * le['forward_share']:.0f}%")
     return 0
 
 
