@@ -49,6 +49,13 @@ std::string target_refusal(int64_t y, int64_t t, int64_t vocab, bool has_ignore)
          std::to_string(vocab) + ")" + (has_ignore ? "" : " (no ignore_index was given)");
 }
 
+std::string chunk_refusal(int st, int64_t chunk, int64_t vocab) {
+  return "chunk=" + std::to_string(chunk) + " refused for vocab=" + std::to_string(vocab) + ": " +
+         loss_status_name(st) +
+         (st == LOSS_ERR_BAD_CHUNK ? " (chunk * vocab must be <= 2^27 = 134217728 logit cells)"
+                                   : "");
+}
+
 int loss_chunk_check(int64_t chunk, int64_t vocab) {
   if (chunk < 1 || vocab < 1) return LOSS_ERR_EMPTY_DIMENSION;
   if (chunk > LOSS_MAX_TOKENS || vocab > LOSS_MAX_VOCAB) return LOSS_ERR_DIMENSION_TOO_LARGE;

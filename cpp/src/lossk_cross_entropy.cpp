@@ -66,11 +66,7 @@ int fused_linear_ce_check_shape(const FusedArgs<T>& a, std::string* why) {
                           ") refused: " + loss_status_name(st));
   st = loss_chunk_check(a.chunk, a.vocab);
   if (st != LOSS_OK)
-    return refuse(st, "chunk=" + std::to_string(a.chunk) + " refused for vocab=" +
-                          std::to_string(a.vocab) + ": " + loss_status_name(st) +
-                          (st == LOSS_ERR_BAD_CHUNK
-                               ? " (chunk * vocab must be <= 2^27 = 134217728 logit cells)"
-                               : ""));
+    return refuse(st, chunk_refusal(st, a.chunk, a.vocab));
   if ((sizeof(T) == 8) != (a.elem == Dtype::F64))
     return refuse(LOSS_ERR_LENGTH_MISMATCH, std::string("inputs of ") + dtype_long_name(a.elem) +
                                                 " cannot compute in this precision");

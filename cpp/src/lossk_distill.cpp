@@ -66,11 +66,7 @@ int fused_linear_distill_check_shape(const DistillArgs<T>& a, std::string* why) 
   }
   const int st = loss_chunk_check(a.chunk, a.vocab);
   if (st != LOSS_OK)
-    return refuse(st, "chunk=" + std::to_string(a.chunk) + " refused for vocab=" +
-                          std::to_string(a.vocab) + ": " + loss_status_name(st) +
-                          (st == LOSS_ERR_BAD_CHUNK
-                               ? " (chunk * vocab must be <= 2^27 = 134217728 logit cells)"
-                               : ""));
+    return refuse(st, chunk_refusal(st, a.chunk, a.vocab));
   const bool f64 = sizeof(T) == 8;
   if (!computes_in(a.elem, f64) || !computes_in(a.t_elem, f64))
     return refuse(LOSS_ERR_LENGTH_MISMATCH,

@@ -68,6 +68,8 @@ bool loss_scalars_ok(double value);
 double loss_tol_for(double magnitude, double reduction_width);
 // The words of a 586 refusal: target y at token t outside [0, vocab) (every backend's).
 std::string target_refusal(int64_t y, int64_t t, int64_t vocab, bool has_ignore);
+// The words of loss_chunk_check's refusal of chunk st for vocab (both fused losses say them).
+std::string chunk_refusal(int st, int64_t chunk, int64_t vocab);
 // Largest chunk whose C * V logits fit LOSS_MAX_LOGIT_CELLS, never more than n_tok or
 // LOSS_MAX_TOKENS, so loss_chunk_check always admits it (>= 1 for a valid vocab; 0 for a
 // malformed one).

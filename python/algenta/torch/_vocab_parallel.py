@@ -10,10 +10,12 @@ from torch.autograd.function import once_differentiable
 
 from ..errors import LossError
 from ..lossk.cross_entropy import vocab_shard_pass
+from ..lossk.distillation import vocab_shard_distill_pass
 from .._convert import as_float, as_int
 from ..lossk import _args
 from ._bridge import _core_view, _loss_dtype, _tensor
 from ._checks import _FLOATS, _REDUCTIONS, _check
+from ._distill import LinearDistillationOutput, _checked_heads
 from ._seed import _targets_i64
 
 # ---- vocab-parallel over torch.distributed ------------------------------------------------------
@@ -275,8 +277,6 @@ _OBJECTIVES = ("kl", "reverse_kl", "jsd")
 class _VocabParallelDistillFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, si, sw, sb, ti, tw, tb, target, n, opts, vocab_start, group, need):
-        from ..lossk.distillation import vocab_shard_distill_pass
-
         objective, beta, temp, ii, hw, sw_, reduction, chunk = opts
         vs = sw.shape[0]
         has_t = target is not None
@@ -347,8 +347,6 @@ class _VocabParallelDistillFn(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out, _g_div, _g_ce):
-        from ..lossk.distillation import vocab_shard_distill_pass
-
         shape, n, opts, n_valid, group, need, has_t = ctx.meta
         objective, beta, temp, ii, hw, sw_, reduction, chunk = opts
         si, sw, sb, ti, tw, tb, t_loc, valid, lse, H = ctx.saved_tensors
@@ -409,8 +407,6 @@ def vocab_parallel_linear_distillation_loss(student_input, student_weight_shard,
     backward), each projecting both heads' rows once. CPU tensors, gloo or any backend with
     all_gather and MAX/SUM all-reduce.
     """
-    from ._distill import LinearDistillationOutput, _checked_heads
-
     _checked_heads(student_input, student_weight_shard, teacher_input, teacher_weight_shard,
                    target, student_bias, teacher_bias)
     vocab_start = as_int(vocab_start, "vocab_start")
