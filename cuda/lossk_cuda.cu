@@ -12,7 +12,7 @@
 //                            shared memory to per-(row, vocab block) statistics (max, sum of
 //                            exp, weighted logit sum, first argmax) and the target's logit; with
 //                            gradients the tile is also stored into the chunk's (C, V) logits
-//   2 k_merge                one thread per token: the blocks merged in block order -> lse, the
+//   2 k_merge                one warp per token: the blocks merged in block order -> lse, the
 //                            loss terms, argmax, and the gradient's per-token coefficients
 //   with gradients:
 //   3 k_softmax_grad         the chunk's logits overwritten in place by d loss / d z
@@ -219,7 +219,7 @@ void fused_linear_ce_cuda(const FusedArgs<T>& a, FusedCudaOut<T>& out, void* wor
     m.ce = sc.ce, m.zl = sc.zl, m.lse = out.lse, m.loss_tok = out.loss_tok, m.z_tok = out.z_tok;
     m.target_logit = out.target_logit, m.logit_sum = out.logit_sum, m.pred = out.pred;
     m.lse_c = sc.lse_c, m.coef = sc.coef;
-    k_merge<T><<<unsigned(ceil_div(c, 128)), 128, 0, s>>>(m);
+    k_merge<T><<<unsigned(ceil_div(c, MERGE_WARPS)), 32 * MERGE_WARPS, 0, s>>>(m);
     CK(cudaGetLastError());
     if (!grad) continue;
 

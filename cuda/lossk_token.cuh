@@ -118,13 +118,57 @@ struct MergeArgs {
   double* coef = nullptr;
 };
 
-// One thread per token of the chunk: the same arithmetic as the CPU backend's step 2.
+// A token's vocab blocks merged as lossk_math's merge_blocks merges them, the same bits, by one
+// warp, whose lanes read the records side by side where one thread a token walked its row one
+// record at a time: the overall max (the first block holding it: a max is exact, ties go to the
+// lower block) from each lane's strided share; then 32 records at a time copied to shared memory
+// with coalesced 8-byte loads, each lane forms its block's factor, and lane 0 adds the blocks in
+// block order. Every lane returns the result.
+constexpr int MERGE_WARPS = 4;  // tokens a k_merge block
+static_assert(sizeof(BlockStatD) == 5 * sizeof(double), "a record is copied as 5 doubles");
+__device__ math::Merged warp_merge_blocks(const BlockStatD* st, int64_t nvb) {
+  __shared__ double raw[MERGE_WARPS][32 * 5];  // 32 records
+  __shared__ double fac[MERGE_WARPS][32];
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  double mx = -INFINITY;
+  int64_t mb = INT64_MAX;  // a lane without blocks never wins a tie
+  for (int64_t b = lane; b < nvb; b += 32) {
+    const double m = __ldg(&st[b].max);
+    if (b == lane || m > mx) mx = m, mb = b;
+  }
+  for (int off = 16; off; off >>= 1) {
+    const double om = __shfl_xor_sync(0xffffffffu, mx, off);
+    const int64_t ob = __shfl_xor_sync(0xffffffffu, mb, off);
+    if (om > mx || (om == mx && ob < mb)) mx = om, mb = ob;
+  }
+  math::Merged r{mx, 0.0, 0.0, 0.0, mb};
+  const BlockStatD* rec = reinterpret_cast<const BlockStatD*>(raw[w]);
+  for (int64_t b0 = 0; b0 < nvb; b0 += 32) {
+    const int nb = int(min(int64_t(32), nvb - b0));
+    const double* src = reinterpret_cast<const double*>(st + b0);
+    for (int i = lane; i < 5 * nb; i += 32) raw[w][i] = __ldg(src + i);
+    __syncwarp();
+    if (lane < nb) fac[w][lane] = math::merge_factor(rec[lane].max, mx);
+    __syncwarp();
+    if (lane == 0)
+      for (int j = 0; j < nb; ++j) math::merge_add(r, rec[j], fac[w][j]);
+    __syncwarp();
+  }
+  r.sumexp = __shfl_sync(0xffffffffu, r.sumexp, 0);
+  r.sumz = __shfl_sync(0xffffffffu, r.sumz, 0);
+  r.sument = __shfl_sync(0xffffffffu, r.sument, 0);
+  return r;
+}
+
+// One warp per token of the chunk (MERGE_WARPS a block): its blocks merged (warp_merge_blocks),
+// then lane 0 runs the same arithmetic as the CPU backend's step 2.
 template <class T>
-__global__ void k_merge(MergeArgs<T> a) {
-  const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (r >= a.c) return;
+__global__ void __launch_bounds__(32 * MERGE_WARPS) k_merge(MergeArgs<T> a) {
+  const int64_t r = int64_t(blockIdx.x) * MERGE_WARPS + (threadIdx.x >> 5);
+  if (r >= a.c) return;  // the whole warp: r is the warp's
+  const math::Merged mg = warp_merge_blocks(a.stats + r * a.nvb, a.nvb);
+  if ((threadIdx.x & 31) != 0) return;
   const int64_t t = a.t0 + r, V = a.V;
-  const math::Merged mg = math::merge_blocks(a.stats + r * a.nvb, a.nvb);
   const double m = mg.max, sz = mg.sumz;
   if (a.pred) a.pred[t] = mg.block * BN + a.stats[r * a.nvb + mg.block].arg;
   const bool valid = a.valid[t] != 0;

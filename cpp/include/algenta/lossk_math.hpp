@@ -46,22 +46,30 @@ struct Merged {
   int64_t block;  // the first block whose max is the overall max
 };
 
+// Its two passes, as steps, so a device can spread the first pass and the factors over lanes
+// and keep the second pass's additions in block order: the overall max (the first block holding
+// it), then each block's factor exp(max_b - max) and its additions, block after block.
+ALGENTA_HD double merge_factor(double block_max, double max) {
+#if defined(__CUDA_ARCH__)
+  return exp(block_max - max);
+#else
+  return std::exp(block_max - max);
+#endif
+}
+template <class S>
+ALGENTA_HD void merge_add(Merged& r, const S& b, double f) {
+  r.sumexp += b.sumexp * f;
+  r.sumz += b.sumz;
+  // max - z_v = (max - max_b) + (max_b - z_v): both parts >= 0
+  r.sument += f * ((r.max - b.max) * b.sumexp + b.sument);
+}
+
 template <class S>
 ALGENTA_HD Merged merge_blocks(const S* s, int64_t nvb) {
   Merged r{s[0].max, 0.0, 0.0, 0.0, 0};
   for (int64_t b = 1; b < nvb; ++b)
     if (s[b].max > r.max) r.max = s[b].max, r.block = b;
-  for (int64_t b = 0; b < nvb; ++b) {
-#if defined(__CUDA_ARCH__)
-    const double f = exp(s[b].max - r.max);
-#else
-    const double f = std::exp(s[b].max - r.max);
-#endif
-    r.sumexp += s[b].sumexp * f;
-    r.sumz += s[b].sumz;
-    // max - z_v = (max - max_b) + (max_b - z_v): both parts >= 0
-    r.sument += f * ((r.max - s[b].max) * s[b].sumexp + s[b].sument);
-  }
+  for (int64_t b = 0; b < nvb; ++b) merge_add(r, s[b], merge_factor(s[b].max, r.max));
   return r;
 }
 
