@@ -18,16 +18,16 @@ The model (assumptions, all stated; figures are estimates, never measurements):
 - Device: H200 SXM, 132 SMs at 1.98 GHz boost, HBM 4.8 TB/s, per SM 65,536 registers, 2,048
   threads, 32 blocks, 228 KiB shared memory (1 KiB reserved per block); registers allocated per
   warp in units of 256. Dense bf16 tensor peak 989 TFLOP/s.
-- Issue: each SM issues at most 4 warp instructions a clock (one per scheduler). A main loop of
-  N instructions per warp an iteration (loops nested in it counted as often as they run: the
-  tile's staging loops, see expanded_insns) holding M mma.sync m16n8k16 (4,096 flops each) can
-  keep the tensor pipe at most min(1, 4 M / N) busy, where the pipe takes one such MMA per SM per clock at the
-  datasheet peak (989e12 / (132 x 1.98e9) = 3,784 flops a clock: within 8% of 4,096). Memory
-  latency, barriers' stalls and bank conflicts are not modeled for the GEMMs: their estimate
-  is an upper bound, the issue-rate ceiling times an occupancy factor (resident warps / 8,
-  capped at 1: fewer than 8 warps per SM cannot cover the tensor pipe's latency). lossk's tile
-  is read on its interior tiles' loop: of a 4,096 x 4,096 x 151,936 product only the last row
-  and column of tiles take the checked loop (a chunk of c tokens: 1 of ceil(c / 64) rows).
+- Issue: each SM issues at most 4 warp instructions a clock (one per scheduler). A main loop of N
+  instructions per warp an iteration (loops nested in it counted as often as they run: the tile's
+  staging loops, see expanded_insns) holding M mma.sync m16n8k16 (4,096 flops each) can keep the
+  tensor pipe at most min(1, 4 M / N) busy, where the pipe takes one such MMA per SM per clock at
+  the datasheet peak (989e12 / (132 x 1.98e9) = 3,784 flops a clock: within 8% of 4,096). Memory
+  latency, barriers' stalls and bank conflicts are not modeled for the GEMMs: their estimate is an
+  upper bound, the issue-rate ceiling times an occupancy factor (resident warps / 8, capped at 1:
+  fewer than 8 warps per SM cannot cover the tensor pipe's latency). lossk's tile is read on its
+  interior tiles' loop: of a 4,096 x 4,096 x 151,936 product only the last row and column of tiles
+  take the checked loop (a chunk of c tokens: 1 of ceil(c / 64) rows).
 - lossk's bf16 loss with gradients at 4,096 x 4,096 x 151,936 (loss_estimate): per chunk its
   three tile GEMMs in waves of SMs x blocks an SM at the tiles' estimates, or d_weight's float32
   accumulator traffic where longer, plus the chunk's float32 logits stored, read and rewritten
@@ -42,16 +42,16 @@ The model (assumptions, all stated; figures are estimates, never measurements):
   estimated share of HBM bandwidth is min(1, in-flight bytes per SM / 25.5 KB), in the kernel
   rows at full occupancy (what the kernel allows), in the decode step with the blocks each
   launch actually has.
-- Decode step at the Qwen3-0.6B shape: each matvec's weight bytes at the share of HBM its
-  launch can hold (launch_share: the kernel's in-flight bytes per lane, at most its slice of a
-  row, times the blocks its grid puts on an SM, at most its occupancy), plus 2 us of launch gap per graph node (171 nodes a token on the standard path;
-  a CUDA graph's node-to-node gap on Hopper is about 1-2 us): the time a token takes and its
-  share of the HBM roofline (the format's weight bytes / 4.8 TB/s). The decode kernels are
-  programmatic dependent launches (common.cuh): each launches while the one before runs, its
-  matvec blocks prefetch their rows' first 16 KB into L2, then wait. What of a boundary stays
-  exposed (the previous grid's completion and the release of the wait) is not knowable without
-  a device: the estimate is printed for 1, 0.5 and 0.25 us, with the prefetched bytes streaming
-  during that exposed part (decode_estimate).
+- Decode step at the Qwen3-0.6B shape: each matvec's weight bytes at the share of HBM its launch
+  can hold (launch_share: the kernel's in-flight bytes per lane, at most its slice of a row, times
+  the blocks its grid puts on an SM, at most its occupancy), plus 2 us of launch gap per graph
+  node (171 nodes a token on the standard path; a CUDA graph's node-to-node gap on Hopper is about
+  1-2 us): the time a token takes and its share of the HBM roofline (the format's weight bytes /
+  4.8 TB/s). The decode kernels are programmatic dependent launches (common.cuh): each launches
+  while the one before runs, its matvec blocks prefetch their rows' first 16 KB into L2, then
+  wait. What of a boundary stays exposed (the previous grid's completion and the release of the
+  wait) is not knowable without a device: the estimate is printed for 1, 0.5 and 0.25 us, with the
+  prefetched bytes streaming during that exposed part (decode_estimate).
 """
 
 from __future__ import annotations
