@@ -120,10 +120,20 @@ __device__ __forceinline__ void step_begin() {
   gpu::pdl_wait();
   gpu::pdl_launch_dependents();
 }
+// Rows [r0, r1) of a matvec block: rows_per_block of them from blockIdx.x's first, within N.
+struct RowRange {
+  int64_t r0, r1;
+};
+__device__ __forceinline__ RowRange block_rows(int64_t rows_per_block, int64_t N) {
+  const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
+  return RowRange{r0, min(N, r0 + rows_per_block)};
+}
 template <Dtype F>
-__device__ __forceinline__ void prefetch_rows(const DevMat& m, int64_t r0, int64_t r1, int64_t K) {
-  const int64_t eb = F == Dtype::F32 ? 4 : F == Dtype::Int8 ? 1 : 2;
-  if (r1 > r0) gpu::prefetch_l2(static_cast<const char*>(m.w) + r0 * K * eb, (r1 - r0) * K * eb);
+__device__ __forceinline__ void prefetch_rows(const DevMat& m, RowRange rows, int64_t K) {
+  constexpr int64_t eb = F == Dtype::F32 ? 4 : F == Dtype::Int8 ? 1 : 2;  // dtype_info is host-only
+  if (rows.r1 > rows.r0)
+    gpu::prefetch_l2(static_cast<const char*>(m.w) + rows.r0 * K * eb,
+                     (rows.r1 - rows.r0) * K * eb);
 }
 
 // ---- the staged input vector ------------------------------------------------------------------
@@ -264,8 +274,8 @@ __device__ __forceinline__ void for_rows(int64_t rows_per_block, int64_t N, int6
                                          Dot dot, Out out) {
   __shared__ float2 part[MATVEC_WARPS];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
-  const int64_t r1 = min(N, r0 + rows_per_block);
+  const RowRange rows = block_rows(rows_per_block, N);
+  const int64_t r0 = rows.r0, r1 = rows.r1;
   if (split == 1) {
     for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {
       const float2 d = dot(r, int64_t(0), K);
@@ -352,8 +362,7 @@ __global__ void k_norm_qkv(DevMat W, const float* __restrict__ x, const float* _
                            int64_t K, int64_t N, double eps, int64_t rows_per_block,
                            int split, float* __restrict__ y) {
   extern __shared__ float4 smem4[];
-  prefetch_rows<F>(W, int64_t(blockIdx.x) * rows_per_block,
-                   min(N, int64_t(blockIdx.x + 1) * rows_per_block), K);
+  prefetch_rows<F>(W, block_rows(rows_per_block, N), K);
   step_begin();
   const Staged v = staged(smem4, K);
   block_rmsnorm<false>(x, nw, K, eps, v.x);
@@ -384,10 +393,9 @@ __global__ void k_norm_gateup(DevMat Wg /* (Fd, D) */, DevMat Wu /* (Fd, D) */,
                               const float* __restrict__ gb, const float* __restrict__ ub,
                               bool gelu, float* __restrict__ act) {
   extern __shared__ float4 smem4[];
-  prefetch_rows<F>(Wg, int64_t(blockIdx.x) * rows_per_block,
-                   min(Fd, int64_t(blockIdx.x + 1) * rows_per_block), D);
-  prefetch_rows<F>(Wu, int64_t(blockIdx.x) * rows_per_block,
-                   min(Fd, int64_t(blockIdx.x + 1) * rows_per_block), D);
+  const RowRange rows = block_rows(rows_per_block, Fd);
+  prefetch_rows<F>(Wg, rows, D);
+  prefetch_rows<F>(Wu, rows, D);
   step_begin();
   const Staged v = staged(smem4, D);
   block_rmsnorm<false>(x, nw, D, eps, v.x);
@@ -411,8 +419,7 @@ __global__ void k_matvec_residual(DevMat W, const float* __restrict__ a, int64_t
                                   const float* __restrict__ b, float* __restrict__ y,
                                   float* __restrict__ x) {
   extern __shared__ float4 smem4[];
-  prefetch_rows<F>(W, int64_t(blockIdx.x) * rows_per_block,
-                   min(N, int64_t(blockIdx.x + 1) * rows_per_block), K);
+  prefetch_rows<F>(W, block_rows(rows_per_block, N), K);
   step_begin();
   const Staged v = staged(smem4, K);
   stage(a, K, v.x);
@@ -670,9 +677,9 @@ __global__ void k_head_argmax(DevMat H, const float* __restrict__ xf, int64_t D,
   __shared__ float bv[32];
   __shared__ int64_t bi[32];
   __shared__ bool last;
-  const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
-  const int64_t r1 = min(V, r0 + rows_per_block);
-  prefetch_rows<F>(H, r0, r1, D);
+  const RowRange rows = block_rows(rows_per_block, V);
+  const int64_t r0 = rows.r0, r1 = rows.r1;
+  prefetch_rows<F>(H, rows, D);
   step_begin();
   stage(xf, D, xs.x);
   consume<F>(xs, D);

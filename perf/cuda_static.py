@@ -413,6 +413,28 @@ PDL_PREFETCH_BYTES = 16 * 1024  # common.cuh: what a PDL matvec block asks L2 fo
 PDL_GAPS_S = (1e-6, 0.5e-6, 0.25e-6)  # exposed boundary under PDL: assumed, not known
 
 
+def qwen3_plan(fmt: str) -> dict:
+    """The CUDA session's launch plan at the Qwen3-0.6B shape on the H200's SMs (host arithmetic,
+    any build)."""
+    from algenta import _core
+    c = QWEN3
+    return _core.session.cuda_plan.make_plan(c["D"], c["Hq"], c["Hkv"], c["Dh"], c["F"], c["L"],
+                                             c["V"], 1e-6, 1e6, True, 512, H200["sms"],
+                                             weights=fmt)
+
+
+def decode_matvecs(plan: dict) -> list:
+    """(kernel, its launch plan, K, weight matrices it reads, launches a token) of each decode
+    matvec at the Qwen3-0.6B shape: per layer qkv, o_proj, gate/up (two matrices), down; the
+    head once."""
+    c = QWEN3
+    D, A, F, L = c["D"], c["Hq"] * c["Dh"], c["F"], c["L"]
+    return [("k_norm_qkv", plan["qkv_mv"], D, 1, L), ("k_matvec_residual", plan["o_mv"], A, 1, L),
+            ("k_norm_gateup", plan["gateup_mv"], D, 2, L),
+            ("k_matvec_residual", plan["down_mv"], F, 1, L),
+            ("k_head_argmax", plan["head_mv"], D, 1, 1)]
+
+
 def launch_share(row: dict, mv: dict, row_bytes: float) -> float:
     """The share of HBM bandwidth one matvec launch can hold (Little's law, as the kernel rows'
     estimate) with the blocks it has: its grid spread over the SMs, at most its occupancy, and a
@@ -433,31 +455,18 @@ def decode_estimate(rows: list, gap_s: float = GRAPH_GAP_S, pdl: bool = False) -
     PDL_PREFETCH_BYTES of their rows, which stream during that exposed gap, so up to
     gap_s x bandwidth of the matvec's bytes are off its own time. An upper bound: the prefetching
     blocks are assumed resident beside the retiring kernel."""
-    from algenta import _core  # the CUDA launch plan's grids (any build: host arithmetic)
     c = QWEN3
-    D, F, V = c["D"], c["F"], c["V"]
-    mats = {"k_norm_qkv": (c["Hq"] + 2 * c["Hkv"]) * c["Dh"] * D, "k_norm_gateup": 2 * F * D,
-            "k_matvec_residual": D * c["Hq"] * c["Dh"] + D * F, "k_head_argmax": V * D}
     out = {}
     bw = H200["hbm_bytes_s"]
     for fmt, bpe in (("f32", 4.0), ("bf16", 2.0), ("f16", 2.0), ("int8", 1.125)):
-        share = {r["kernel"]: r for r in rows
-                 if r["variant"] == fmt and r["kernel"] in mats and r["arch"] == "sm_90"}
-        if len(share) < len(mats):
+        share = {r["kernel"]: r for r in rows if r["variant"] == fmt and r["arch"] == "sm_90"}
+        mvs = decode_matvecs(qwen3_plan(fmt))
+        if any(k not in share for k, *_ in mvs):
             continue
-        plan = _core.session.cuda_plan.make_plan(D, c["Hq"], c["Hkv"], c["Dh"], F, c["L"], V,
-                                                 1e-6, 1e6, True, 512, H200["sms"],
-                                                 weights=fmt)
         # (kernel, bytes, launch plan, K, matrices a block prefetches) of each matvec a token
         # makes
-        A = c["Hq"] * c["Dh"]
-        launches = []
-        for _ in range(c["L"]):
-            launches += [("k_norm_qkv", mats["k_norm_qkv"] * bpe, plan["qkv_mv"], D, 1),
-                         ("k_matvec_residual", D * A * bpe, plan["o_mv"], A, 1),
-                         ("k_norm_gateup", mats["k_norm_gateup"] * bpe, plan["gateup_mv"], D, 2),
-                         ("k_matvec_residual", D * F * bpe, plan["down_mv"], F, 1)]
-        launches.append(("k_head_argmax", mats["k_head_argmax"] * bpe, plan["head_mv"], D, 1))
+        launches = [(k, mv["rows"] * K * n_mats * bpe, mv, K, n_mats)
+                    for k, mv, K, n_mats, times in mvs for _ in range(times)]
         nodes = 6 * c["L"] + 3
         t = GRAPH_GAP_S + (nodes - 1) * gap_s if pdl else nodes * gap_s
         for k, nbytes, mv, K, n_mats in launches:

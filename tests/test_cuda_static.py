@@ -61,18 +61,10 @@ def test_decode_launches_hold_hbm_latency_in_flight(rows):
     # where a matrix has few: o_proj and down), each matvec launch holds HBM's latency in
     # flight in the model, or its whole matrix (int8's 2.3 MB o_proj). One warp a row, bf16's
     # o_proj and down would hold 62% (one block an SM).
-    from algenta import _core
-    c = cuda_static.QWEN3
-    D, A, F = c["D"], c["Hq"] * c["Dh"], c["F"]
     need = cuda_static.H200["hbm_bytes_s"] * cuda_static.H200["load_latency_s"]
     for fmt, bpe in (("f32", 4.0), ("bf16", 2.0), ("f16", 2.0), ("int8", 1.125)):
-        plan = _core.session.cuda_plan.make_plan(D, c["Hq"], c["Hkv"], c["Dh"], F, c["L"],
-                                                 c["V"], 1e-6, 1e6, True, 512, 132, weights=fmt)
         by = {r["kernel"]: r for r in rows if r["variant"] == fmt}
-        for kernel, mv, K in (("k_norm_qkv", plan["qkv_mv"], D), ("k_matvec_residual",
-                              plan["o_mv"], A), ("k_norm_gateup", plan["gateup_mv"], D),
-                              ("k_matvec_residual", plan["down_mv"], F),
-                              ("k_head_argmax", plan["head_mv"], D)):
+        for kernel, mv, K, _, _ in cuda_static.decode_matvecs(cuda_static.qwen3_plan(fmt)):
             share = cuda_static.launch_share(by[kernel], mv, K * bpe)
             assert share >= min(1.0, mv["rows"] * K * bpe / need) - 1e-9, (fmt, kernel, mv)
 
