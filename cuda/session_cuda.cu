@@ -35,11 +35,21 @@
 // running max and sum per warp), the logits on the host in greedy decoding (the head kernel's
 // last block reduces the per-block maxima and leaves the argmax on the device).
 //
-// Each step's token, position and split count reach the device in one copy into a control block
-// the kernels read, so a step's launch sequence depends on nothing else: two CUDA graphs (the
-// standard path; the split-K path, its grid sized once to the plan's maximum split count, the
+// Each step's token, position, slot and split count reach the device in one copy into a row
+// (StepRow) the kernels read, so a step's launch sequence depends on nothing else: two CUDA graphs
+// (the standard path; the split-K path, its grid sized once to the plan's maximum split count, the
 // blocks past this step's count exiting at once) are captured when the session opens and one is
 // replayed per token. ALGENTA_CUDA_GRAPHS=0 at session open launches kernel by kernel instead.
+//
+// Slots: a session of several holds one KV region a slot (slot s at s * kv_slot_stride
+// elements). A batched step (step_slots) runs the same stages over up to step_rows rows of any
+// slots and positions, each its own row; the matvecs are the same kernels at width PASS_ROWS
+// (each weight load multiplied by up to that many staged rows, each row's sums in the one-row
+// order), attention a block per (head, split, row) on the path a lone step at that position
+// takes. Every row's logits are therefore the bits a lone step gives. Such a session also
+// prefills through these kernels (step_rows tokens a launch sequence), so a sequence's bits do
+// not depend on how its prompt was split or whether a prefix was copied; a session of one slot
+// prefills through the GEMMs below.
 //
 // Prefill runs blocks of M <= PREFILL_BLOCK tokens as GEMMs: k_gemm_narrow (one weight row per
 // warp, NARROW_ROWS activation rows per pass, for M < 32) or k_gemm_wide (64 x 64 shared-memory
@@ -175,7 +185,8 @@ void load_kernel(F* fn, const char* what, int optin_smem) {
 
 class CudaSession final : public SessionBase {
  public:
-  CudaSession(const SessionConfig& c, int64_t max_ctx) : SessionBase(c, max_ctx) {
+  CudaSession(const SessionConfig& c, int64_t max_ctx, int64_t slots)
+      : SessionBase(c, max_ctx, slots) {
     const CudaBackend& be = cuda_backend();
     if (!be.usable)
       refuse(RESIDENT_ERR_NO_ACCELERATOR,
@@ -184,7 +195,7 @@ class CudaSession final : public SessionBase {
     CK(cudaGetDevice(&dev_));
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, dev_));
-    plan_ = make_plan(c, max_ctx, prop.multiProcessorCount);
+    plan_ = make_plan(c, max_ctx, prop.multiProcessorCount, slots);
     if (plan_.status != RESIDENT_OK) refuse(plan_.status, plan_.why);
 
     // Shared memory per block: the staged vector (max(D, F, A) values, in its format's layout)
@@ -195,12 +206,16 @@ class CudaSession final : public SessionBase {
              "largest staged vector (" + std::to_string(staged_bytes) + " bytes) exceeds " +
                  prop.name + "'s per-block shared memory (" +
                  std::to_string(prop.sharedMemPerBlockOptin) + " bytes)");
+    // The row kernels of a session of several slots stage as many rows as fit beside that.
+    pass_rows_ = int(matvec_pass_rows(stage_stride(plan_.staged_floats, c.weights),
+                                      int64_t(prop.sharedMemPerBlockOptin)));
 
     // Everything the session will ever hold, checked against free device memory before the
     // first allocation, so an oversized session is one clear 608 rather than a partial open.
     const int64_t bytes = plan_.weight_bytes + plan_.kv_elems * plan_.kv_elem_bytes +
                           4 * (plan_.rope_floats + plan_.act_floats + plan_.prefill_floats) +
-                          8 * (plan_.head_mv.grid + plan_.prefill_rows) + int64_t(sizeof(Control));
+                          8 * plan_.head_mv.grid + int64_t(sizeof(StepRow)) * plan_.row_entries +
+                          int64_t(sizeof(Control));
     size_t free_b = 0, total_b = 0;
     CK(cudaMemGetInfo(&free_b, &total_b));
     if (bytes > int64_t(free_b))
@@ -218,10 +233,11 @@ class CudaSession final : public SessionBase {
     act_.alloc(4 * plan_.act_floats, "cudaMalloc(decode activations)");
     pre_.alloc(4 * plan_.prefill_floats, "cudaMalloc(prefill activations)");
     blk_idx_.alloc(8 * plan_.head_mv.grid, "cudaMalloc(argmax scratch)");
-    ids_.alloc(8 * plan_.prefill_rows, "cudaMalloc(prefill ids)");
+    rows_.alloc(int64_t(sizeof(StepRow)) * plan_.row_entries, "cudaMalloc(step rows)");
     ctl_.alloc(sizeof(Control), "cudaMalloc(control)");
     CK(cudaMemsetAsync(ctl_.p, 0, sizeof(Control), stream_));
-    host_.alloc(4, "cudaMallocHost(control slot)");
+    host_.alloc(1, "cudaMallocHost(argmax slot)");
+    host_rows_.alloc(plan_.row_entries, "cudaMallocHost(step rows)");
     staging_.alloc(STAGING_FLOATS, "cudaMallocHost(weight staging)");
     if (c.weights != Dtype::F32) {  // the rows in their format on their way up, and int8 scales
       narrow_.alloc(STAGING_FLOATS * plan_.elem_bytes, "cudaMallocHost(narrow staging)");
@@ -253,7 +269,9 @@ class CudaSession final : public SessionBase {
     load_kernel(k_gate_act, "k_gate_act", 0);
     load_kernel(k_out_norm_residual, "k_out_norm_residual", 0);
     load_kernel(k_bias_residual, "k_bias_residual", 0);
-    by_format([&](auto f) { load_format_kernels<decltype(f)::value>(optin); });
+    by_format([&](auto f) { load_format_kernels<decltype(f)::value, 1>(optin); });
+    if (plan_.slots > 1)
+      by_format([&](auto f) { load_format_kernels<decltype(f)::value, PASS_ROWS>(optin); });
 
     // The two decode graphs (standard path, and split-K with the split count read on the
     // device), captured once: only kernels, reading the control block when they run.
@@ -311,13 +329,61 @@ class CudaSession final : public SessionBase {
   }
   int64_t weight_chunk_elems() const override { return STAGING_FLOATS; }
 
-  // One slot (make_cuda_session opens one): slot is 0.
-  void run_prefill(int64_t, const int64_t* ids, int64_t n, float* logits) override {
+  // A session of one slot prefills blocks of tokens through GEMMs (fast for long prompts; a
+  // cell's sum is not formed in decode's order). A session of several prefills through decode's
+  // own row kernels, step_rows tokens a launch sequence, so a sequence's bits do not depend on
+  // how its prompt was split, on a prefix copied from another slot instead of recomputed, or on
+  // the rows beside it: what the scheduler's batch invariance rests on.
+  void run_prefill(int64_t slot, const int64_t* ids, int64_t n, float* logits) override {
     use_device();
+    if (plan_.slots > 1) {
+      for (int64_t b = 0; b < n; b += plan_.step_rows) {
+        const int64_t m = std::min(plan_.step_rows, n - b);
+        for (int64_t r = 0; r < m; ++r) put_row(r, slot, ids[b + r], pos_[slot] + b + r);
+        const bool last = b + m == n;
+        run_rows(m, last && logits ? m - 1 : m);
+        if (last && logits)
+          CK(cudaMemcpyAsync(logits, A(plan_.logits), size_t(c_.vocab) * 4,
+                             cudaMemcpyDeviceToHost, stream_));
+        // The pinned rows are rewritten by the next group: finish this one first.
+        CK(cudaStreamSynchronize(stream_));
+      }
+      return;
+    }
     for (int64_t b = 0; b < n; b += plan_.prefill_rows) {
       const int64_t m = std::min(plan_.prefill_rows, n - b);
       prefill_block(ids + b, m, pos_[0] + b, b + m == n ? logits : nullptr);
     }
+  }
+
+  // B rows of distinct slots, step_rows a launch sequence, through the row kernels.
+  void run_step_slots(const int64_t* slots, const int64_t* ids, int64_t B,
+                      float* logits) override {
+    if (plan_.slots == 1) return run_step(ids[0], logits);  // slot 0 alone: decode's graph
+    use_device();
+    int64_t launches = 0;
+    for (int64_t b = 0; b < B; b += plan_.step_rows) {
+      const int64_t m = std::min(plan_.step_rows, B - b);
+      for (int64_t r = 0; r < m; ++r) put_row(r, slots[b + r], ids[b + r], pos_[slots[b + r]]);
+      launches += run_rows(m, 0);
+      CK(cudaMemcpyAsync(logits + b * c_.vocab, A(plan_.logits), size_t(m * c_.vocab) * 4,
+                         cudaMemcpyDeviceToHost, stream_));
+      CK(cudaStreamSynchronize(stream_));
+    }
+    dispatches_ = launches;
+  }
+
+  // Positions [0, n) of src's region to dst's: each (layer, K or V, head) of a region is one run
+  // of T positions of Dh elements, the first n of which are copied, bits as they are.
+  void run_copy_prefix(int64_t src, int64_t dst, int64_t n) override {
+    use_device();
+    const int64_t eb = plan_.kv_elem_bytes, run = plan_.capacity * c_.d_head;
+    char* base = static_cast<char*>(kv_.p);
+    for (int64_t i = 0; i < plan_.kv_slot_stride / run; ++i)
+      CK(cudaMemcpyAsync(base + (dst * plan_.kv_slot_stride + i * run) * eb,
+                         base + (src * plan_.kv_slot_stride + i * run) * eb,
+                         size_t(n * c_.d_head * eb), cudaMemcpyDeviceToDevice, stream_));
+    CK(cudaStreamSynchronize(stream_));
   }
 
   void run_step(int64_t id, float* logits) override {
@@ -331,10 +397,10 @@ class CudaSession final : public SessionBase {
   int64_t run_step_greedy(int64_t id) override {
     use_device();
     decode(id);
-    CK(cudaMemcpyAsync(&host_.p[3], &ctl()->argmax, sizeof(int64_t), cudaMemcpyDeviceToHost,
+    CK(cudaMemcpyAsync(&host_.p[0], &ctl()->argmax, sizeof(int64_t), cudaMemcpyDeviceToHost,
                        stream_));
     CK(cudaStreamSynchronize(stream_));
-    return host_.p[3];
+    return host_.p[0];
   }
 
  private:
@@ -412,13 +478,16 @@ class CudaSession final : public SessionBase {
       lossk::TileProduct<lossk::WMMA_BF16, float, float, lossk::ALayout::MK, __nv_bfloat16,
                          lossk::BLayout::NK, lossk::EPI_STORE, float>;
 
-  template <Dtype F>
+  // The format's kernels; R: the row kernels' width (1: decode's one row, PASS_ROWS: the rows of
+  // a session of several slots, loaded only there).
+  template <Dtype F, int R>
   void load_format_kernels(int optin) {
+    load_kernel(k_norm_qkv<F, R>, "k_norm_qkv", optin);
+    load_kernel(k_norm_gateup<F, R>, "k_norm_gateup", optin);
+    load_kernel(k_matvec_residual<F, R>, "k_matvec_residual", optin);
+    load_kernel(k_head_argmax<F, R>, "k_head_argmax", optin);
+    if (R > 1) return;
     load_kernel(k_embed<F>, "k_embed", 0);
-    load_kernel(k_norm_qkv<F>, "k_norm_qkv", optin);
-    load_kernel(k_norm_gateup<F>, "k_norm_gateup", optin);
-    load_kernel(k_matvec_residual<F>, "k_matvec_residual", optin);
-    load_kernel(k_head_argmax<F>, "k_head_argmax", optin);
     load_kernel(k_gemm_narrow<F>, "k_gemm_narrow", 0);
     load_kernel(k_gemm_wide<F>, "k_gemm_wide", 0);
     if (F == Dtype::BF16) {
@@ -452,9 +521,13 @@ class CudaSession final : public SessionBase {
     return DevMat{base + m.data,
                   m.scales >= 0 ? reinterpret_cast<const float*>(base + m.scales) : nullptr};
   }
-  // Dynamic shared memory of a matvec kernel staging a K-vector.
-  size_t smem(int64_t K) const { return size_t(stage_bytes(K, c_.weights)); }
-  // Layer l's K (Hkv, T, Dh) and V (Hkv, T, Dh), elements of the KV format.
+  // Dynamic shared memory of a row kernel staging nr K-vectors.
+  size_t smem(int64_t K, int nr = 1) const {
+    return size_t(nr == 1 ? stage_bytes(K, c_.weights) : nr * stage_stride(K, c_.weights));
+  }
+  const StepRow* rows() const { return static_cast<const StepRow*>(rows_.p); }
+  // Layer l's K (Hkv, T, Dh) and V (Hkv, T, Dh) in slot 0's region (a row's slot adds
+  // slot * kv_slot_stride elements), elements of the KV format.
   void* kcache(int64_t l) const {
     return static_cast<char*>(kv_.p) + l * plan_.kv_layer_stride * plan_.kv_elem_bytes;
   }
@@ -476,14 +549,29 @@ class CudaSession final : public SessionBase {
     CK(cudaStreamSynchronize(stream_));
   }
 
-  // tok, pos and n_splits into the control block, from the pinned slot. Every call that enqueues
-  // work synchronizes before returning, so the previous copy out of the slot has completed.
-  void set_control(int64_t tok, int64_t pos, int64_t n_splits) {
-    host_.p[0] = tok;
-    host_.p[1] = pos;
-    host_.p[2] = n_splits;
-    CK(cudaMemcpyAsync(ctl(), host_.p, size_t(CONTROL_IN_BYTES), cudaMemcpyHostToDevice,
-                       stream_));
+  // Pinned row r: token tok at position pos of slot, on the path a decode step there takes
+  // (splitk_plan of pos + 1 keys: what makes a row's attention the bits of a lone step);
+  // returns whether it splits.
+  bool put_row(int64_t r, int64_t slot, int64_t tok, int64_t pos) {
+    const SplitPlan sp = splitk_plan(pos + 1, plan_.sms, c_.h_q);
+    host_rows_.p[r] = StepRow{tok, pos, slot, sp.split ? sp.n_splits : 0};
+    return sp.split;
+  }
+  // The first n pinned rows into device memory. Every call that enqueues work synchronizes
+  // before returning, so the previous copy out of the pinned rows has completed.
+  void set_rows(int64_t n) {
+    CK(cudaMemcpyAsync(rows_.p, host_rows_.p, size_t(n) * sizeof(StepRow),
+                       cudaMemcpyHostToDevice, stream_));
+  }
+  // The M pinned rows (put_row) through decode's stages on the row kernels of width PASS_ROWS,
+  // the head for rows [head_from, M); returns the launches.
+  int64_t run_rows(int64_t M, int64_t head_from) {
+    bool deep = false;
+    for (int64_t r = 0; r < M; ++r) deep = deep || host_rows_.p[r].n_splits > 0;
+    set_rows(M);
+    return by_format([&](auto f) {
+      return enqueue_rows<decltype(f)::value, PASS_ROWS>(M, pass_rows_, deep, head_from);
+    });
   }
 
   // An activation matrix (M, K) as F's prefill GEMMs take it: its float32 values, and for int8
@@ -561,38 +649,40 @@ class CudaSession final : public SessionBase {
   // The per-row q/k norm + RoPE + KV write and attention launches shared by decode (M = 1) and
   // prefill.
   // pdl: a decode step's programmatic dependent launch (gpu::launch); prefill launches plainly.
+  // Each of M rows' positions and slots come from rows_ (StepRow).
   void norm_rope(const LayerOffsets& l, int64_t li, float* qkv, int64_t M, bool pdl) {
     gpu::launch(pdl, "k_qk_norm_rope", k_qk_norm_rope_,
                 dim3(unsigned(c_.h_q + 2 * c_.h_kv), unsigned(M)),
                 dim3(unsigned(plan_.norm_rope_threads)), 0, stream_, qkv, plan_.q_rows,
-                W(l.qkv_b), W(l.q_norm), W(l.k_norm), rope_.f() + l.rope, ctl(), c_.h_q, c_.h_kv,
-                c_.d_head, plan_.capacity, c_.rms_eps, kcache(li), vcache(li));
+                W(l.qkv_b), W(l.q_norm), W(l.k_norm), rope_.f() + l.rope, rows(), c_.h_q,
+                c_.h_kv, c_.d_head, plan_.capacity, c_.rms_eps, plan_.kv_slot_stride,
+                kcache(li), vcache(li));
     launched("k_qk_norm_rope");
   }
-  void attention(int64_t li, const float* qkv, int64_t M, int64_t S_grid, bool splits_on_device,
-                 bool finalize, float* out, bool pdl) {
+  // S_grid: 1 where no row splits, else the plan's maximum (each row's own S read on the device).
+  void attention(int64_t li, const float* qkv, int64_t M, int64_t S_grid, float* out, bool pdl) {
     const int64_t window = plan_.layers[size_t(li)].slides ? c_.sliding_window : 0;
     gpu::launch(pdl, "k_attn_partial", k_attn_partial_,
                 dim3(unsigned(c_.h_q), unsigned(S_grid), unsigned(M)), dim3(ATTN_THREADS),
                 size_t(plan_.attn_smem_bytes), stream_, qkv, plan_.q_rows, kcache(li),
-                vcache(li), ctl(), plan_.capacity, c_.h_q / c_.h_kv, c_.d_head, attn_scale_,
-                window, float(c_.attn_softcap), splits_on_device, finalize, out,
+                vcache(li), rows(), plan_.kv_slot_stride, plan_.capacity, c_.h_q / c_.h_kv,
+                c_.d_head, attn_scale_, window, float(c_.attn_softcap), plan_.max_splits, out,
                 A(plan_.part_acc), A(plan_.part_ml));
     launched("k_attn_partial");
   }
 
-  // One decode token at P = pos_[0]: token, position and split count go to the control block,
-  // then the step's kernels run, replayed from the graph of its path (standard or split-K;
+  // One decode token of slot 0 at P = pos_[0]: its row goes to device memory, then the step's
+  // kernels run, replayed from the graph of its path (standard or split-K;
   // ALGENTA_CUDA_GRAPHS=0 launches them one by one instead). dispatches_ counts kernels.
   void decode(int64_t id) {
-    const SplitPlan sp = splitk_plan(pos_[0] + 1, plan_.sms, c_.h_q);
-    set_control(id, pos_[0], sp.n_splits);
+    const bool split = put_row(0, 0, id, pos_[0]);
+    set_rows(1);
     if (use_graphs_) {
-      const Graph& g = sp.split ? deep_ : standard_;
+      const Graph& g = split ? deep_ : standard_;
       CK(cudaGraphLaunch(g.exec, stream_));
       dispatches_ = g.kernels;
     } else {
-      dispatches_ = enqueue_decode(sp.split);
+      dispatches_ = enqueue_decode(split);
     }
   }
 
@@ -616,62 +706,71 @@ class CudaSession final : public SessionBase {
     out.kernels = kernels;
   }
 
-  // Enqueues one decode step's kernels on stream_ (token, P and S read on the device); returns
-  // how many. The split-K path sizes its grid to the plan's maximum split count.
+  // Enqueues one decode step's kernels on stream_ (its row read on the device); returns how
+  // many. The split-K path sizes its grid to the plan's maximum split count.
   int64_t enqueue_decode(bool deep) {
-    return by_format([&](auto f) { return enqueue_decode<decltype(f)::value>(deep); });
+    return by_format([&](auto f) { return enqueue_rows<decltype(f)::value, 1>(1, 1, deep, 0); });
   }
-  template <Dtype Fw>
-  int64_t enqueue_decode(bool deep) {
+  // Decode's stages over the M rows in rows_ (of any slots and positions; their tokens,
+  // positions and paths read on the device), at most nr <= R of them a matvec block: decode's
+  // one row (R = nr = M = 1, the graphs) or a batched step / multi-slot prefill (R =
+  // PASS_ROWS). deep: some row splits its attention (the grid sized to the plan's maximum, and
+  // the merge). The head for rows [head_from, M), into logits' first rows. Returns the launches.
+  template <Dtype Fw, int R>
+  int64_t enqueue_rows(int64_t M, int nr, bool deep, int64_t head_from) {
     const int64_t D = c_.d_model, F = c_.d_ff, Aw = plan_.attn_width;
+    const unsigned passes = unsigned(ceil_div(M, nr));
     int64_t n = 0;
-    k_embed<Fw><<<dim3(unsigned(ceil_div(D, ROW_THREADS)), 1), ROW_THREADS, 0, stream_>>>(
-        mat(plan_.embed), &ctl()->tok, A(plan_.x), D, embed_scale_);
+    k_embed<Fw><<<dim3(unsigned(ceil_div(D, ROW_THREADS)), unsigned(M)), ROW_THREADS, 0,
+                   stream_>>>(mat(plan_.embed), rows(), A(plan_.x), D, embed_scale_);
     launched("k_embed");
     ++n;
-    // The first kernel launches plainly (before it in the stream: the control block's copy).
+    // The first kernel launches plainly (before it in the stream: the rows' copy).
     const bool p = pdl_;
     const dim3 mv(MATVEC_THREADS);
     for (int64_t li = 0; li < c_.n_layers; ++li) {
       const LayerOffsets& l = plan_.layers[size_t(li)];
-      gpu::launch(p, "k_norm_qkv", k_norm_qkv<Fw>, dim3(unsigned(plan_.qkv_mv.grid)), mv, smem(D),
-                  stream_, mat(l.wqkv), A(plan_.x), W(l.in_norm), D, plan_.q_rows, c_.rms_eps,
-                  plan_.qkv_mv.rows_per_block, int(plan_.qkv_mv.split), A(plan_.qkv));
+      gpu::launch(p, "k_norm_qkv", k_norm_qkv<Fw, R>, dim3(unsigned(plan_.qkv_mv.grid), passes),
+                  mv, smem(D, nr), stream_, mat(l.wqkv), A(plan_.x), W(l.in_norm), D,
+                  plan_.q_rows, c_.rms_eps, plan_.qkv_mv.rows_per_block,
+                  int(plan_.qkv_mv.split), M, nr, A(plan_.qkv));
       launched("k_norm_qkv");
       ++n;
-      norm_rope(l, li, A(plan_.qkv), 1, p);
+      norm_rope(l, li, A(plan_.qkv), M, p);
       ++n;
-      attention(li, A(plan_.qkv), 1, deep ? plan_.max_splits : 1, deep, !deep, A(plan_.attn), p);
+      attention(li, A(plan_.qkv), M, deep ? plan_.max_splits : 1, A(plan_.attn), p);
       ++n;
       if (deep) {
-        gpu::launch(p, "k_attn_merge", k_attn_merge, dim3(unsigned(c_.h_q)), dim3(ROW_THREADS), 0,
-                    stream_, A(plan_.part_acc), A(plan_.part_ml), ctl(), c_.d_head,
-                    A(plan_.attn));
+        gpu::launch(p, "k_attn_merge", k_attn_merge, dim3(unsigned(c_.h_q), unsigned(M)),
+                    dim3(ROW_THREADS), 0, stream_, A(plan_.part_acc), A(plan_.part_ml), rows(),
+                    plan_.max_splits, c_.d_head, A(plan_.attn));
         launched("k_attn_merge");
         ++n;
       }
       float* y = sandwich_ ? A(plan_.y) : nullptr;  // sublayer outputs through their norm
-      gpu::launch(p, "k_matvec_residual", k_matvec_residual<Fw>, dim3(unsigned(plan_.o_mv.grid)),
-                  mv, smem(Aw), stream_, mat(l.wo), A(plan_.attn), Aw, D,
-                  plan_.o_mv.rows_per_block, int(plan_.o_mv.split), W(l.o_b), y, A(plan_.x));
+      gpu::launch(p, "k_matvec_residual", k_matvec_residual<Fw, R>,
+                  dim3(unsigned(plan_.o_mv.grid), passes), mv, smem(Aw, nr), stream_, mat(l.wo),
+                  A(plan_.attn), Aw, D, plan_.o_mv.rows_per_block, int(plan_.o_mv.split),
+                  W(l.o_b), M, nr, y, A(plan_.x));
       launched("k_matvec_residual(o_proj)");
       ++n;
-      n += out_norm(A(plan_.x), y, l.attn_out_norm, 1, p);
-      gpu::launch(p, "k_norm_gateup", k_norm_gateup<Fw>, dim3(unsigned(plan_.gateup_mv.grid)), mv,
-                  smem(D), stream_, mat(l.wg), mat(l.wu), A(plan_.x), W(l.post_norm), D, F,
-                  c_.rms_eps, plan_.gateup_mv.rows_per_block, int(plan_.gateup_mv.split),
-                  W(l.g_b), W(l.u_b), gelu_, A(plan_.act));
+      n += out_norm(A(plan_.x), y, l.attn_out_norm, M, p);
+      gpu::launch(p, "k_norm_gateup", k_norm_gateup<Fw, R>,
+                  dim3(unsigned(plan_.gateup_mv.grid), passes), mv, smem(D, nr), stream_,
+                  mat(l.wg), mat(l.wu), A(plan_.x), W(l.post_norm), D, F, c_.rms_eps,
+                  plan_.gateup_mv.rows_per_block, int(plan_.gateup_mv.split), W(l.g_b),
+                  W(l.u_b), gelu_, M, nr, A(plan_.act));
       launched("k_norm_gateup");
       ++n;
-      gpu::launch(p, "k_matvec_residual", k_matvec_residual<Fw>,
-                  dim3(unsigned(plan_.down_mv.grid)), mv, smem(F), stream_, mat(l.wd),
+      gpu::launch(p, "k_matvec_residual", k_matvec_residual<Fw, R>,
+                  dim3(unsigned(plan_.down_mv.grid), passes), mv, smem(F, nr), stream_, mat(l.wd),
                   A(plan_.act), F, D, plan_.down_mv.rows_per_block, int(plan_.down_mv.split),
-                  W(l.d_b), y, A(plan_.x));
+                  W(l.d_b), M, nr, y, A(plan_.x));
       launched("k_matvec_residual(down)");
       ++n;
-      n += out_norm(A(plan_.x), y, l.mlp_out_norm, 1, p);
+      n += out_norm(A(plan_.x), y, l.mlp_out_norm, M, p);
     }
-    n += head<Fw>(A(plan_.x), p);
+    if (head_from < M) n += head<Fw, R>(A(plan_.x) + head_from * D, M - head_from, nr, p);
     return n;
   }
 
@@ -699,16 +798,18 @@ class CudaSession final : public SessionBase {
     out_norm(X, Y, norm_off, M, false);
   }
 
-  // Final norm of row x (D), the head and its argmax (into the control block).
-  template <Dtype Fw>
-  int64_t head(const float* x, bool pdl) {
+  // Final norm of the M rows of X (M, D), the head into logits (M, V), and with R == 1 (one
+  // row) its argmax (into the control block).
+  template <Dtype Fw, int R>
+  int64_t head(const float* X, int64_t M, int nr, bool pdl) {
     const int64_t D = c_.d_model;
-    gpu::launch(pdl, "k_rmsnorm_rows", k_rmsnorm_rows, dim3(1), dim3(ROW_THREADS), 0, stream_, x,
-                W(plan_.final_norm), D, c_.rms_eps, A(plan_.xf));
+    gpu::launch(pdl, "k_rmsnorm_rows", k_rmsnorm_rows, dim3(unsigned(M)), dim3(ROW_THREADS), 0,
+                stream_, X, W(plan_.final_norm), D, c_.rms_eps, A(plan_.xf));
     launched("k_rmsnorm_rows(final)");
-    gpu::launch(pdl, "k_head_argmax", k_head_argmax<Fw>, dim3(unsigned(plan_.head_mv.grid)),
-                dim3(MATVEC_THREADS), smem(D), stream_, mat(plan_.head), A(plan_.xf), D,
-                c_.vocab, plan_.head_mv.rows_per_block, float(c_.final_softcap),
+    gpu::launch(pdl, "k_head_argmax", k_head_argmax<Fw, R>,
+                dim3(unsigned(plan_.head_mv.grid), unsigned(ceil_div(M, nr))),
+                dim3(MATVEC_THREADS), smem(D, nr), stream_, mat(plan_.head), A(plan_.xf), D,
+                c_.vocab, plan_.head_mv.rows_per_block, float(c_.final_softcap), M, nr,
                 A(plan_.logits), A(plan_.argmax_val), static_cast<int64_t*>(blk_idx_.p), ctl());
     launched("k_head_argmax");
     return 2;
@@ -721,13 +822,12 @@ class CudaSession final : public SessionBase {
   template <Dtype Fw>
   void prefill_block(const int64_t* ids, int64_t M, int64_t p0, float* logits) {
     const int64_t D = c_.d_model, F = c_.d_ff, Q = plan_.q_rows, Aw = plan_.attn_width;
-    set_control(0, p0, 1);
-    CK(cudaMemcpyAsync(ids_.p, ids, size_t(M) * 8, cudaMemcpyHostToDevice, stream_));
+    for (int64_t r = 0; r < M; ++r) host_rows_.p[r] = StepRow{ids[r], p0 + r, 0, 0};
+    set_rows(M);
     float *X = P(plan_.p_x), *Xn = P(plan_.p_xn), *QKV = P(plan_.p_qkv), *At = P(plan_.p_attn);
     float *Gt = P(plan_.p_gate), *U = P(plan_.p_up), *Y = P(plan_.p_y);
     k_embed<Fw><<<dim3(unsigned(ceil_div(D, ROW_THREADS)), unsigned(M)), ROW_THREADS, 0,
-                   stream_>>>(mat(plan_.embed), static_cast<const int64_t*>(ids_.p), X, D,
-                              embed_scale_);
+                   stream_>>>(mat(plan_.embed), rows(), X, D, embed_scale_);
     launched("k_embed(prefill)");
     for (int64_t li = 0; li < c_.n_layers; ++li) {
       const LayerOffsets& l = plan_.layers[size_t(li)];
@@ -735,7 +835,7 @@ class CudaSession final : public SessionBase {
       launched("k_rmsnorm_rows(input)");
       gemm<Fw>(as_consumed<Fw>(Xn, M, D), M, D, mat(l.wqkv), Q, QKV, false);
       norm_rope(l, li, QKV, M, false);
-      attention(li, QKV, M, 1, false, true, At, false);
+      attention(li, QKV, M, 1, At, false);
       residual<Fw>(as_consumed<Fw>(At, M, Aw), M, Aw, mat(l.wo), l.o_b, l.attn_out_norm, X, Y);
       k_rmsnorm_rows<<<unsigned(M), ROW_THREADS, 0, stream_>>>(X, W(l.post_norm), D, c_.rms_eps,
                                                                Xn);
@@ -749,28 +849,30 @@ class CudaSession final : public SessionBase {
       residual<Fw>(as_consumed<Fw>(Gt, M, F), M, F, mat(l.wd), l.d_b, l.mlp_out_norm, X, Y);
     }
     if (logits) {
-      head<Fw>(X + (M - 1) * D, false);
+      head<Fw, 1>(X + (M - 1) * D, 1, 1, false);
       CK(cudaMemcpyAsync(logits, A(plan_.logits), size_t(c_.vocab) * 4, cudaMemcpyDeviceToHost,
                          stream_));
     }
-    // The control slot and the ids buffer are reused by the next block: finish this one first.
+    // The pinned rows are reused by the next block: finish this one first.
     CK(cudaStreamSynchronize(stream_));
   }
 
   int dev_ = 0;
   Plan plan_;
   Stream stream_;  // declared before the buffers: destroyed after them (cudaFree syncs first)
-  Pinned<int64_t> host_;    // [0..2] tok, pos, n_splits going in; [3] the argmax coming out
+  Pinned<int64_t> host_;       // the argmax coming out
+  Pinned<StepRow> host_rows_;  // rows going in (put_row), plan_.row_entries of them
   Pinned<float> staging_;   // weight rows on their way to the arena, as float32
   Pinned<char> narrow_;     // the same rows in a narrow format (not allocated for f32)
   Pinned<float> scales_;    // and their int8 block scales (int8 only)
-  DevMem weights_dev_, kv_, rope_, act_, pre_, blk_idx_, ids_, ctl_;
+  DevMem weights_dev_, kv_, rope_, act_, pre_, blk_idx_, rows_, ctl_;
   Graph standard_, deep_;   // destroyed first: they refer to the buffers above
   // The KV format's instantiations of the two kernels that touch the cache.
   decltype(&k_qk_norm_rope<Dtype::F32>) k_qk_norm_rope_ = nullptr;
   decltype(&k_attn_partial<Dtype::F32>) k_attn_partial_ = nullptr;
   bool use_graphs_ = true;
   bool pdl_ = false;  // decode's kernels as programmatic dependent launches (set at open)
+  int pass_rows_ = 1;  // rows a row kernel's block stages (matvec_pass_rows, set at open)
   // the family (arch_spec) as the kernels take it
   bool gelu_ = false, sandwich_ = false;
   float embed_scale_ = 0.f;  // 0: embeddings unscaled
@@ -779,8 +881,9 @@ class CudaSession final : public SessionBase {
 
 }  // namespace
 
-std::unique_ptr<Session> make_cuda_session(const SessionConfig& cfg, int64_t max_ctx) {
-  return std::unique_ptr<Session>(new CudaSession(cfg, max_ctx));
+std::unique_ptr<Session> make_cuda_session(const SessionConfig& cfg, int64_t max_ctx,
+                                           int64_t slots) {
+  return std::unique_ptr<Session>(new CudaSession(cfg, max_ctx, slots));
 }
 
 }  // namespace residentk

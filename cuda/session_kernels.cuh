@@ -1,6 +1,7 @@
 // The CUDA resident session's device code: the decode and prefill kernels session_cuda.cu
 // launches (see its header for the stage list, the numerics and the limits), and the control
-// block a step reads. The per-element math (RMSNorm's scale, the SiLU and GELU gates, the soft
+// block the head leaves for the host. What a launch sequence computes on comes from its rows
+// (StepRow: token, position, slot, attention path), written by the host before it runs. The per-element math (RMSNorm's scale, the SiLU and GELU gates, the soft
 // cap, RoPE, the argmax order) is session_math.hpp's, the bf16/f16 conversions half.hpp's and
 // the int8 block rule quant.hpp's, all shared with the CPU engine.
 //
@@ -149,6 +150,11 @@ __device__ __forceinline__ Staged staged(float4* smem, int64_t K) {
   int8_t* q = reinterpret_cast<int8_t*>(x + 4 * ceil_div(K, 4));
   return Staged{x, q, reinterpret_cast<float*>(q + 16 * ceil_div(K, 16))};
 }
+// The row kernels stage one vector a row, stride bytes apart (stage_stride(K, F)).
+__device__ __forceinline__ Staged staged_row(const Staged& v0, int64_t stride, int b) {
+  const int64_t f = b * (stride / 4);
+  return Staged{v0.x + f, v0.q + b * stride, v0.s + f};
+}
 
 // Once v.x holds the K-vector (after a barrier): the vector as F's products consume it, the CPU
 // engine's rule: bf16 rounds each value to bf16 in place (half.hpp); int8 quantizes each block
@@ -170,59 +176,74 @@ __device__ void consume(const Staged& v, int64_t K) {
   }
 }
 
-// One warp: elements [k0, k1) of row r of m (K) . the staged vector v (consume<F>'s form); every
-// lane returns the sum. 16-byte loads where each row is 16-byte aligned, which the arena
+// One warp: elements [k0, k1) of row r of m (K) . each of the nrows <= R staged vectors
+// (consume<F>'s form) of the row kernels, v0 and the next ones stride bytes apart; every lane
+// returns the sums in out. 16-byte loads where each row is 16-byte aligned, which the arena
 // (256-byte aligned tensors) gives exactly when K * elem_bytes % 16 == 0 (int8 also needs whole
 // blocks: K % 32 == 0); other K take one element (int8: one block) a lane at a time. A slice
-// (decode_matvec_launch) starts on a 16-byte unit, for int8 on a block.
-template <Dtype F>
-__device__ __forceinline__ float warp_dot(const DevMat& m, int64_t r, const Staged& v, int64_t K,
-                                          int lane, int64_t k0, int64_t k1) {
-  float acc = 0.f;
+// (decode_matvec_launch) starts on a 16-byte unit, for int8 on a block. Each weight load serves
+// every row; each row's multiply-adds run in the order they run for that row alone (R = 1), so a
+// row's sum does not depend on the rows beside it (batch invariance).
+template <Dtype F, int R>
+__device__ __forceinline__ void warp_dot_rows(const DevMat& m, int64_t r, const Staged& v0,
+                                              int64_t stride, int nrows, int64_t K, int lane,
+                                              int64_t k0, int64_t k1, float (&out)[R]) {
+  float acc[R];
+#pragma unroll
+  for (int b = 0; b < R; ++b) acc[b] = 0.f;
+  // Row b takes part when it exists; R == 1 needs no test (nrows is 1).
+#define ALGENTA_ROWS_FOR(b) \
+  _Pragma("unroll") for (int b = 0; b < R; ++b) if (R == 1 || b < nrows)
   if (F == Dtype::F32) {
     const float* w = static_cast<const float*>(m.w) + r * K;
     if ((K & 3) == 0) {
       const float4* w4 = reinterpret_cast<const float4*>(w);
-      const float4* x4 = reinterpret_cast<const float4*>(v.x);
       const int64_t K4 = k1 >> 2;
 #pragma unroll MATVEC_LOADS
       for (int64_t i = (k0 >> 2) + lane; i < K4; i += 32) {
         const float4 a = __ldg(w4 + i);
-        const float4 b = x4[i];
-        acc = fmaf(a.x, b.x, acc);
-        acc = fmaf(a.y, b.y, acc);
-        acc = fmaf(a.z, b.z, acc);
-        acc = fmaf(a.w, b.w, acc);
+        ALGENTA_ROWS_FOR(b) {
+          const float4 x = reinterpret_cast<const float4*>(staged_row(v0, stride, b).x)[i];
+          acc[b] = fmaf(a.x, x.x, acc[b]);
+          acc[b] = fmaf(a.y, x.y, acc[b]);
+          acc[b] = fmaf(a.z, x.z, acc[b]);
+          acc[b] = fmaf(a.w, x.w, acc[b]);
+        }
       }
     } else {
-      for (int64_t i = k0 + lane; i < k1; i += 32) acc = fmaf(__ldg(w + i), v.x[i], acc);
+      for (int64_t i = k0 + lane; i < k1; i += 32) {
+        const float a = __ldg(w + i);
+        ALGENTA_ROWS_FOR(b) acc[b] = fmaf(a, staged_row(v0, stride, b).x[i], acc[b]);
+      }
     }
   } else if (F == Dtype::BF16 || F == Dtype::F16) {
     const uint16_t* w = static_cast<const uint16_t*>(m.w) + r * K;
     if ((K & 7) == 0) {
       const int4* w8 = reinterpret_cast<const int4*>(w);
-      const float4* x4 = reinterpret_cast<const float4*>(v.x);
       const int64_t K8 = k1 >> 3;
 #pragma unroll MATVEC_LOADS
       for (int64_t i = (k0 >> 3) + lane; i < K8; i += 32) {
         const int4 a = __ldg(w8 + i);
-        const float4 b0 = x4[2 * i], b1 = x4[2 * i + 1];
-        float2 p = widen2<F>(uint32_t(a.x));
-        acc = fmaf(p.x, b0.x, acc);
-        acc = fmaf(p.y, b0.y, acc);
-        p = widen2<F>(uint32_t(a.y));
-        acc = fmaf(p.x, b0.z, acc);
-        acc = fmaf(p.y, b0.w, acc);
-        p = widen2<F>(uint32_t(a.z));
-        acc = fmaf(p.x, b1.x, acc);
-        acc = fmaf(p.y, b1.y, acc);
-        p = widen2<F>(uint32_t(a.w));
-        acc = fmaf(p.x, b1.z, acc);
-        acc = fmaf(p.y, b1.w, acc);
+        const float2 p0 = widen2<F>(uint32_t(a.x)), p1 = widen2<F>(uint32_t(a.y));
+        const float2 p2 = widen2<F>(uint32_t(a.z)), p3 = widen2<F>(uint32_t(a.w));
+        ALGENTA_ROWS_FOR(b) {
+          const float4* x4 = reinterpret_cast<const float4*>(staged_row(v0, stride, b).x);
+          const float4 b0 = x4[2 * i], b1 = x4[2 * i + 1];
+          acc[b] = fmaf(p0.x, b0.x, acc[b]);
+          acc[b] = fmaf(p0.y, b0.y, acc[b]);
+          acc[b] = fmaf(p1.x, b0.z, acc[b]);
+          acc[b] = fmaf(p1.y, b0.w, acc[b]);
+          acc[b] = fmaf(p2.x, b1.x, acc[b]);
+          acc[b] = fmaf(p2.y, b1.y, acc[b]);
+          acc[b] = fmaf(p3.x, b1.z, acc[b]);
+          acc[b] = fmaf(p3.y, b1.w, acc[b]);
+        }
       }
     } else {
-      for (int64_t i = k0 + lane; i < k1; i += 32)
-        acc = fmaf(widen2<F>(__ldg(w + i)).x, v.x[i], acc);
+      for (int64_t i = k0 + lane; i < k1; i += 32) {
+        const float a = widen2<F>(__ldg(w + i)).x;
+        ALGENTA_ROWS_FOR(b) acc[b] = fmaf(a, staged_row(v0, stride, b).x[i], acc[b]);
+      }
     }
   } else {  // int8
     const int8_t* w = static_cast<const int8_t*>(m.w) + r * K;
@@ -234,32 +255,52 @@ __device__ __forceinline__ float warp_dot(const DevMat& m, int64_t r, const Stag
       // float(sum) * (sw * sx) (the CPU engine's dot_q8q8). The trip count is the same for every
       // lane, so each reaches the shuffle.
       const int4* w16 = reinterpret_cast<const int4*>(w);
-      const int4* x16 = reinterpret_cast<const int4*>(v.q);
       const int64_t K16 = k1 >> 4;
 #pragma unroll MATVEC_LOADS
       for (int64_t i0 = k0 >> 4; i0 < K16; i0 += 32) {
         const int64_t i = i0 + lane;
-        int isum = 0;
-        if (i < K16) {
-          const int4 a = __ldg(w16 + i), b = x16[i];
-          isum = __dp4a(a.x, b.x, isum);
-          isum = __dp4a(a.y, b.y, isum);
-          isum = __dp4a(a.z, b.z, isum);
-          isum = __dp4a(a.w, b.w, isum);
+        int4 a = make_int4(0, 0, 0, 0);
+        float s = 0.f;
+        if (i < K16) a = __ldg(w16 + i), s = __ldg(sw + (i >> 1));
+        ALGENTA_ROWS_FOR(b) {
+          const Staged v = staged_row(v0, stride, b);
+          int isum = 0;
+          if (i < K16) {
+            const int4 x = reinterpret_cast<const int4*>(v.q)[i];
+            isum = __dp4a(a.x, x.x, isum);
+            isum = __dp4a(a.y, x.y, isum);
+            isum = __dp4a(a.z, x.z, isum);
+            isum = __dp4a(a.w, x.w, isum);
+          }
+          isum += __shfl_xor_sync(0xffffffffu, isum, 1);
+          if (i < K16 && (lane & 1) == 0) acc[b] = fmaf(float(isum), s * v.s[i >> 1], acc[b]);
         }
-        isum += __shfl_xor_sync(0xffffffffu, isum, 1);
-        if (i < K16 && (lane & 1) == 0) acc = fmaf(float(isum), __ldg(sw + (i >> 1)) * v.s[i >> 1], acc);
       }
     } else {
-      for (int64_t b = k0 / RESIDENT_INT8_BLOCK + lane; b * RESIDENT_INT8_BLOCK < k1; b += 32) {
-        const int64_t b0 = b * RESIDENT_INT8_BLOCK, b1 = min(K, b0 + RESIDENT_INT8_BLOCK);
-        int isum = 0;
-        for (int64_t k = b0; k < b1; ++k) isum += int(__ldg(w + k)) * int(v.q[k]);
-        acc = fmaf(float(isum), __ldg(sw + b) * v.s[b], acc);
+      for (int64_t blk = k0 / RESIDENT_INT8_BLOCK + lane; blk * RESIDENT_INT8_BLOCK < k1;
+           blk += 32) {
+        const int64_t b0 = blk * RESIDENT_INT8_BLOCK, b1 = min(K, b0 + RESIDENT_INT8_BLOCK);
+        ALGENTA_ROWS_FOR(b) {
+          const Staged v = staged_row(v0, stride, b);
+          int isum = 0;
+          for (int64_t k = b0; k < b1; ++k) isum += int(__ldg(w + k)) * int(v.q[k]);
+          acc[b] = fmaf(float(isum), __ldg(sw + blk) * v.s[blk], acc[b]);
+        }
       }
     }
   }
-  return warp_sum(acc);
+#undef ALGENTA_ROWS_FOR
+#pragma unroll
+  for (int b = 0; b < R; ++b) out[b] = warp_sum(acc[b]);
+}
+
+// warp_dot_rows of one staged vector (decode's one row; the head's argmax launch).
+template <Dtype F>
+__device__ __forceinline__ float warp_dot(const DevMat& m, int64_t r, const Staged& v, int64_t K,
+                                          int lane, int64_t k0, int64_t k1) {
+  float out[1];
+  warp_dot_rows<F, 1>(m, r, v, 0, 1, K, lane, k0, k1, out);
+  return out[0];
 }
 
 // ---- a decode matvec block's warps over its rows ---------------------------------------------
@@ -267,31 +308,51 @@ __device__ __forceinline__ float warp_dot(const DevMat& m, int64_t r, const Stag
 // every MATVEC_WARPS-th row of the block whole; with split s > 1 the block has MATVEC_WARPS / s
 // rows, one a group of s warps, warp j of a group on the j-th of s equal slices of K, the
 // slices' sums joined in warp order (a fixed order: a row's sum depends on s alone). dot(r, k0,
-// k1) gives a warp's one or two products (float2: gate and up together) of row r over [k0, k1)
-// in every lane; out(r, d) runs in one lane a row with the joined products.
-template <class Dot, class Out>
+// k1, d) gives a warp's one or two products (float2: gate and up together) of weight row r over
+// [k0, k1) with each of the block's R staged rows in d, in every lane; out(r, b, d) runs in one
+// lane a weight row and staged row b < nrows with the joined products.
+template <int R, class Dot, class Out>
 __device__ __forceinline__ void for_rows(int64_t rows_per_block, int64_t N, int64_t K, int split,
-                                         Dot dot, Out out) {
-  __shared__ float2 part[MATVEC_WARPS];
+                                         int nrows, Dot dot, Out out) {
+  __shared__ float2 part[MATVEC_WARPS][R];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const RowRange rows = block_rows(rows_per_block, N);
   const int64_t r0 = rows.r0, r1 = rows.r1;
+  float2 d[R];
   if (split == 1) {
     for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {
-      const float2 d = dot(r, int64_t(0), K);
-      if (lane == 0) out(r, d);
+      dot(r, int64_t(0), K, d);
+      if (lane == 0)
+        for (int b = 0; b < nrows; ++b) out(r, b, d[b]);
     }
     return;
   }
   const int j = warp % split;
   const int64_t r = r0 + warp / split, n = K / split;
-  const float2 d = r < r1 ? dot(r, j * n, j * n + n) : make_float2(0.f, 0.f);
-  if (lane == 0) part[warp] = d;
+  if (r < r1)
+    dot(r, j * n, j * n + n, d);
+  else
+    for (int b = 0; b < R; ++b) d[b] = make_float2(0.f, 0.f);
+  if (lane == 0)
+    for (int b = 0; b < R; ++b) part[warp][b] = d[b];
   __syncthreads();  // every thread of the block: split is the same for all
   if (j != 0 || lane != 0 || r >= r1) return;
-  float2 sum = part[warp];
-  for (int i = 1; i < split; ++i) sum.x += part[warp + i].x, sum.y += part[warp + i].y;
-  out(r, sum);
+  for (int b = 0; b < nrows; ++b) {
+    float2 sum = part[warp][b];
+    for (int i = 1; i < split; ++i) sum.x += part[warp + i][b].x, sum.y += part[warp + i][b].y;
+    out(r, b, sum);
+  }
+}
+
+// The staged rows [m0, m0 + nrows) of a row kernel's block: blockIdx.y's pass of nr rows
+// among the launch's M.
+struct PassRows {
+  int64_t m0;
+  int nrows;
+};
+__device__ __forceinline__ PassRows pass_rows(int64_t M, int nr) {
+  const int64_t m0 = int64_t(blockIdx.y) * nr;
+  return PassRows{m0, int(min(int64_t(nr), M - m0))};
 }
 
 // ---- the KV cache in its format ---------------------------------------------------------------
@@ -316,33 +377,43 @@ __device__ __forceinline__ void stage(const float* __restrict__ v, int64_t n, fl
   __syncthreads();
 }
 
+// A row kernel's pass of rows of X (M, K) staged from v on, stride bytes apart, as F's
+// products consume them: each row RMSNormed by nw (sum of squares in double, as block_rmsnorm)
+// where nw is given, else copied as it is.
+template <Dtype F>
+__device__ void stage_rows(const float* __restrict__ X, const float* __restrict__ nw, int64_t K,
+                           double eps, const Staged& v, int64_t stride, const PassRows& pr) {
+  for (int b = 0; b < pr.nrows; ++b) {
+    const Staged vb = staged_row(v, stride, b);
+    if (nw)
+      block_rmsnorm<false>(X + (pr.m0 + b) * K, nw, K, eps, vb.x);
+    else
+      stage(X + (pr.m0 + b) * K, K, vb.x);
+    consume<F>(vb, K);
+  }
+}
+
 // ---- control block in device memory ----------------------------------------------------------
-// What one decode step depends on from the host, written by one 24-byte copy from pinned memory
-// before it runs, so a step's launch sequence (and so its CUDA graph) is the same at every
-// position; plus what the head kernel leaves for the host.
+// What the head kernel leaves for the host. What a step depends on from the host is its rows
+// (StepRow, session_cuda_plan.hpp), copied in before it runs, so a step's launch sequence (and
+// so its CUDA graph) is the same at every position.
 struct Control {
-  int64_t tok;        // the token this step embeds
-  int64_t pos;        // P: tokens in the KV cache before this step (the slot it writes)
-  int64_t n_splits;   // S of this step's split-K attention (1 on the standard path)
   int64_t argmax;     // written by k_head_argmax: the first maximum of the logits
   unsigned int done;  // head blocks finished in the current launch (last-block reduction)
 };
-constexpr int64_t CONTROL_IN_BYTES = 3 * sizeof(int64_t);  // tok, pos, n_splits
-static_assert(offsetof(Control, pos) == 8 && offsetof(Control, n_splits) == 16,
-              "the host writes tok, pos, n_splits as one contiguous copy");
 
 // ---- kernels ------------------------------------------------------------------------------
 
-// X (M, D) row r = E[ids[r]] widened to float32, times `scale` where it is > 0 (a family that
-// scales its embeddings). grid (ceil(D / ROW_THREADS), M). ids validated on the host.
+// X (M, D) row r = E[rows[r].tok] widened to float32, times `scale` where it is > 0 (a family
+// that scales its embeddings). grid (ceil(D / ROW_THREADS), M). Tokens validated on the host.
 template <Dtype F>
-__global__ void k_embed(DevMat E /* (V, D) */, const int64_t* __restrict__ ids,
+__global__ void k_embed(DevMat E /* (V, D) */, const StepRow* __restrict__ rows,
                         float* __restrict__ X /* (M, D) */, int64_t D, float scale) {
   step_begin();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t r = blockIdx.y;
   if (i >= D) return;
-  const float e = w_at<F>(E, ld(ids + r), D, i);
+  const float e = w_at<F>(E, ld(&rows[r].tok), D, i);
   st(X + r * D + i, scale > 0.f ? e * scale : e);
 }
 
@@ -355,24 +426,33 @@ __global__ void k_rmsnorm_rows(const float* __restrict__ X /* (M, D) */,
   block_rmsnorm<true>(X + r * D, w, D, eps, Y + r * D);
 }
 
-// y (N) = W (N, K) . rmsnorm(x (K)) * nw. Dynamic shared memory: stage_bytes(K, F). grid
-// plan.qkv_mv.
-template <Dtype F>
-__global__ void k_norm_qkv(DevMat W, const float* __restrict__ x, const float* __restrict__ nw,
+// ---- the row kernels --------------------------------------------------------------------------
+// Decode's matvecs over M rows (tokens of any slots and positions): grid (the plan's matvec
+// grid, ceil(M / nr)), block y staging rows [y * nr, ...) (at most nr <= R of them, each
+// stage_stride(K, F) bytes of dynamic shared memory) and multiplying each weight load by all of
+// them (warp_dot_rows). Decode's single row is R = nr = M = 1; a batched step or a multi-slot
+// prefill R = PASS_ROWS. A row's result is the same bits whichever R, nr and M carry it.
+
+// Y (M, N) = rmsnorm(X (M, K)) * nw . W (N, K)^T.
+template <Dtype F, int R>
+__global__ void k_norm_qkv(DevMat W, const float* __restrict__ X, const float* __restrict__ nw,
                            int64_t K, int64_t N, double eps, int64_t rows_per_block,
-                           int split, float* __restrict__ y) {
+                           int split, int64_t M, int nr, float* __restrict__ Y) {
   extern __shared__ float4 smem4[];
   prefetch_rows<F>(W, block_rows(rows_per_block, N), K);
   step_begin();
+  const PassRows pr = pass_rows(M, nr);
+  const int64_t stride = stage_stride(K, F);
   const Staged v = staged(smem4, K);
-  block_rmsnorm<false>(x, nw, K, eps, v.x);
-  consume<F>(v, K);
-  for_rows(
-      rows_per_block, N, K, split,
-      [&](int64_t r, int64_t k0, int64_t k1) {
-        return make_float2(warp_dot<F>(W, r, v, K, threadIdx.x & 31, k0, k1), 0.f);
+  stage_rows<F>(X, nw, K, eps, v, stride, pr);
+  for_rows<R>(
+      rows_per_block, N, K, split, pr.nrows,
+      [&](int64_t r, int64_t k0, int64_t k1, float2 (&d)[R]) {
+        float o[R];
+        warp_dot_rows<F, R>(W, r, v, stride, pr.nrows, K, threadIdx.x & 31, k0, k1, o);
+        for (int b = 0; b < R; ++b) d[b] = make_float2(o[b], 0.f);
       },
-      [&](int64_t r, float2 d) { st(y + r, d.x); });
+      [&](int64_t r, int b, float2 d) { st(Y + (pr.m0 + b) * N + r, d.x); });
 }
 
 // The MLP gate of one element: act(g + bg) * (u + bu) (biases where the family has them),
@@ -383,58 +463,67 @@ __device__ __forceinline__ float gate_act(float g, float u, const float* __restr
   return gelu ? session_math::gelu_tanh_mul(g, u) : session_math::silu_mul(g, u);
 }
 
-// act (Fd) = act(Wg . xn + bg) * (Wu . xn + bu), xn = rmsnorm(x (D)) * nw staged in shared
-// memory (stage_bytes(D, F)). The warp owning row r forms gate r and up r together and writes
-// only act r.
-template <Dtype F>
+// Act (M, Fd) = act(Xn Wg^T + bg) * (Xn Wu^T + bu), Xn = rmsnorm(X (M, D)) * nw staged in
+// shared memory. The warp owning weight row j forms gate j and up j together and writes only
+// act j.
+template <Dtype F, int R>
 __global__ void k_norm_gateup(DevMat Wg /* (Fd, D) */, DevMat Wu /* (Fd, D) */,
-                              const float* __restrict__ x, const float* __restrict__ nw, int64_t D,
+                              const float* __restrict__ X, const float* __restrict__ nw, int64_t D,
                               int64_t Fd, double eps, int64_t rows_per_block, int split,
                               const float* __restrict__ gb, const float* __restrict__ ub,
-                              bool gelu, float* __restrict__ act) {
+                              bool gelu, int64_t M, int nr, float* __restrict__ Act) {
   extern __shared__ float4 smem4[];
   const RowRange rows = block_rows(rows_per_block, Fd);
   prefetch_rows<F>(Wg, rows, D);
   prefetch_rows<F>(Wu, rows, D);
   step_begin();
+  const PassRows pr = pass_rows(M, nr);
+  const int64_t stride = stage_stride(D, F);
   const Staged v = staged(smem4, D);
-  block_rmsnorm<false>(x, nw, D, eps, v.x);
-  consume<F>(v, D);
-  for_rows(
-      rows_per_block, Fd, D, split,
-      [&](int64_t r, int64_t k0, int64_t k1) {
+  stage_rows<F>(X, nw, D, eps, v, stride, pr);
+  for_rows<R>(
+      rows_per_block, Fd, D, split, pr.nrows,
+      [&](int64_t r, int64_t k0, int64_t k1, float2 (&d)[R]) {
         const int lane = threadIdx.x & 31;
-        return make_float2(warp_dot<F>(Wg, r, v, D, lane, k0, k1),
-                           warp_dot<F>(Wu, r, v, D, lane, k0, k1));
+        float g[R], u[R];
+        warp_dot_rows<F, R>(Wg, r, v, stride, pr.nrows, D, lane, k0, k1, g);
+        warp_dot_rows<F, R>(Wu, r, v, stride, pr.nrows, D, lane, k0, k1, u);
+        for (int b = 0; b < R; ++b) d[b] = make_float2(g[b], u[b]);
       },
-      [&](int64_t r, float2 gu) { st(act + r, gate_act(gu.x, gu.y, gb, ub, r, gelu)); });
+      [&](int64_t r, int b, float2 gu) {
+        st(Act + (pr.m0 + b) * Fd + r, gate_act(gu.x, gu.y, gb, ub, r, gelu));
+      });
 }
 
-// x (N) += W (N, K) . a (K) (+ bias b where given); a staged in shared memory (stage_bytes(K,
-// F)). With y given (a sandwich family) the sum goes to y instead, for k_out_norm_residual.
-// Row r of x is read and written only by the warp that owns it: no atomics.
-template <Dtype F>
-__global__ void k_matvec_residual(DevMat W, const float* __restrict__ a, int64_t K, int64_t N,
+// X (M, N) += A (M, K) W (N, K)^T (+ bias b where given). With Y given (a sandwich family) the
+// sum goes to Y instead, for k_out_norm_residual. Cell (m, n) of X is read and written only by
+// the warp that owns weight row n: no atomics.
+template <Dtype F, int R>
+__global__ void k_matvec_residual(DevMat W, const float* __restrict__ A, int64_t K, int64_t N,
                                   int64_t rows_per_block, int split,
-                                  const float* __restrict__ b, float* __restrict__ y,
-                                  float* __restrict__ x) {
+                                  const float* __restrict__ b, int64_t M, int nr,
+                                  float* __restrict__ Y, float* __restrict__ X) {
   extern __shared__ float4 smem4[];
   prefetch_rows<F>(W, block_rows(rows_per_block, N), K);
   step_begin();
+  const PassRows pr = pass_rows(M, nr);
+  const int64_t stride = stage_stride(K, F);
   const Staged v = staged(smem4, K);
-  stage(a, K, v.x);
-  consume<F>(v, K);
-  for_rows(
-      rows_per_block, N, K, split,
-      [&](int64_t r, int64_t k0, int64_t k1) {
-        return make_float2(warp_dot<F>(W, r, v, K, threadIdx.x & 31, k0, k1), 0.f);
+  stage_rows<F>(A, nullptr, K, 0.0, v, stride, pr);
+  for_rows<R>(
+      rows_per_block, N, K, split, pr.nrows,
+      [&](int64_t r, int64_t k0, int64_t k1, float2 (&d)[R]) {
+        float o[R];
+        warp_dot_rows<F, R>(W, r, v, stride, pr.nrows, K, threadIdx.x & 31, k0, k1, o);
+        for (int i = 0; i < R; ++i) d[i] = make_float2(o[i], 0.f);
       },
-      [&](int64_t r, float2 d) {
+      [&](int64_t r, int i, float2 d) {
         const float o = b ? d.x + __ldg(b + r) : d.x;
-        if (y)
-          st(y + r, o);
+        const int64_t at = (pr.m0 + i) * N + r;
+        if (Y)
+          st(Y + at, o);
         else
-          st(x + r, ld(x + r) + o);
+          st(X + at, ld(X + at) + o);
       });
 }
 
@@ -467,24 +556,25 @@ __global__ void k_bias_residual(float* __restrict__ X, float* __restrict__ Y,
 
 // In place on qkv (M, Q): every head first gets its bias where the family has one (bias (Q),
 // else null); q heads and k heads then get per-head RMSNorm (q_norm / k_norm; skipped when
-// qn is null, a family without them) and rotate-half RoPE at position P + row from this
-// layer's table; k and v heads are then written to the cache slot P + row. grid
-// (Hq + 2*Hkv, M), plan.norm_rope_threads threads; thread i owns the pair (i, i + Dh/2), so it
-// reads and writes only its own two elements after the norm's reduction.
+// qn is null, a family without them) and rotate-half RoPE at the row's position P from this
+// layer's table; k and v heads are then written to position P of the row's slot (its region
+// slot_stride elements after the previous slot's). grid (Hq + 2*Hkv, M),
+// plan.norm_rope_threads threads; thread i owns the pair (i, i + Dh/2), so it reads and writes
+// only its own two elements after the norm's reduction.
 template <Dtype KV>
 __global__ void k_qk_norm_rope(float* __restrict__ qkv /* (M, Q) */, int64_t Q,
                                const float* __restrict__ bias /* (Q) or null */,
                                const float* __restrict__ qn /* (Dh) or null */,
                                const float* __restrict__ kn /* (Dh) or null */,
                                const float* __restrict__ rope /* cos (T, Dh/2), sin (T, Dh/2) */,
-                               const Control* __restrict__ ctl, int64_t Hq, int64_t Hkv,
-                               int64_t Dh, int64_t T, double eps,
-                               void* __restrict__ Kc /* (Hkv, T, Dh) of KV */,
-                               void* __restrict__ Vc /* (Hkv, T, Dh) of KV */) {
+                               const StepRow* __restrict__ rows, int64_t Hq, int64_t Hkv,
+                               int64_t Dh, int64_t T, double eps, int64_t slot_stride,
+                               void* __restrict__ Kc /* (Hkv, T, Dh) of KV, slot 0 */,
+                               void* __restrict__ Vc /* (Hkv, T, Dh) of KV, slot 0 */) {
   __shared__ double red[32];
   step_begin();
   const int64_t h = blockIdx.x, row = blockIdx.y;
-  const int64_t p = ld(&ctl->pos) + row;
+  const int64_t p = ld(&rows[row].pos);
   float* v = qkv + row * Q + h * Dh;
   const int64_t half = Dh / 2;
   if (bias) {  // the same for every thread of the block: the barrier is reached by all
@@ -525,32 +615,31 @@ __global__ void k_qk_norm_rope(float* __restrict__ qkv /* (M, Q) */, int64_t Q,
   if (h >= Hq) {
     const int64_t g = h < Hq + Hkv ? h - Hq : h - Hq - Hkv;
     void* dst = h < Hq + Hkv ? Kc : Vc;
-    const int64_t at = (g * T + p) * Dh;
+    const int64_t at = ld(&rows[row].slot) * slot_stride + (g * T + p) * Dh;
     for (int64_t i = threadIdx.x; i < Dh; i += blockDim.x) kv_store<KV>(dst, at + i, ld(v + i));
   }
 }
 
 // Attention of query head h, key split s, query row `row`: grid (Hq, S_grid, M), ATTN_THREADS.
-// n_keys = P + row + 1 (causal). S, the split count, is gridDim.y in prefill and ctl->n_splits
-// in decode (splits_on_device), where the grid is sized once to the plan's maximum so one graph
-// serves every split count: blocks past S exit at once. The split covers
+// n_keys = P + 1 (causal, P the row's position) in the row's slot. The row's n_splits says its
+// path: 0 the standard one (S = 1, finalized here: out (M, A) normalized), else S = n_splits
+// splits writing unnormalized partials (acc, m, l) for k_attn_merge (S may be 1 there too: the
+// deep path's launch count does not depend on S); an empty split writes m = -inf, l = 0,
+// acc = 0. The grid is sized to the plan's maximum S (S_max) wherever a row may split, so one
+// graph serves every split count: blocks past a row's S exit at once. The split covers
 // splitk_range(n_keys, S, s). Each warp walks every ATTN_WARPS-th key of the split with an
 // online softmax (running max m, sum l, output accumulator rescaled by exp(m_old - m_new)),
 // then the block merges its warps.
-// finalize (S must be 1): writes out (M, A) normalized. Otherwise writes the unnormalized
-// partial (acc, m, l) for k_attn_merge (S may be 1 there too: the deep path's launch count does
-// not depend on S); an empty split writes m = -inf, l = 0, acc = 0.
 // Shared memory: q (Dh), per-warp accumulators (ATTN_WARPS, Dh), per-warp (m, l).
 template <Dtype KV>
 __global__ void k_attn_partial(const float* __restrict__ qkv /* (M, Q) */, int64_t Q,
-                               const void* __restrict__ Kc /* (Hkv, T, Dh) of KV */,
-                               const void* __restrict__ Vc /* (Hkv, T, Dh) of KV */,
-                               const Control* __restrict__ ctl, int64_t T, int64_t G, int64_t Dh,
-                               float scale, int64_t window, float softcap,
-                               bool splits_on_device, bool finalize,
-                               float* __restrict__ out /* (M, A) */,
-                               float* __restrict__ part_acc /* (Hq, S, Dh) */,
-                               float* __restrict__ part_ml /* (Hq, S, 2) */) {
+                               const void* __restrict__ Kc /* (Hkv, T, Dh) of KV, slot 0 */,
+                               const void* __restrict__ Vc /* (Hkv, T, Dh) of KV, slot 0 */,
+                               const StepRow* __restrict__ rows, int64_t slot_stride, int64_t T,
+                               int64_t G, int64_t Dh, float scale, int64_t window, float softcap,
+                               int64_t S_max, float* __restrict__ out /* (M, A) */,
+                               float* __restrict__ part_acc /* (M, Hq, S_max, Dh) */,
+                               float* __restrict__ part_ml /* (M, Hq, S_max, 2) */) {
   extern __shared__ float4 smem4[];
   step_begin();
   float* qs = reinterpret_cast<float*>(smem4);
@@ -558,11 +647,13 @@ __global__ void k_attn_partial(const float* __restrict__ qkv /* (M, Q) */, int64
   float* ml = acc + ATTN_WARPS * Dh;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t h = blockIdx.x, s = blockIdx.y, row = blockIdx.z;
-  const int64_t S = splits_on_device ? ld(&ctl->n_splits) : int64_t(gridDim.y);
+  const int64_t n_splits = ld(&rows[row].n_splits);
+  const bool finalize = n_splits == 0;
+  const int64_t S = finalize ? 1 : n_splits;
   if (s >= S) return;  // the whole block: no barrier has been reached yet
-  const int64_t A = int64_t(gridDim.x) * Dh;
+  const int64_t Hq = gridDim.x, A = Hq * Dh;
   // Causal through n keys; a sliding layer (window > 0) sees only the last `window` of them.
-  const int64_t n = ld(&ctl->pos) + row + 1;
+  const int64_t n = ld(&rows[row].pos) + 1;
   const int64_t lo = window > 0 && n > window ? n - window : 0;
   int64_t k0, k1;
   splitk_range(n - lo, S, s, &k0, &k1);
@@ -574,7 +665,7 @@ __global__ void k_attn_partial(const float* __restrict__ qkv /* (M, Q) */, int64
   for (int64_t d = lane; d < Dh; d += 32) my[d] = 0.f;
   __syncthreads();
 
-  const int64_t kv = (h / G) * T * Dh;
+  const int64_t kv = ld(&rows[row].slot) * slot_stride + (h / G) * T * Dh;
   float m = -INFINITY, l = 0.f;
   for (int64_t j = k0 + warp; j < k1; j += ATTN_WARPS) {
     const int64_t kr = kv + j * Dh;
@@ -614,27 +705,31 @@ __global__ void k_attn_partial(const float* __restrict__ qkv /* (M, Q) */, int64
     if (finalize)
       st(out + row * A + h * Dh + d, a / lt);  // one split covers keys lo..P: lt >= 1
     else
-      st(part_acc + (h * S + s) * Dh + d, a);
+      st(part_acc + ((row * Hq + h) * S_max + s) * Dh + d, a);
   }
   if (!finalize && threadIdx.x == 0) {
-    st(part_ml + (h * S + s) * 2, M);
-    st(part_ml + (h * S + s) * 2 + 1, lt);
+    st(part_ml + ((row * Hq + h) * S_max + s) * 2, M);
+    st(part_ml + ((row * Hq + h) * S_max + s) * 2 + 1, lt);
   }
 }
 
-// out (A) head h = sum_s acc_s * exp(m_s - M) / sum_s l_s * exp(m_s - M), M = max m_s over the
-// non-empty splits. grid Hq, ROW_THREADS; S = ctl->n_splits <= RESIDENT_SPLITK_MAX_SPLITS.
-__global__ void k_attn_merge(const float* __restrict__ part_acc /* (Hq, S, Dh) */,
-                             const float* __restrict__ part_ml /* (Hq, S, 2) */,
-                             const Control* __restrict__ ctl, int64_t Dh,
-                             float* __restrict__ out /* (A) */) {
+// out (M, A) row `row`, head h = sum_s acc_s * exp(m_s - M) / sum_s l_s * exp(m_s - M), M =
+// max m_s over the non-empty splits, for a row that split (n_splits = S >= 1, at most
+// RESIDENT_SPLITK_MAX_SPLITS); a row on the standard path was finalized by k_attn_partial and
+// its blocks exit. grid (Hq, M), ROW_THREADS.
+__global__ void k_attn_merge(const float* __restrict__ part_acc /* (M, Hq, S_max, Dh) */,
+                             const float* __restrict__ part_ml /* (M, Hq, S_max, 2) */,
+                             const StepRow* __restrict__ rows, int64_t S_max, int64_t Dh,
+                             float* __restrict__ out /* (M, A) */) {
   __shared__ float wts[RESIDENT_SPLITK_MAX_SPLITS];
   __shared__ float redf[32];
   __shared__ double red[32];
   step_begin();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  const int64_t h = blockIdx.x, S = ld(&ctl->n_splits);
-  const float* pm = part_ml + h * S * 2;
+  const int64_t h = blockIdx.x, row = blockIdx.y, Hq = gridDim.x;
+  const int64_t S = ld(&rows[row].n_splits);
+  if (S == 0) return;  // the whole block, before any barrier
+  const float* pm = part_ml + (row * Hq + h) * S_max * 2;
   float mx = -INFINITY;
   for (int64_t s = threadIdx.x; s < S; s += blockDim.x)
     if (ld(pm + 2 * s + 1) > 0.f) mx = fmaxf(mx, ld(pm + 2 * s));
@@ -652,25 +747,25 @@ __global__ void k_attn_merge(const float* __restrict__ part_acc /* (Hq, S, Dh) *
   }
   lt = block_sum_d(lt, red);  // its barriers also publish wts
   const float inv = float(1.0 / lt);
-  const float* pa = part_acc + h * S * Dh;
+  const float* pa = part_acc + (row * Hq + h) * S_max * Dh;
   for (int64_t d = threadIdx.x; d < Dh; d += blockDim.x) {
     float a = 0.f;
     for (int64_t s = 0; s < S; ++s) a = fmaf(ld(pa + s * Dh + d), wts[s], a);
-    st(out + h * Dh + d, a * inv);
+    st(out + (row * Hq + h) * Dh + d, a * inv);
   }
 }
 
 // The argmax's order (numpy.argmax's) is session_math::argmax_beats, shared with the CPU engine.
 using session_math::argmax_beats;
 
-// logits (V) = H (V, D) . xf (D), xf staged in shared memory, plus the argmax on the device:
-// each block writes its best (value, first index), and the last block to finish (a ticket from
-// ctl->done after a __threadfence) reduces them, writes ctl->argmax and rearms ctl->done. The
-// order is numpy.argmax's (argmax_beats).
-template <Dtype F>
-__global__ void k_head_argmax(DevMat H, const float* __restrict__ xf, int64_t D, int64_t V,
-                              int64_t rows_per_block, float softcap, float* __restrict__ logits,
-                              float* __restrict__ blk_val /* (grid) */,
+// Logits (M, V) = Xf (M, D) H (V, D)^T (a row kernel, one warp a vocabulary row), and with
+// R == 1 (decode's one row) the argmax on the device: each block writes its best (value, first
+// index), and the last block to finish (a ticket from ctl->done after a __threadfence) reduces
+// them, writes ctl->argmax and rearms ctl->done. The order is numpy.argmax's (argmax_beats).
+template <Dtype F, int R>
+__global__ void k_head_argmax(DevMat H, const float* __restrict__ Xf, int64_t D, int64_t V,
+                              int64_t rows_per_block, float softcap, int64_t M, int nr,
+                              float* __restrict__ logits, float* __restrict__ blk_val /* (grid) */,
                               int64_t* __restrict__ blk_idx /* (grid) */, Control* ctl) {
   extern __shared__ float4 smem4[];
   const Staged xs = staged(smem4, D);
@@ -681,17 +776,23 @@ __global__ void k_head_argmax(DevMat H, const float* __restrict__ xf, int64_t D,
   const int64_t r0 = rows.r0, r1 = rows.r1;
   prefetch_rows<F>(H, rows, D);
   step_begin();
-  stage(xf, D, xs.x);
-  consume<F>(xs, D);
+  const PassRows pr = pass_rows(M, nr);
+  const int64_t stride = stage_stride(D, F);
+  stage_rows<F>(Xf, nullptr, D, 0.0, xs, stride, pr);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float best = -INFINITY;
   int64_t besti = -1;
   for (int64_t r = r0 + warp; r < r1; r += MATVEC_WARPS) {
-    float v = warp_dot<F>(H, r, xs, D, lane, 0, D);
-    if (softcap > 0.f) v = session_math::softcap(v, softcap);  // a family's final soft cap
-    if (lane == 0) st(logits + r, v);
-    if (argmax_beats(v, r, best, besti)) best = v, besti = r;
+    float o[R];
+    warp_dot_rows<F, R>(H, r, xs, stride, pr.nrows, D, lane, 0, D, o);
+    for (int b = 0; b < pr.nrows; ++b) {
+      float v = o[b];
+      if (softcap > 0.f) v = session_math::softcap(v, softcap);  // a family's final soft cap
+      if (lane == 0) st(logits + (pr.m0 + b) * V + r, v);
+      if (R == 1 && argmax_beats(v, r, best, besti)) best = v, besti = r;
+    }
   }
+  if (R > 1) return;  // the whole block: no argmax over several rows
   if (lane == 0) bv[warp] = best, bi[warp] = besti;
   __syncthreads();
   if (threadIdx.x == 0) {

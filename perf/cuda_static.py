@@ -297,6 +297,9 @@ def short(mangled: str):
                     break
     f = re.search(r"DtypeE(\d)E", mangled)
     what = FORMATS.get(f.group(1), "") if f else ""
+    rows = re.search(r"DtypeE\dELi(\d+)E", mangled)  # a row kernel's width R (decode's is 1)
+    if rows and rows.group(1) != "1":
+        what += "/rows" + rows.group(1)
     if name == "k_tile":
         mma = re.search(r"TileProductILi(\d)E", mangled)
         what = {"0": "simt", "1": "bf16", "2": "f16", "3": "tf32"}.get(mma.group(1), "") \
@@ -338,10 +341,13 @@ def analyze(arch: str, tmp: str, sources=SOURCES) -> list:
             bars = sum(o.startswith("BAR") for _, o, _ in loop)
             threads = BLOCK_THREADS[name]
             dyn = 0
+            # a row kernel of width R stages R rows (at the 0.6B shape all 8 fit)
+            width = int(what.split("/rows")[1]) if "/rows" in what else 1
+            fmt = what.split("/")[0]
             if name in ("k_norm_qkv", "k_norm_gateup", "k_head_argmax"):
-                dyn = stage_bytes(1024, what)
+                dyn = width * stage_bytes(1024, fmt)
             elif name == "k_matvec_residual":
-                dyn = stage_bytes(3072, what)
+                dyn = width * stage_bytes(3072, fmt)
             elif name == "k_attn_partial":
                 dyn = 4 * (128 + 4 * 128 + 8)
             elif name == "k_tile":

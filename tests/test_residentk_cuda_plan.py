@@ -354,3 +354,27 @@ def test_gpu_build_without_device_refuses_605_before_allocating():
         ResidentSession.random(**SHAPES["mha_tied"], device="cuda")
     assert e.value.status == 605
     assert ResidentSession.random(**SHAPES["mha_tied"], device="auto").device == "cpu"
+
+
+def test_the_plan_sizes_every_slot_and_the_row_kernels():
+    base = dict(d_model=1024, h_q=16, h_kv=8, d_head=128, d_ff=3072, n_layers=28,
+                vocab=151936)
+    args = [base[k] for k in ("d_model", "h_q", "h_kv", "d_head", "d_ff", "n_layers",
+                              "vocab")] + [1e-6, 1e6, True, 4096, 132]
+    one = CP.make_plan(*args, weights="bf16")
+    six = CP.make_plan(*args, weights="bf16", slots=6)
+    many = CP.make_plan(*args, weights="bf16", slots=40)
+    assert one["kv_elems"] == one["kv_slot_stride"] and one["step_rows"] == 1
+    assert six["kv_elems"] == 6 * one["kv_elems"] and six["step_rows"] == 6
+    assert many["step_rows"] == 16 and many["row_entries"] == max(16, many["prefill_rows"])
+    assert six["weight_bytes"] == one["weight_bytes"]
+    # a row of the activations for each row a launch carries
+    assert six["logits"] - six["act"] == 6 * 3072 and six["act_floats"] > one["act_floats"]
+    assert CP.make_plan(*args, slots=0)["status"] == 601
+    assert CP.make_plan(*args, slots=1025)["status"] == 602
+    # rows a matvec block stages: 8, fewer where they would not fit beside 1 KiB, at least 1
+    stride = CP.stage_stride(3072, "f32")
+    assert stride == 12288 and CP.stage_stride(100, "int8") % 16 == 0
+    assert CP.matvec_pass_rows(stride, 232448) == 8
+    assert CP.matvec_pass_rows(4 * stride, 232448) == 4
+    assert CP.matvec_pass_rows(232448, 232448) == 1

@@ -30,16 +30,20 @@ def random_session(slots, **kw):
 
 # ---- the scheduler --------------------------------------------------------------------------
 @pytest.mark.parametrize("weights", ["f32", "int8"])
-def test_jobs_decode_the_same_together_as_alone(weights):
+def test_jobs_decode_the_same_together_as_alone(weights, device):
+    if device == "cuda" and weights == "f32":  # test_residentk_slots.py covers the formats
+        pytest.skip("one weight format through the scheduler on the CUDA engine")
     rng = np.random.default_rng(2)
     system = list(rng.integers(0, DIMS["vocab"], 17))
     prompts = [system + list(rng.integers(0, DIMS["vocab"], k)) for k in (2, 9, 1, 30, 4, 6, 3)]
     args = [dict(temperature=0.0), dict(temperature=0.9, seed=1), dict(temperature=0.7, top_k=5,
             seed=2), dict(temperature=1.1, top_p=0.8, seed=3), dict(temperature=0.0),
             dict(temperature=0.5, seed=4), dict(temperature=0.0)]
-    solo = random_session(1, weights=weights)
+    # alone: by itself in a session of slots (on the CUDA engine a session of one slot
+    # prefills through GEMMs, to float32 rounding of these bits: test_residentk_slots.py)
+    solo = random_session(2, weights=weights, device=device)
     want = [solo.generate(p, 10, **a) for p, a in zip(prompts, args)]
-    sched = Scheduler(random_session(3, weights=weights), prefill_chunk=8)
+    sched = Scheduler(random_session(3, weights=weights, device=device), prefill_chunk=8)
     try:
         jobs = [sched.submit(p, 10, **a) for p, a in zip(prompts, args)]
         got = [j.result(timeout=60) for j in jobs]
@@ -395,9 +399,13 @@ def test_cli_serves_a_checkpoint_and_exits_0_on_sigterm(tmp_path):
     big = subprocess.run(cmd + ["--slots", "1024", "--max-ctx", "65536"], capture_output=True,
                          text=True, timeout=120)
     assert big.returncode == 2 and "slots fit" in big.stderr and "Traceback" not in big.stderr
-    gpu = subprocess.run(cmd + ["--device", "cuda", "--slots", "2"], capture_output=True,
-                         text=True, timeout=120)
-    assert gpu.returncode == 2 and "device='cpu'" in gpu.stderr and "601" in gpu.stderr
+    from algenta import _core
+
+    if not _core.session.cuda_backend()["usable"]:  # refused by name, before loading
+        gpu = subprocess.run(cmd + ["--device", "cuda", "--slots", "2"], capture_output=True,
+                             text=True, timeout=120)
+        assert gpu.returncode == 2 and "device='cuda'" in gpu.stderr, gpu.stderr
+        assert "Traceback" not in gpu.stderr
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

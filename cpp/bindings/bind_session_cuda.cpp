@@ -59,20 +59,21 @@ void bind_session_cuda(py::module_& s) {
       [](int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
          int64_t n_layers, int64_t vocab, double rms_eps, double rope_theta, bool tied,
          int64_t max_ctx, const std::string& weights, const std::string& kv,
-         const py::dict& family) {
+         const py::dict& family, int64_t slots) {
         SessionConfig c =
             algenta::residentk::session_config(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab,
                                               rms_eps, rope_theta, tied, weights, kv);
         algenta::residentk::apply_family(c, family);
         py::gil_scoped_release nogil;
-        return algenta::residentk::make_cuda_session(c, max_ctx);
+        return algenta::residentk::make_cuda_session(c, max_ctx, slots);
       },
       py::arg("d_model"), py::arg("h_q"), py::arg("h_kv"), py::arg("d_head"), py::arg("d_ff"),
       py::arg("n_layers"), py::arg("vocab"), py::arg("rms_eps"), py::arg("rope_theta"),
       py::arg("tie_word_embeddings"), py::arg("max_ctx"), py::arg("weights") = "f32",
-      py::arg("kv") = "f32", py::arg("family") = py::dict(),
+      py::arg("kv") = "f32", py::arg("family") = py::dict(), py::arg("slots") = 1,
       "A CUDA session holding its weight matrices in `weights` and its KV cache in `kv` (the CPU "
-      "session's formats; 604 without a CUDA backend, 605 without a usable device).");
+      "session's formats), and `slots` sequences (604 without a CUDA backend, 605 without a "
+      "usable device).");
 
   s.def("cuda_emulator_fail_after", &algenta::residentk::cuda_emulator_fail_after, py::arg("n"),
         "Test hook: on the CUDA emulator, the n-th next fallible CUDA call fails (0: off). "
@@ -147,6 +148,13 @@ void bind_session_cuda(py::module_& s) {
         return cp::matvec_min_slice(algenta::residentk::weight_format(weights));
       },
       py::arg("weights"));
+  p.def(
+      "stage_stride",
+      [](int64_t K, const std::string& weights) {
+        return cp::stage_stride(K, algenta::residentk::weight_format(weights));
+      },
+      py::arg("K"), py::arg("weights"));
+  p.def("matvec_pass_rows", &cp::matvec_pass_rows, py::arg("stride"), py::arg("optin_bytes"));
   p.def("splitk_plan",
         [](int64_t n_keys, int64_t sms, int64_t h_q) {
           const cp::SplitPlan sp = cp::splitk_plan(n_keys, sms, h_q);
@@ -179,11 +187,12 @@ void bind_session_cuda(py::module_& s) {
       "make_plan",
       [](int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
          int64_t n_layers, int64_t vocab, double rms_eps, double rope_theta, bool tied,
-         int64_t max_ctx, int64_t sms, const std::string& weights, const std::string& kv) {
+         int64_t max_ctx, int64_t sms, const std::string& weights, const std::string& kv,
+         int64_t slots) {
         const SessionConfig c =
             algenta::residentk::session_config(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab,
                                               rms_eps, rope_theta, tied, weights, kv);
-        const cp::Plan pl = cp::make_plan(c, max_ctx, sms);
+        const cp::Plan pl = cp::make_plan(c, max_ctx, sms, slots);
         py::dict d;
         d["status"] = pl.status;
         d["why"] = pl.why;
@@ -195,7 +204,8 @@ void bind_session_cuda(py::module_& s) {
                                  "prefill_rows", "p_x", "p_xn", "p_qkv", "p_attn", "p_gate",
                                  "p_up", "prefill_floats", "staged_floats", "attn_smem_bytes",
                                  "norm_rope_threads", "staged_bytes", "kv_elem_bytes", "q8_ld",
-                                 "p_q8_codes", "p_q8_scales"};
+                                 "p_q8_codes", "p_q8_scales", "slots", "kv_slot_stride",
+                                 "step_rows", "row_entries", "y"};
         const int64_t vals[] = {pl.sms, pl.capacity, pl.q_rows, pl.attn_width, pl.elem_bytes,
                                 pl.final_norm, pl.weight_bytes, pl.kv_elems, pl.kv_layer_stride,
                                 pl.rope_floats, pl.x, pl.xf, pl.qkv, pl.attn, pl.act, pl.logits,
@@ -204,7 +214,8 @@ void bind_session_cuda(py::module_& s) {
                                 pl.p_attn, pl.p_gate, pl.p_up, pl.prefill_floats,
                                 pl.staged_floats, pl.attn_smem_bytes, pl.norm_rope_threads,
                                 pl.staged_bytes, pl.kv_elem_bytes, pl.q8_ld, pl.p_q8_codes,
-                                pl.p_q8_scales};
+                                pl.p_q8_scales, pl.slots, pl.kv_slot_stride, pl.step_rows,
+                                pl.row_entries, pl.y};
         static_assert(sizeof(scalars) / sizeof(scalars[0]) == sizeof(vals) / sizeof(vals[0]),
                       "every plan field named once");
         for (size_t i = 0; i < sizeof(vals) / sizeof(vals[0]); ++i) d[scalars[i]] = vals[i];
@@ -239,7 +250,7 @@ void bind_session_cuda(py::module_& s) {
       py::arg("d_model"), py::arg("h_q"), py::arg("h_kv"), py::arg("d_head"), py::arg("d_ff"),
       py::arg("n_layers"), py::arg("vocab"), py::arg("rms_eps"), py::arg("rope_theta"),
       py::arg("tie_word_embeddings"), py::arg("max_ctx"), py::arg("sms"),
-      py::arg("weights") = "f32", py::arg("kv") = "f32",
+      py::arg("weights") = "f32", py::arg("kv") = "f32", py::arg("slots") = 1,
       "Every buffer size, offset and launch shape the CUDA session would use (a dict), or the "
       "contract's refusal (status, why).");
 }

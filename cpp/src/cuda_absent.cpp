@@ -4,6 +4,7 @@
 #include "algenta/lossk.hpp"
 #include "algenta/residentk.hpp"
 #include "algenta/session.hpp"
+#include "algenta/session_base.hpp"
 #include "algenta/session_weights.hpp"
 #include "algenta/status_error.hpp"
 
@@ -28,8 +29,10 @@ const CudaBackend& cuda_backend() {
   return b;
 }
 
-std::unique_ptr<Session> make_cuda_session(const SessionConfig& cfg, int64_t max_ctx) {
+std::unique_ptr<Session> make_cuda_session(const SessionConfig& cfg, int64_t max_ctx,
+                                           int64_t slots) {
   session_open_check(cfg, max_ctx);  // the host's refusals come first, as in a CUDA build
+  session_slots_check(slots);
   throw StatusError(Family::Resident, RESIDENT_ERR_NO_KERNELS, std::string("device='cuda': ") + kWhy);
 }
 

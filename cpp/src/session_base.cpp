@@ -19,8 +19,7 @@ namespace {
 }
 }  // namespace
 
-namespace {
-int64_t checked_slots(int64_t slots) {
+int64_t session_slots_check(int64_t slots) {
   if (slots < 1)
     refuse(RESIDENT_ERR_EMPTY_DIMENSION,
            "slots must be >= 1 (sequences the session holds), got " + std::to_string(slots));
@@ -30,13 +29,12 @@ int64_t checked_slots(int64_t slots) {
                                                  std::to_string(RESIDENT_MAX_SLOTS) + ")");
   return slots;
 }
-}  // namespace
 
 SessionBase::SessionBase(const SessionConfig& c, int64_t max_ctx, int64_t slots)
     : c_(c),
       max_ctx_(max_ctx),
       cap_(session_open_check(c, max_ctx)),
-      slots_(checked_slots(slots)),
+      slots_(session_slots_check(slots)),
       pos_(new std::atomic<int64_t>[size_t(slots_)]),
       weights_(c) {
   for (int64_t s = 0; s < slots_; ++s) pos_[s] = 0;

@@ -75,11 +75,17 @@ SplitPlan splitk_plan(int64_t n_keys, int64_t sms, int64_t h_q) {
   return s;
 }
 
-Plan make_plan(const SessionConfig& c, int64_t max_ctx, int64_t sms) {
+Plan make_plan(const SessionConfig& c, int64_t max_ctx, int64_t sms, int64_t slots) {
   Plan p;
   int64_t T = 0;
   p.status = session_open_status(c, max_ctx, &T, &p.why);
   if (p.status != RESIDENT_OK) return p;
+  if (slots < 1 || slots > RESIDENT_MAX_SLOTS) {
+    p.status = slots < 1 ? RESIDENT_ERR_EMPTY_DIMENSION : RESIDENT_ERR_DIMENSION_TOO_LARGE;
+    p.why = "slots " + std::to_string(slots) + " outside [1, " +
+            std::to_string(RESIDENT_MAX_SLOTS) + "]";
+    return p;
+  }
   if (sms < 1) sms = FALLBACK_SMS;
   const int64_t D = c.d_model, Hq = c.h_q, Hkv = c.h_kv, Dh = c.d_head, F = c.d_ff;
   const int64_t L = c.n_layers, V = c.vocab;
@@ -135,7 +141,9 @@ Plan make_plan(const SessionConfig& c, int64_t max_ctx, int64_t sms) {
   if (c.tie_word_embeddings) p.head = p.embed;
   p.weight_bytes = at;
 
-  p.kv_elems = residentk_cache_elements(L, Hkv, Dh, T);
+  p.slots = slots;
+  p.kv_slot_stride = residentk_cache_elements(L, Hkv, Dh, T);
+  p.kv_elems = slots * p.kv_slot_stride;  // SessionBase refused a 64-bit overflow of the bytes
   p.kv_elem_bytes = dtype_info(c.kv).bytes;
   p.kv_layer_stride = 2 * Hkv * T * Dh;
   const int64_t table = 2 * T * (Dh / 2 > 0 ? Dh / 2 : 1);
@@ -167,16 +175,18 @@ Plan make_plan(const SessionConfig& c, int64_t max_ctx, int64_t sms) {
     return o;
   };
   p.max_splits = residentk_splitk_max_n_splits(sms, Hq);
+  p.step_rows = std::min(slots, STEP_ROWS);
+  const int64_t R = p.step_rows;
   at = 0;
-  p.x = take(D);
-  p.y = take(D);
-  p.xf = take(D);
-  p.qkv = take(Q);
-  p.attn = take(A);
-  p.act = take(F);
-  p.logits = take(V);
-  p.part_acc = take(Hq * p.max_splits * Dh);
-  p.part_ml = take(Hq * p.max_splits * 2);
+  p.x = take(R * D);
+  p.y = take(R * D);
+  p.xf = take(R * D);
+  p.qkv = take(R * Q);
+  p.attn = take(R * A);
+  p.act = take(R * F);
+  p.logits = take(R * V);
+  p.part_acc = take(R * Hq * p.max_splits * Dh);
+  p.part_ml = take(R * Hq * p.max_splits * 2);
   p.argmax_val = take(p.head_mv.grid);
   p.act_floats = at;
 
@@ -197,9 +207,15 @@ Plan make_plan(const SessionConfig& c, int64_t max_ctx, int64_t sms) {
     p.p_q8_scales = take(M * (p.q8_ld / RESIDENT_INT8_BLOCK));
   }
   p.prefill_floats = at;
+  p.row_entries = std::max(p.prefill_rows, p.step_rows);
 
   p.status = RESIDENT_OK;
   return p;
+}
+
+int64_t matvec_pass_rows(int64_t stride, int64_t optin_bytes) {
+  if (stride < 1) return PASS_ROWS;
+  return std::max<int64_t>(1, std::min<int64_t>(PASS_ROWS, (optin_bytes - 1024) / stride));
 }
 
 int64_t decode_launches(const Plan& p, const SessionConfig& c, int64_t n_keys) {

@@ -43,8 +43,7 @@ def register(subparsers) -> None:
     p.add_argument("--max-ctx", type=_positive_int, default=2048, metavar="N",
                    help="positions per slot: a prompt plus max_tokens (default 2048)")
     p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
-                   help="cpu (default); cuda holds one sequence (--slots 1); auto takes the GPU "
-                        "for --slots 1 when one is usable")
+                   help="cpu (default), cuda, or auto (the GPU when one is usable)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks one)")
     p.add_argument("--api-key", metavar="KEY", default=os.environ.get("ALGENTA_API_KEY"),
@@ -154,7 +153,7 @@ def run(args) -> int:
 
     # Where the session will live: the CUDA engine checks device memory itself, before it
     # allocates; on the CPU the question is this host's available memory.
-    on_host = args.device == "cpu" or args.slots > 1 or (
+    on_host = args.device == "cpu" or (
         args.device == "auto" and not _core.session.cuda_backend()["usable"])
     avail = _mem_available() if on_host else 0
     if avail and need > avail:

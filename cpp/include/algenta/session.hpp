@@ -144,8 +144,9 @@ class Session {
   virtual void prefill_slot(int64_t slot, const int64_t* ids, int64_t n, float* logits) = 0;
   // One decode step of B sequences at once, the weights read once for all of them: slot
   // slots[b] appends ids[b]; logits (B, V), row b for slots[b]. A sequence's logits are
-  // bit-identical to what step() on that slot alone would give (batch invariance): the panel
-  // products compute each cell by one multiply-add sequence whatever the row count.
+  // bit-identical to what step() on that slot alone would give (batch invariance): each
+  // engine's products compute each cell by one multiply-add sequence whatever the row count
+  // (the CPU's panels; the CUDA engine's row kernels, session_kernels.cuh).
   virtual void step_slots(const int64_t* slots, const int64_t* ids, int64_t B, float* logits) = 0;
   // Rewind one slot to position n (0 <= n <= its position): the first n tokens stay cached.
   virtual void truncate_slot(int64_t slot, int64_t n) = 0;
@@ -198,11 +199,12 @@ struct CudaBackend {
 // Asked once per process (the CUDA runtime's own initialization result is fixed for its life).
 const CudaBackend& cuda_backend();
 
-// The CUDA engine: the same contract as the CPU engine, weights and the KV cache resident in
-// device memory. Refuses as make_cpu_session does (the checks run on the host first), then 604
+// The CUDA engine: the same contract as the CPU engine, weights and the KV caches of `slots`
+// sequences resident in device memory. Refuses as make_cpu_session does (the checks run on the host first), then 604
 // in a build without a CUDA backend, 605 on a host without a usable device (before any
 // allocation, naming why), and 608 for any CUDA error at any later call.
-std::unique_ptr<Session> make_cuda_session(const SessionConfig& cfg, int64_t max_ctx);
+std::unique_ptr<Session> make_cuda_session(const SessionConfig& cfg, int64_t max_ctx,
+                                           int64_t slots = 1);
 // Device-to-device copy bandwidth of the current CUDA device in bytes/s, counting the read and
 // the write (2 * bytes per copy): the best of `reps` timed copies of a `bytes` buffer. The
 // roofline perf/bench_decode_gpu.py reports decode against. 604/605/608 as make_cuda_session.

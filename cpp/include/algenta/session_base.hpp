@@ -17,6 +17,9 @@
 namespace algenta {
 namespace residentk {
 
+// Refuses slots outside [1, RESIDENT_MAX_SLOTS] (601 / 602), else returns it.
+int64_t session_slots_check(int64_t slots);
+
 class SessionBase : public Session {
  public:
   const SessionConfig& config() const override { return c_; }

@@ -47,6 +47,13 @@ constexpr int GEMM_BM = 64, GEMM_BN = 64, GEMM_BK = 16, GEMM_THREADS = 256;
 constexpr int NARROW_ROWS = 8;
 // Prefill processes at most this many tokens per block (the CPU engine's block too).
 constexpr int64_t PREFILL_BLOCK = 256;
+// A session of several slots: one launch sequence carries at most STEP_ROWS tokens (rows) of
+// any slots and positions through decode's stages (the CPU engine's decode_rows carries 16);
+// a matvec block multiplies each weight load by up to PASS_ROWS of them (the template width of
+// the row kernels' accumulators; fewer where the staged vectors would not fit shared memory,
+// matvec_pass_rows), so a step of B rows reads the weights ceil(B / pass rows) times.
+constexpr int64_t STEP_ROWS = 16;
+constexpr int PASS_ROWS = 8;
 // Every buffer offset is a multiple of this many floats (256 bytes): float4 loads of a row whose
 // length is a multiple of 4 never straddle, and every tensor starts on its own cache lines. The
 // weight arena, whose matrices may be 2- or 1-byte elements, aligns byte offsets the same way.
@@ -71,6 +78,19 @@ ALGENTA_HD void splitk_range(int64_t n, int64_t S, int64_t s, int64_t* k0, int64
   *k0 = a;
   *k1 = b;
 }
+
+// One token a launch sequence carries (a row), as the host writes it into device memory
+// before the launches that read it: decode's one row, a batched step's B, prefill's M. The
+// kernels take a row's token, position and KV region from here, never from their launch
+// shape, so one graph serves every position and rows of different slots share a launch.
+// n_splits: 0 for the standard path (one split, finalized in place), else the split-K count
+// S >= 1 of splitk_plan (partials, then k_attn_merge).
+struct StepRow {
+  int64_t tok = 0;
+  int64_t pos = 0;   // P: the slot's tokens before this row (the KV position it writes)
+  int64_t slot = 0;
+  int64_t n_splits = 0;
+};
 
 // ---- one matvec-style launch ---------------------------------------------------------------
 // With split 1 each warp of a block takes every MATVEC_WARPS-th of its rows; with split s > 1
@@ -147,29 +167,36 @@ struct Plan {
   std::vector<LayerOffsets> layers;
   int64_t weight_bytes = 0;
 
-  // KV cache: residentk_cache_elements(L, Hkv, Dh, T) elements of the KV format (kv_elem_bytes
-  // each); layer l's K at element l*2*Hkv*T*Dh, its V one Hkv*T*Dh further, each laid out
-  // (Hkv, T, Dh) as in the CPU engine.
-  int64_t kv_elems = 0;
+  // KV cache: one region of residentk_cache_elements(L, Hkv, Dh, T) elements of the KV format
+  // (kv_elem_bytes each) a slot, slot s at element s * kv_slot_stride; within a region layer
+  // l's K at element l*2*Hkv*T*Dh, its V one Hkv*T*Dh further, each laid out (Hkv, T, Dh) as
+  // in the CPU engine.
+  int64_t slots = 1;
+  int64_t kv_elems = 0;         // slots * kv_slot_stride
+  int64_t kv_slot_stride = 0;   // L * kv_layer_stride
   int64_t kv_elem_bytes = 4;    // 4 (f32), 2 (bf16, f16)
   int64_t kv_layer_stride = 0;  // 2 * Hkv * T * Dh, elements
   // RoPE tables: cos (T, Dh/2) then sin (T, Dh/2); the global one at 0, the local one (sliding
   // layers of a family with a base of their own) after it.
   int64_t rope_floats = 0;
 
-  // Decode activations (one arena): offsets in floats.
-  int64_t x = 0;        // (D) residual stream
-  int64_t y = 0;        // (D) a sublayer's output on its way through a bias or sandwich norm
-  int64_t xf = 0;       // (D) final-normed
-  int64_t qkv = 0;      // (Q)
-  int64_t attn = 0;     // (A)
-  int64_t act = 0;      // (F)
-  int64_t logits = 0;   // (V)
-  int64_t part_acc = 0; // (Hq, S_max, Dh) split-K unnormalized partial outputs
-  int64_t part_ml = 0;  // (Hq, S_max, 2) split-K running max and sum
+  // Decode activations (one arena) for R = step_rows rows: offsets in floats.
+  int64_t step_rows = 1;  // min(slots, STEP_ROWS): rows one decode launch sequence carries
+  int64_t x = 0;        // (R, D) residual stream
+  int64_t y = 0;        // (R, D) a sublayer's output on its way through a bias or sandwich norm
+  int64_t xf = 0;       // (R, D) final-normed
+  int64_t qkv = 0;      // (R, Q)
+  int64_t attn = 0;     // (R, A)
+  int64_t act = 0;      // (R, F)
+  int64_t logits = 0;   // (R, V)
+  int64_t part_acc = 0; // (R, Hq, S_max, Dh) split-K unnormalized partial outputs
+  int64_t part_ml = 0;  // (R, Hq, S_max, 2) split-K running max and sum
   int64_t argmax_val = 0;  // (grid of the head launch) per-block best logit
   int64_t act_floats = 0;
   int64_t max_splits = 0;  // S_max = residentk_splitk_max_n_splits(SM, Hq), sized once
+  // StepRow entries in device memory: max(prefill_rows, step_rows), the most one launch
+  // sequence reads.
+  int64_t row_entries = 0;
 
   // Prefill activations (one arena, M_max = min(PREFILL_BLOCK, T) rows): offsets in floats.
   int64_t prefill_rows = 0;  // M_max
@@ -199,8 +226,9 @@ struct Plan {
 };
 
 // Everything the session allocates and launches, or the contract's refusal in status/why.
-// Refusals are the contract's own: shape (601-603), scalars (609), max_ctx (601/602).
-Plan make_plan(const SessionConfig& cfg, int64_t max_ctx, int64_t sms);
+// Refusals are the contract's own: shape (601-603), scalars (609), max_ctx (601/602); slots
+// outside [1, RESIDENT_MAX_SLOTS] 601 / 602.
+Plan make_plan(const SessionConfig& cfg, int64_t max_ctx, int64_t sms, int64_t slots = 1);
 
 // Dynamic shared memory (bytes) of a matvec kernel whose input vector has K values, in weight
 // format f: the vector in float32 (K floats), and for int8 also its quantized blocks (K bytes,
@@ -210,6 +238,15 @@ ALGENTA_HD int64_t stage_bytes(int64_t K, Dtype f) {
   if (f != Dtype::Int8) return xf;
   return xf + 16 * ceil_div(K, 16) + 4 * ceil_div(K, RESIDENT_INT8_BLOCK);
 }
+
+// A row kernel's staged vectors lie this many bytes apart (stage_bytes rounded up to 16, so each
+// starts on a float4).
+ALGENTA_HD int64_t stage_stride(int64_t K, Dtype f) { return 16 * ceil_div(stage_bytes(K, f), 16); }
+
+// Rows a matvec block of the row kernels multiplies per weight load: PASS_ROWS, or as many
+// staged vectors of stride bytes as fit a block's opt-in shared memory beside 1 KiB of the
+// kernels' own arrays (at least 1: the session's open checks that one fits).
+int64_t matvec_pass_rows(int64_t stride, int64_t optin_bytes);
 
 // Dispatches one decode step launches at position P (n_keys = P + 1): 3 + 6L, plus one per
 // layer when split-K is in play (residentk_dispatch_budget / _deep for Qwen3), plus two per

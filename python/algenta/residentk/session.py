@@ -72,15 +72,11 @@ def _open_engine(cfg: ResidentConfig, max_ctx: int, device: str, weights: str = 
         raise ResidentError(f"kv must be one of {KV_FORMATS}, got {kv!r}", 601)
     dims = (cfg.d_model, cfg.h_q, cfg.h_kv, cfg.d_head, cfg.d_ff, cfg.n_layers, cfg.vocab,
             cfg.rms_eps, cfg.rope_theta, cfg.tie_word_embeddings, max_ctx)
-    if slots != 1 and device == "cuda":
-        # Refused, not run one slot at a time: a server sized for batched decode would get a
-        # fraction of the throughput it planned for, silently.
-        raise ResidentError(f"device='cuda' holds one sequence per session (slots=1) in this "
-                            f"release; slots={slots} runs on device='cpu'", 601)
-    if (slots != 1 and device == "auto") or _resolve_device(device) == "cpu":
+    if _resolve_device(device) == "cpu":
         return _core.session.cpu_session(*dims, weights=weights, kv=kv, slots=slots,
                                          family=dict(cfg.family))
-    return _core.session.cuda_session(*dims, weights=weights, kv=kv, family=dict(cfg.family))
+    return _core.session.cuda_session(*dims, weights=weights, kv=kv, family=dict(cfg.family),
+                                      slots=slots)
 
 
 def _out_of_vocab(what: str, token, vocab: int) -> ResidentError:
@@ -189,8 +185,9 @@ class ResidentSession:
     ``step_batch`` advances several slots in one step, reading the weights once for all of
     them, each sequence's logits bit-identical to what it would get alone; ``truncate`` and
     ``copy_prefix`` keep or share a cached prefix (``algenta.residentk.batch`` schedules
-    requests over the slots; ``algenta serve`` puts an HTTP API in front of it). Several
-    slots run on the CPU engine.
+    requests over the slots; ``algenta serve`` puts an HTTP API in front of it). Both engines
+    hold several; the CUDA engine's session of several slots prefills through decode's own
+    kernels, so a prompt's bits do not depend on how it was split or who else ran (see README).
 
     A session may be shared between threads: every call, and the whole of ``generate`` (on
     slot 0), owns it while it runs, and ``hold()`` owns it for a caller's own block of calls.
