@@ -20,7 +20,12 @@ device).
   cudaMemcpy's of a 1 GiB buffer, read + write bytes counted). Target: >= 75% of it for bf16
   weights (issue 24), >= 50% for the others.
 
+- batched decode (--batch 1,2,4,8,16): B sequences of one session of slots stepped together
+  (step_batch, the logits of all B copied back each step), aggregate tokens/s and the ratio to
+  B = 1, after checking each batch row bit-identical to that sequence stepped alone.
+
     python perf/bench_decode_gpu.py [--formats f32:f32,bf16:f32,...] [--layers 28 --new 128]
+                                    [--batch 1,2,4,8,16]
 
 Defaults are Qwen3-0.6B's shape (d_model 1024, 16/8 heads of 128, d_ff 3072, 28 layers, vocab
 151,936, tied): 2.4 GB of float32 weights, 1.2 GB in bf16. Without the ALGENTA_GPU=ON build or without a usable
@@ -128,15 +133,60 @@ def bench(cfg, w, weights, kv, args, bw):
     }
 
 
+def bench_batch(cfg, w, weights, kv, args):
+    """Aggregate decode tokens/s of B sequences stepped together, per B of --batch."""
+    sizes = [int(b) for b in args.batch.split(",")]
+    max_ctx = args.prompt + args.new + 1
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, args.vocab, args.prompt).tolist() for _ in range(max(sizes))]
+    s = ResidentSession(cfg, w, max_ctx=max_ctx, device="cuda", weights=weights, kv=kv,
+                        slots=max(sizes))
+    # the rows are the lone bits: two sequences alone and then together
+    alone = []
+    for k in (0, 1):
+        s.truncate(0, slot=k)
+        s.prefill(prompts[k], slot=k)
+        alone.append(s.step(5, slot=k))
+    for k in (0, 1):
+        s.truncate(0, slot=k)
+        s.prefill(prompts[k], slot=k)
+    both = s.step_batch([1, 0], [5, 5])
+    assert np.array_equal(both[0], alone[1]) and np.array_equal(both[1], alone[0]), \
+        f"{weights}/{kv}: a batch row differs from the sequence stepped alone"
+
+    def run(B):
+        for k in range(B):
+            s.truncate(0, slot=k)
+            s.prefill(prompts[k], slot=k)
+        toks = [int(t) for t in rng.integers(0, args.vocab, B)]
+        slots = list(range(B))
+        t0 = time.perf_counter()
+        for _ in range(args.new - 1):
+            logits = s.step_batch(slots, toks)
+            toks = [int(t) for t in np.argmax(logits, axis=1)]
+        return time.perf_counter() - t0
+
+    out = {}
+    for B in sizes:
+        run(B)  # warm-up
+        out[B] = B * (args.new - 1) / min(run(B) for _ in range(args.reps))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_shape_args(ap, new_default=128, reps_default=5)
     ap.add_argument("--check", type=int, default=16, help="greedy tokens checked against the CPU")
     ap.add_argument("--formats", default=FORMATS, help="weights:kv pairs, comma-separated")
     ap.add_argument("--json", action="store_true", help="one JSON line instead of the table")
+    ap.add_argument("--batch", default="", metavar="B,B,...",
+                    help="also time B sequences stepped together (e.g. 1,2,4,8,16)")
     args = ap.parse_args()
 
     why = unavailable_reason()
+    if why is not None and "emulator" in why and args.batch and \
+            __import__("os").environ.get("ALGENTA_BENCH_SMOKE") == "1":
+        why = None  # the script itself, smoke-tested on the emulator: its figures mean nothing
     if why is not None:
         msg = f"bench_decode_gpu: nothing measured: {why}"
         print(json.dumps({"skipped": msg}) if args.json else msg)
@@ -152,6 +202,8 @@ def main():
     for pair in args.formats.split(","):
         weights, kv = pair.split(":")
         rows.append(bench(cfg, w, weights, kv, args, bw))
+        if args.batch:
+            rows[-1]["batch_tok_s"] = bench_batch(cfg, w, weights, kv, args)
         bw = max(bw, _core.session.cuda_copy_bandwidth(bw_bytes, 10))
     for r in rows:  # against the best bandwidth any point of the run saw
         r["roofline_tok_s"] = bw / r["weight_bytes_per_token"]
@@ -175,6 +227,15 @@ def main():
               f"{r['step_logits_tok_s']:>9.1f} {r['max_prefill_logit_dev_vs_cpu']:>10.2e}")
     print(f"(tok/s; greedy: argmax on the device; +logits: the logits copied back each step; "
           f"{args.check} greedy tokens identical to the CPU engine's in every format)")
+    if args.batch:
+        sizes = list(rows[0]["batch_tok_s"])
+        print("batched decode, aggregate tok/s (the logits of every row copied back each step):")
+        print(f"{'weights':>7} {'kv':>4} " + " ".join(f"{'B=' + str(b):>9}" for b in sizes)
+              + f" {'top/B=1':>8}")
+        for r in rows:
+            t = r["batch_tok_s"]
+            print(f"{r['weights']:>7} {r['kv']:>4} " + " ".join(f"{t[b]:>9.1f}" for b in sizes)
+                  + f" {t[sizes[-1]] / t[sizes[0]]:>7.2f}x")
     sys.stdout.flush()
     return 0
 
