@@ -1,9 +1,10 @@
 // The CUDA resident session's device code: the decode and prefill kernels session_cuda.cu
 // launches (see its header for the stage list, the numerics and the limits), and the control
 // block the head leaves for the host. What a launch sequence computes on comes from its rows
-// (StepRow: token, position, slot, attention path), written by the host before it runs. The per-element math (RMSNorm's scale, the SiLU and GELU gates, the soft
-// cap, RoPE, the argmax order) is session_math.hpp's, the bf16/f16 conversions half.hpp's and
-// the int8 block rule quant.hpp's, all shared with the CPU engine.
+// (StepRow: token, position, slot, attention path), written by the host before it runs. The
+// per-element math (RMSNorm's scale, the SiLU and GELU gates, the soft cap, RoPE, the argmax
+// order) is session_math.hpp's, the bf16/f16 conversions half.hpp's and the int8 block rule
+// quant.hpp's, all shared with the CPU engine.
 //
 // Weight formats: every kernel that reads a weight matrix is a template over the session's
 // format F (f32, bf16, f16, int8; the host instantiates the one the session holds). Decode

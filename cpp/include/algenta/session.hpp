@@ -200,9 +200,9 @@ struct CudaBackend {
 const CudaBackend& cuda_backend();
 
 // The CUDA engine: the same contract as the CPU engine, weights and the KV caches of `slots`
-// sequences resident in device memory. Refuses as make_cpu_session does (the checks run on the host first), then 604
-// in a build without a CUDA backend, 605 on a host without a usable device (before any
-// allocation, naming why), and 608 for any CUDA error at any later call.
+// sequences resident in device memory. Refuses as make_cpu_session does (the checks run on the
+// host first), then 604 in a build without a CUDA backend, 605 on a host without a usable device
+// (before any allocation, naming why), and 608 for any CUDA error at any later call.
 std::unique_ptr<Session> make_cuda_session(const SessionConfig& cfg, int64_t max_ctx,
                                            int64_t slots = 1);
 // Device-to-device copy bandwidth of the current CUDA device in bytes/s, counting the read and
