@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -185,7 +186,7 @@ def main():
 
     why = unavailable_reason()
     if why is not None and "emulator" in why and args.batch and \
-            __import__("os").environ.get("ALGENTA_BENCH_SMOKE") == "1":
+            os.environ.get("ALGENTA_BENCH_SMOKE") == "1":
         why = None  # the script itself, smoke-tested on the emulator: its figures mean nothing
     if why is not None:
         msg = f"bench_decode_gpu: nothing measured: {why}"
