@@ -68,6 +68,23 @@ __device__ __forceinline__ void st(T* p, T v) {
   __stwb(p, v);
 }
 
+// A read-only load valid only under a condition its caller tests (a bound, a non-null pointer):
+// an ordinary load on a device, never __ldg. nvcc takes __ldg (ld.global.nc) for free to run
+// speculatively: on sm_90 with nvcc 13.0 it hoisted the logits epilogue's bias loads out of their
+// row loop and past their column bound, reading past the end of the bias on an H200
+// (compute-sanitizer memcheck; a pointer that was null would have faulted). An ordinary load may
+// fault, so the compiler keeps it under its condition. Every __ldg left in the kernels reads an
+// address valid wherever the compiler may move it: in-bounds whenever it runs, not guarded.
+// The emulator counts it as the read-only load it is.
+template <class T>
+__device__ __forceinline__ T ld_guarded(const T* p) {
+#ifdef ALGENTA_CUDA_EMU
+  return __ldg(p);
+#else
+  return *p;
+#endif
+}
+
 // Names what the host thread's following launches are for in the emulator's traffic report
 // (one kernel template serving several jobs); null clears it. Nothing on a device.
 inline void launch_label(const char* label) {

@@ -159,7 +159,7 @@ __device__ __forceinline__ void stage_checked(typename TileTypes<MMA, T>::S* dst
     const int o = K_OUTER ? i % OUT : i / BK, k = K_OUTER ? i / OUT : i % BK;
     const int64_t go = o0 + o, gk = k0 + k;
     dst[o * SO + k * SK] =
-        go < O && gk < K ? stage<MMA, T>(__ldg(K_OUTER ? src + gk * ld + go : src + go * ld + gk))
+        go < O && gk < K ? stage<MMA, T>(gpu::ld_guarded(K_OUTER ? src + gk * ld + go : src + go * ld + gk))
                          : stage<MMA, T>(0.0f);
   }
 }
@@ -356,7 +356,7 @@ __device__ void row_stats(const TileArgs<T>& p, Acc* row, int64_t gm, int64_t n0
     z[j] = T(0);
     if (c >= cols) continue;
     T x = T(row[c]);
-    if (bias) x += T(widen(__ldg(bias + n0 + c)));
+    if (bias) x += T(widen(gpu::ld_guarded(bias + n0 + c)));
     if (p.cap > 0.0) x = dtanh(x * ic) * cap;  // z * (1/cap), as the CPU backend spells it
     else if (tempered) x = x / temp;            // a true division, as the CPU backend's
     z[j] = x;
@@ -377,7 +377,7 @@ __device__ void row_stats(const TileArgs<T>& p, Acc* row, int64_t gm, int64_t n0
     if (z[j] == m && c < arg) arg = c;
     const double e = double(dexp(z[j] - m));
     se += e;
-    sz += p.stats_w ? double(z[j]) * double(__ldg(p.stats_w + n0 + c)) : double(z[j]);
+    sz += p.stats_w ? double(z[j]) * double(gpu::ld_guarded(p.stats_w + n0 + c)) : double(z[j]);
     if (p.entropy) sd += e * (double(m) - double(z[j]));  // terms >= 0, as the CPU backend's
   }
 #pragma unroll
@@ -399,8 +399,8 @@ __device__ void row_stats(const TileArgs<T>& p, Acc* row, int64_t gm, int64_t n0
     p.stats[gm * p.nvb + n0 / BN] = s;  // a 40-byte record: a plain store, not counted
   }
   const int64_t t = p.t0 + gm;
-  if (__ldg(p.valid + t)) {
-    const int64_t y = __ldg(p.targets + t + p.shift) - n0;
+  if (gpu::ld_guarded(p.valid + t)) {
+    const int64_t y = gpu::ld_guarded(p.targets + t + p.shift) - n0;
     if (y >= 0 && y < cols && (y & 31) == lane) st(p.ztarget + gm, double(z[y >> 5]));
   }
   if (p.logits) {
@@ -520,8 +520,11 @@ __global__ void __launch_bounds__(NT) k_tile(TileArgs<typename P::T> p) {
         S* const nxt = S0 + ((kt + 1) & 1) * WS::ELEMS;
         const bool more = kt + 1 < nk;
         if (more) {
-          va.fetch(a_at((kt + 1) * BK), p.lda);
-          vb.fetch(b_at((kt + 1) * BK), p.ldb);
+          // The next k-step; this one's address where there is none, so loads the compiler
+          // moved above the test (ld.global.nc may run speculatively) stay in bounds.
+          const int64_t kn = (more ? kt + 1 : kt) * BK;
+          va.fetch(a_at(kn), p.lda);
+          vb.fetch(b_at(kn), p.ldb);
         }
         core.step(cur, cur + SA::ELEMS, BK);
         if (more) {

@@ -255,7 +255,7 @@ __global__ void k_softmax_grad(T* g, int64_t c, int64_t V, const double* lse_c, 
       const T x = ld(row + v);
       // with the entropy's share p (a + e (z - max)), as the CPU backend's softmax_grad
       const T pa = ke != 0.0 ? T(ka) + T(ke) * (x - T(kmax)) : T(ka);
-      T d = dexp(x - lse) * pa - T(kb) * (w ? __ldg(w + v) : T(1));
+      T d = dexp(x - lse) * pa - T(kb) * (w ? gpu::ld_guarded(w + v) : T(1));
       if (cap > 0.0) {
         const T tz = x * ic;
         d *= (T(1) - tz) * (T(1) + tz);

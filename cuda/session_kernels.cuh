@@ -262,7 +262,7 @@ __device__ __forceinline__ void warp_dot_rows(const DevMat& m, int64_t r, const 
         const int64_t i = i0 + lane;
         int4 a = make_int4(0, 0, 0, 0);
         float s = 0.f;
-        if (i < K16) a = __ldg(w16 + i), s = __ldg(sw + (i >> 1));
+        if (i < K16) a = gpu::ld_guarded(w16 + i), s = gpu::ld_guarded(sw + (i >> 1));
         ALGENTA_ROWS_FOR(b) {
           const Staged v = staged_row(v0, stride, b);
           int isum = 0;
@@ -460,7 +460,7 @@ __global__ void k_norm_qkv(DevMat W, const float* __restrict__ X, const float* _
 // silu or gelu-tanh as the family computes it; the CPU engine's CpuSession::gate.
 __device__ __forceinline__ float gate_act(float g, float u, const float* __restrict__ gb,
                                           const float* __restrict__ ub, int64_t j, bool gelu) {
-  if (gb) g += __ldg(gb + j), u += __ldg(ub + j);
+  if (gb) g += gpu::ld_guarded(gb + j), u += gpu::ld_guarded(ub + j);
   return gelu ? session_math::gelu_tanh_mul(g, u) : session_math::silu_mul(g, u);
 }
 
@@ -519,7 +519,7 @@ __global__ void k_matvec_residual(DevMat W, const float* __restrict__ A, int64_t
         for (int i = 0; i < R; ++i) d[i] = make_float2(o[i], 0.f);
       },
       [&](int64_t r, int i, float2 d) {
-        const float o = b ? d.x + __ldg(b + r) : d.x;
+        const float o = b ? d.x + gpu::ld_guarded(b + r) : d.x;
         const int64_t at = (pr.m0 + i) * N + r;
         if (Y)
           st(Y + at, o);
@@ -548,7 +548,7 @@ __global__ void k_bias_residual(float* __restrict__ X, float* __restrict__ Y,
                                 bool sandwich) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= M * D) return;
-  const float o = b ? ld(Y + i) + __ldg(b + i % D) : ld(Y + i);
+  const float o = b ? ld(Y + i) + gpu::ld_guarded(b + i % D) : ld(Y + i);
   if (sandwich)
     st(Y + i, o);
   else
@@ -580,7 +580,7 @@ __global__ void k_qk_norm_rope(float* __restrict__ qkv /* (M, Q) */, int64_t Q,
   const int64_t half = Dh / 2;
   if (bias) {  // the same for every thread of the block: the barrier is reached by all
     for (int64_t i = threadIdx.x; i < Dh; i += blockDim.x)
-      st(v + i, ld(v + i) + __ldg(bias + h * Dh + i));
+      st(v + i, ld(v + i) + gpu::ld_guarded(bias + h * Dh + i));
     __syncthreads();
   }
   if (h < Hq + Hkv) {
@@ -596,7 +596,7 @@ __global__ void k_qk_norm_rope(float* __restrict__ qkv /* (M, Q) */, int64_t Q,
       inv = session_math::rms_inv(ss, Dh, eps);
     }
     const auto normed = [&](int64_t i) {
-      return w ? session_math::rms_apply(ld(v + i), __ldg(w + i), inv) : ld(v + i);
+      return w ? session_math::rms_apply(ld(v + i), gpu::ld_guarded(w + i), inv) : ld(v + i);
     };
     if (half == 0) {  // Dh == 1: no rotation pair exists
       if (threadIdx.x == 0) st(v, normed(0));
@@ -991,9 +991,9 @@ k_gemm_q8(const int8_t* __restrict__ Xq, int64_t ldq, const float* __restrict__ 
       if (n < N && k < K) {
         const int8_t* p = Wq + n * K + k;
         if ((K & 3) == 0) {
-          v = __ldg(reinterpret_cast<const int*>(p));
+          v = gpu::ld_guarded(reinterpret_cast<const int*>(p));
         } else {
-          for (int e = 0; e < 4 && k + e < K; ++e) v |= int(uint8_t(__ldg(p + e))) << (8 * e);
+          for (int e = 0; e < 4 && k + e < K; ++e) v |= int(uint8_t(gpu::ld_guarded(p + e))) << (8 * e);
         }
       }
       Bs[r][w] = v;
@@ -1001,7 +1001,7 @@ k_gemm_q8(const int8_t* __restrict__ Xq, int64_t ldq, const float* __restrict__ 
     if (tid < GEMM_BM)
       sa[tid] = m0 + tid < M ? ld(Xs + (m0 + tid) * nbx + b) : 0.f;
     else if (tid < GEMM_BM + GEMM_BN)
-      sb[tid - GEMM_BM] = n0 + tid - GEMM_BM < N ? __ldg(W.s + (n0 + tid - GEMM_BM) * nb + b) : 0.f;
+      sb[tid - GEMM_BM] = n0 + tid - GEMM_BM < N ? gpu::ld_guarded(W.s + (n0 + tid - GEMM_BM) * nb + b) : 0.f;
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < 4; ++i)

