@@ -399,7 +399,9 @@ def test_torch_cuda_tensors_match_the_cpu(dtype):
     t[0, :5] = -100
     outs = {}
     for dev in ("cpu", "cuda"):
-        hh, ww = h.to(dev).requires_grad_(), w.to(dev).requires_grad_()
+        # detached copies, leaves on both devices: h.to("cpu") is h itself, and its
+        # requires_grad would make h.to("cuda") a non-leaf without a .grad
+        hh, ww = (x.to(dev).detach().clone().requires_grad_() for x in (h, w))
         r = at.linear_cross_entropy(hh, ww, t.to(dev), softcap=30.0, shift=1, return_lse=True,
                                     return_accuracy=True, temperature=0.9, return_entropy=True)
         (r.loss + 0.1 * r.lse.sum() - 0.05 * r.entropy).backward()

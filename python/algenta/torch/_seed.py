@@ -85,6 +85,9 @@ class CEAccumulator:
             raise ValueError(f"device must be a CPU or CUDA device, got {self.device}")
         if self.device.type == "cuda":  # LossSum's total, first, shifted and count
             self._state = torch.zeros(4, dtype=torch.float64, device=self.device)
+            # "cuda" names the current device; its tensors say which (cuda:0), and add()
+            # compares against that
+            self.device = self._state.device
         else:
             self._sum = _lossk.LossSum()
 
