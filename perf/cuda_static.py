@@ -1,7 +1,13 @@
 """A device-free performance model of the CUDA kernels, read from their compiled SASS.
 
-No GPU has run these kernels yet; their speed can still be estimated from what nvcc makes of
-them. For each kernel of cuda/session_cuda.cu, cuda/lossk_cuda.cu and cuda/lossk_distill.cu
+A CI host has no GPU; the kernels' speed can still be estimated from what nvcc makes of them.
+One H200 has run them (2026-12-04): the model's figures are printed beside its measurements
+(MEASURED_H200), and they are far apart. Decode: the matvecs stream near HBM bandwidth (f32
+minus bf16 time over their byte difference gives about 4.1 TB/s) but each of the 171 graph nodes
+a token costs about 6 us, not the 2 us (or 0.25-1 us under PDL) assumed below, so a bf16 token
+takes 1.30 ms, not 0.31-0.59 ms. lossk's bf16 tiles: 7-8x slower than the issue-rate ceiling
+below, which models neither shared-memory bandwidth nor bank conflicts nor stalls. Read every
+estimate here as an upper bound that a device has shown loose. For each kernel of cuda/session_cuda.cu, cuda/lossk_cuda.cu and cuda/lossk_distill.cu
 compiled for sm_90 (and sm_80): registers, shared memory and spills (ptxas --resource-usage),
 the occupancy they allow, and the SASS of its main loop (cuobjdump -sass): instructions per
 tensor-core MMA (or per FMA), bytes per global load instruction, global loads a warp issues per
@@ -531,6 +537,45 @@ def loss_estimate(rows: list, N: int, D: int, V: int) -> dict:
             "total_share": 3 * flops / total / peak}
 
 
+# ---- the model against a device ---------------------------------------------------------------
+# What an H200 measured (NVIDIA H200, 132 SMs, driver 580.159.04, CUDA 13.0; tools/gpu-check on
+# 2026-12-04 at ff432c3: perf/bench_decode_gpu.py --new 64 --reps 3, perf/bench_lossk_gpu.py
+# --reps 3), copied from that run's output: the figures the model is to be corrected toward.
+MEASURED_H200 = {
+    "decode_tok_s": {"f32": 629.3, "bf16": 771.0, "f16": 809.5, "int8": 515.6},
+    "d2d_copy_bytes_s": 4235.9e9,
+    "lossk_shape": dict(N=8192, D=4096, V=151936),
+    "lossk_ms": {"forward": 119.82, "forward_backward": 605.62},
+    "peers_ms": {"torch.matmul logits": 13.00, "Liger-Kernel forward+backward": 64.39,
+                 "Cut Cross-Entropy forward+backward": 60.82},
+}
+
+
+def against_device(rows: list) -> dict:
+    """The model's figures beside MEASURED_H200's. For decode, what the measurement implies per
+    graph node: (measured time - the model's matvec time with no gaps) / nodes, the figure the
+    model assumes is 2 us without PDL and 0.25-1 us with it."""
+    nodes = 6 * QWEN3["L"] + 3
+    no_gap = decode_estimate(rows, 0.0)
+    dec = {}
+    for fmt, tps in MEASURED_H200["decode_tok_s"].items():
+        if fmt not in no_gap:
+            continue
+        ms = 1e3 / tps
+        dec[fmt] = {"measured_ms": ms, "model_ms": decode_estimate(rows)[fmt]["ms_per_token"],
+                    "model_pdl_1us_ms": decode_estimate(rows, 1e-6, pdl=True)[fmt]["ms_per_token"],
+                    "implied_us_per_node": 1e3 * (ms - no_gap[fmt]["ms_per_token"]) / nodes}
+    out = {"decode": dec}
+    if any(r["variant"] == "bf16/logits" and r["arch"] == "sm_90" for r in rows):
+        le = loss_estimate(rows, **MEASURED_H200["lossk_shape"])
+        m = MEASURED_H200["lossk_ms"]
+        out["lossk"] = {"forward": {"measured_ms": m["forward"],
+                                    "model_ms": 1e3 * le["seconds"]["logits"]},
+                        "forward_backward": {"measured_ms": m["forward_backward"],
+                                             "model_ms": 1e3 * le["total_s"]}}
+    return out
+
+
 def gap_for_share(rows: list, fmt: str, share: float):
     """The largest exposed PDL boundary (seconds) at which fmt's decode reaches share of the HBM
     roofline in the model, or None when even a zero gap does not (bisection; the share falls as
@@ -567,6 +612,8 @@ def main(argv=None) -> int:
     if any(r["variant"] == "bf16/logits" and r["arch"] == "sm_90" for r in rows):
         report["lossk_bf16"] = loss_estimate(rows, **LOSS_SHAPE)
         report["lossk_bf16_peer_shape"] = loss_estimate(rows, **PEER_SHAPE)
+    if any(r["arch"] == "sm_90" for r in rows):
+        report["against_h200"] = against_device(rows)
     if a.json:
         json.dump(report, sys.stdout, indent=2)
         print()
@@ -615,6 +662,20 @@ def main(argv=None) -> int:
         print(f"  at {sh['N']:,} x {sh['D']:,} x {sh['V']:,}: {1e3 * lp['total_s']:.2f} ms "
               f"({100 * lp['total_share']:.0f}%); Liger-Kernel's Hopper kernel is published at "
               f"{1e3 * PEER_S:.1f} ms there on an H200")
+    dev = report.get("against_h200")
+    if dev:
+        print("\nThe model against an H200 (measured 2026-12-04, MEASURED_H200): decode ms/token")
+        print(f"  {'format':<6} {'measured':>9} {'model':>7} {'PDL 1us':>8} {'implied us/node':>16}")
+        for fmt, d in dev["decode"].items():
+            print(f"  {fmt:<6} {d['measured_ms']:>9.3f} {d['model_ms']:>7.3f} "
+                  f"{d['model_pdl_1us_ms']:>8.3f} {d['implied_us_per_node']:>16.1f}")
+        sh = MEASURED_H200["lossk_shape"]
+        for k, d in dev.get("lossk", {}).items():
+            print(f"  lossk bf16 {k} at {sh['N']:,} x {sh['D']:,} x {sh['V']:,}: measured "
+                  f"{d['measured_ms']:.1f} ms, model {d['model_ms']:.1f} ms "
+                  f"({d['measured_ms'] / d['model_ms']:.1f}x the model)")
+        print("  peers in the same run: " + ", ".join(
+            f"{k} {v:.1f} ms" for k, v in MEASURED_H200["peers_ms"].items()))
     return 0
 
 
