@@ -158,9 +158,9 @@ __device__ __forceinline__ void stage_checked(typename TileTypes<MMA, T>::S* dst
   for (int i = threadIdx.x; i < OUT * BK; i += NT) {
     const int o = K_OUTER ? i % OUT : i / BK, k = K_OUTER ? i / OUT : i % BK;
     const int64_t go = o0 + o, gk = k0 + k;
-    dst[o * SO + k * SK] =
-        go < O && gk < K ? stage<MMA, T>(gpu::ld_guarded(K_OUTER ? src + gk * ld + go : src + go * ld + gk))
-                         : stage<MMA, T>(0.0f);
+    const X* at = K_OUTER ? src + gk * ld + go : src + go * ld + gk;
+    dst[o * SO + k * SK] = go < O && gk < K ? stage<MMA, T>(gpu::ld_guarded(at))
+                                            : stage<MMA, T>(0.0f);
   }
 }
 

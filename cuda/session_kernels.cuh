@@ -100,16 +100,20 @@ __device__ __forceinline__ float2 widen2(uint32_t u) {
 }
 
 // Element k of row r of m widened to float32: exact for f32, bf16 and f16; for int8 the code
-// times its block's scale, as the CPU engine's widen_q8.
+// times its block's scale, as the CPU engine's widen_q8. Called under bounds tests (the GEMM
+// tiles' edges), so its loads are gpu::ld_guarded, never __ldg.
 template <Dtype F>
 __device__ __forceinline__ float w_at(const DevMat& m, int64_t r, int64_t K, int64_t k) {
   const int64_t i = r * K + k;
-  if (F == Dtype::F32) return __ldg(static_cast<const float*>(m.w) + i);
-  if (F == Dtype::BF16 || F == Dtype::F16)
-    return widen2<F>(__ldg(static_cast<const uint16_t*>(m.w) + i)).x;
-  const int64_t nb = ceil_div(K, RESIDENT_INT8_BLOCK);
-  return float(__ldg(static_cast<const int8_t*>(m.w) + i)) *
-         __ldg(m.s + r * nb + k / RESIDENT_INT8_BLOCK);
+  if constexpr (F == Dtype::F32) {
+    return gpu::ld_guarded(static_cast<const float*>(m.w) + i);
+  } else if constexpr (F == Dtype::BF16 || F == Dtype::F16) {
+    return widen2<F>(gpu::ld_guarded(static_cast<const uint16_t*>(m.w) + i)).x;
+  } else {  // int8: only its matrices have scales (m.s is null for the others)
+    const int64_t nb = ceil_div(K, RESIDENT_INT8_BLOCK);
+    return float(gpu::ld_guarded(static_cast<const int8_t*>(m.w) + i)) *
+           gpu::ld_guarded(m.s + r * nb + k / RESIDENT_INT8_BLOCK);
+  }
 }
 
 // ---- the start of a decode kernel --------------------------------------------------------------
@@ -993,7 +997,8 @@ k_gemm_q8(const int8_t* __restrict__ Xq, int64_t ldq, const float* __restrict__ 
         if ((K & 3) == 0) {
           v = gpu::ld_guarded(reinterpret_cast<const int*>(p));
         } else {
-          for (int e = 0; e < 4 && k + e < K; ++e) v |= int(uint8_t(gpu::ld_guarded(p + e))) << (8 * e);
+          for (int e = 0; e < 4 && k + e < K; ++e)
+            v |= int(uint8_t(gpu::ld_guarded(p + e))) << (8 * e);
         }
       }
       Bs[r][w] = v;
@@ -1001,7 +1006,8 @@ k_gemm_q8(const int8_t* __restrict__ Xq, int64_t ldq, const float* __restrict__ 
     if (tid < GEMM_BM)
       sa[tid] = m0 + tid < M ? ld(Xs + (m0 + tid) * nbx + b) : 0.f;
     else if (tid < GEMM_BM + GEMM_BN)
-      sb[tid - GEMM_BM] = n0 + tid - GEMM_BM < N ? gpu::ld_guarded(W.s + (n0 + tid - GEMM_BM) * nb + b) : 0.f;
+      sb[tid - GEMM_BM] =
+          n0 + tid - GEMM_BM < N ? gpu::ld_guarded(W.s + (n0 + tid - GEMM_BM) * nb + b) : 0.f;
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < 4; ++i)

@@ -7,7 +7,8 @@ minus bf16 time over their byte difference gives about 4.1 TB/s) but each of the
 a token costs about 6 us, not the 2 us (or 0.25-1 us under PDL) assumed below, so a bf16 token
 takes 1.30 ms, not 0.31-0.59 ms. lossk's bf16 tiles: 7-8x slower than the issue-rate ceiling
 below, which models neither shared-memory bandwidth nor bank conflicts nor stalls. Read every
-estimate here as an upper bound that a device has shown loose. For each kernel of cuda/session_cuda.cu, cuda/lossk_cuda.cu and cuda/lossk_distill.cu
+estimate here as an upper bound that a device has shown loose. For each kernel of
+cuda/session_cuda.cu, cuda/lossk_cuda.cu and cuda/lossk_distill.cu
 compiled for sm_90 (and sm_80): registers, shared memory and spills (ptxas --resource-usage),
 the occupancy they allow, and the SASS of its main loop (cuobjdump -sass): instructions per
 tensor-core MMA (or per FMA), bytes per global load instruction, global loads a warp issues per
@@ -665,7 +666,8 @@ def main(argv=None) -> int:
     dev = report.get("against_h200")
     if dev:
         print("\nThe model against an H200 (measured 2026-12-04, MEASURED_H200): decode ms/token")
-        print(f"  {'format':<6} {'measured':>9} {'model':>7} {'PDL 1us':>8} {'implied us/node':>16}")
+        print(f"  {'format':<6} {'measured':>9} {'model':>7} {'PDL 1us':>8} "
+              f"{'implied us/node':>16}")
         for fmt, d in dev["decode"].items():
             print(f"  {fmt:<6} {d['measured_ms']:>9.3f} {d['model_ms']:>7.3f} "
                   f"{d['model_pdl_1us_ms']:>8.3f} {d['implied_us_per_node']:>16.1f}")
