@@ -73,9 +73,14 @@ __device__ __forceinline__ void st(T* p, T v) {
 // speculatively: on sm_90 with nvcc 13.0 it hoisted the logits epilogue's bias loads out of their
 // row loop and past their column bound, reading past the end of the bias on an H200
 // (compute-sanitizer memcheck; a pointer that was null would have faulted). An ordinary load may
-// fault, so the compiler keeps it under its condition. Every __ldg left in the kernels reads an
-// address valid wherever the compiler may move it: in-bounds whenever it runs, not guarded.
-// The emulator counts it as the read-only load it is.
+// fault, so the compiler keeps it under its condition. A speculated load moves to where its
+// address is already known: out of a loop it does not vary in, or into a select. So an __ldg
+// stays only where that cannot reach a bad address: its address varies with the innermost loop
+// around it, whose own bound keeps it in range (the matvecs' weight streams, whose loops run
+// under row and alignment tests: a loop is never hoisted above its guard), or it is valid
+// wherever the kernel runs; a load tested on its own line or invariant in a loop under a
+// test is ld_guarded (tests/test_cuda_sources.py catches the plainest breach). The emulator
+// counts it as the read-only load it is.
 template <class T>
 __device__ __forceinline__ T ld_guarded(const T* p) {
 #ifdef ALGENTA_CUDA_EMU

@@ -5,7 +5,7 @@ One H200 has run them (2026-12-04): the model's figures are printed beside its m
 (MEASURED_H200), and they are far apart. Decode: the matvecs stream near HBM bandwidth (f32
 minus bf16 time over their byte difference gives about 4.1 TB/s) but each of the 171 graph nodes
 a token costs about 6 us, not the 2 us (or 0.25-1 us under PDL) assumed below, so a bf16 token
-takes 1.30 ms, not 0.31-0.59 ms. lossk's bf16 tiles: 7-8x slower than the issue-rate ceiling
+takes 1.30 ms, not 0.31-0.59 ms. lossk's bf16 tiles: 6.8-7.9x slower than the issue-rate ceiling
 below, which models neither shared-memory bandwidth nor bank conflicts nor stalls. Read every
 estimate here as an upper bound that a device has shown loose. For each kernel of
 cuda/session_cuda.cu, cuda/lossk_cuda.cu and cuda/lossk_distill.cu

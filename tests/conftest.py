@@ -49,10 +49,11 @@ def pytest_report_header(config):
 
 
 def _sanitizers_leave_out(item) -> bool:
-    # Under the sanitizers the emulated CUDA engine runs about 3x slower, and CI's three plain
-    # emulator orders run every format anyway. So here the tests written for both engines keep
-    # float32 weights and cache on the CUDA engine (other formats run the same host code), while the
-    # CUDA engine's own files (test_residentk_cuda*.py) keep every format, so each format's
+    # Under the sanitizers the emulated CUDA engine runs about 3x slower, and CI's plain emulator
+    # stage runs every format anyway (the whole suite in forward thread order; the reverse and
+    # random orders rerun the kernels' files). So here the tests written for both engines keep
+    # float32 weights and cache on the CUDA engine (other formats run the same host code), while
+    # the CUDA engine's own files (test_residentk_cuda*.py) keep every format, so each format's
     # kernels still run under ASan; test_cuda_static.py reads SASS, where nothing sanitized runs.
     if item.path.name == "test_cuda_static.py":
         return True

@@ -3,9 +3,11 @@
 A read-only `__ldg` (ld.global.nc) may be run speculatively by nvcc: on an H200 it hoisted the
 bf16 logits tile's bias loads out of their row loop and past their column bound, reading past the
 bias (compute-sanitizer; README, "On a GPU"). The emulator runs each load where it is written,
-so only this rule keeps the fault from coming back: a load that a condition makes valid (a
-bound, a null pointer) is `gpu::ld_guarded`, never `__ldg`, which this test finds on any line
-that also tests something (`?`, `if (`, `while (`).
+so only the rule in cuda/common.cuh (gpu::ld_guarded) keeps the fault from coming back. This test
+catches its plainest breach, an `__ldg` on a line that also tests something (`?`, `if (`,
+`while (`); a guard on another line, an early return or a helper called under a test are for
+review (common.cuh says which `__ldg`s are safe there and why). Skipped where the sources are
+absent (CI's bare-environment stage copies tests/ alone).
 """
 
 from __future__ import annotations
@@ -13,7 +15,11 @@ from __future__ import annotations
 import pathlib
 import re
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+if not (ROOT / "cuda" / "common.cuh").is_file():
+    pytest.skip("the CUDA sources are not beside these tests", allow_module_level=True)
 SOURCES = sorted(p for p in (ROOT / "cuda").glob("*.cu*"))
 GUARD = re.compile(r"\?|\bif\s*\(|\bwhile\s*\(")
 
@@ -32,8 +38,3 @@ def test_no_ldg_under_a_condition_on_its_line():
                 bad.append(f"{p.name}:{n}: {line.strip()}")
     assert not bad, "guarded __ldg (use gpu::ld_guarded):\n" + "\n".join(bad)
 
-
-def test_the_rule_catches_the_fault_it_was_written_for():
-    # the line that read past the bias on the H200, as it was
-    line = "    if (bias) x += T(widen(__ldg(bias + n0 + c)));"
-    assert GUARD.search(line) and "__ldg(" in line
