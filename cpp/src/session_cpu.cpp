@@ -1104,19 +1104,23 @@ double cpu_read_bandwidth(int64_t bytes, int reps) {
   const Simd& S = simd();
   double best = 0.0;
   volatile float sink = 0.f;
-  for (int rep = 0; rep < std::max(1, reps); ++rep) {
-    const double t0 = omp_get_wtime();
-    float tot = 0.f;
+  // each rep reads in every pattern (one prefetched stream, one plain, two plain side by side)
+  static constexpr struct { int streams; bool prefetch; } patterns[] = {{1, true}, {1, false},
+                                                                         {2, false}};
+  for (int rep = 0; rep < std::max(1, reps); ++rep)
+    for (const auto& pat : patterns) {
+      const double t0 = omp_get_wtime();
+      float tot = 0.f;
 #pragma omp parallel num_threads(nt) reduction(+ : tot)
-    {
-      int64_t r0, r1;
-      split(n, omp_get_thread_num(), omp_get_num_threads(), r0, r1);
-      tot += S.sum(a.p + r0, r1 - r0);
+      {
+        int64_t r0, r1;
+        split(n, omp_get_thread_num(), omp_get_num_threads(), r0, r1);
+        tot += S.sum(a.p + r0, r1 - r0, pat.streams, pat.prefetch);
+      }
+      const double dt = omp_get_wtime() - t0;
+      sink = sink + tot;
+      if (dt > 0) best = std::max(best, double(n) * sizeof(float) / dt);
     }
-    const double dt = omp_get_wtime() - t0;
-    sink = sink + tot;
-    if (dt > 0) best = std::max(best, double(n) * sizeof(float) / dt);
-  }
   (void)sink;
   return best;
 }

@@ -177,7 +177,8 @@ constexpr int64_t Q8_ACT_PAD = 64;  // elements a prepared activation row is pad
 struct SessionOps {
   float (*dot)(const float* a, const float* b, int64_t n);
   void (*axpy)(float p, const float* v, float* y, int64_t n);  // y += p * v
-  float (*sum)(const float* a, int64_t n);                     // the read-bandwidth probe
+  // the read-bandwidth probe: a's sum read in `streams` (1 or 2) parts side by side
+  float (*sum)(const float* a, int64_t n, int streams, bool prefetch);
   float (*dot_bf16)(const uint16_t* a, const float* b, int64_t n);
   float (*dot_f16)(const uint16_t* a, const float* b, int64_t n);
   void (*widen_bf16)(const uint16_t* a, float* d, int64_t n);
