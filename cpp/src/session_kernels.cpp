@@ -110,10 +110,10 @@ static float sum(const float* a, int64_t n, int streams, bool prefetch) {
   const int ns = streams == 2 ? 2 : 1;
   const int64_t part = n / ns / (ACC * W) * (ACC * W);
   for (int64_t i = 0; i < part; i += ACC * W)
-    for (int s = 0; s < ns; ++s) {
-      const float* p = a + s * part + i;
+    for (int st = 0; st < ns; ++st) {
+      const float* p = a + st * part + i;
       if (prefetch) prefetch_ahead(p, lines_of(ACC * W * 4));
-      for (int k = 0; k < ACC; ++k) acc[s][k] += *(const vfu*)(p + k * W);
+      for (int k = 0; k < ACC; ++k) acc[st][k] += *(const vfu*)(p + k * W);
     }
   float s = hsum((acc[0][0] + acc[0][1]) + (acc[0][2] + acc[0][3])) +
             hsum((acc[1][0] + acc[1][1]) + (acc[1][2] + acc[1][3]));
