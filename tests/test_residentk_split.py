@@ -57,3 +57,21 @@ def test_prefill_across_the_engines_prefill_blocks():
         last = s.step(t)
     s.reset()
     np.testing.assert_array_equal(s.prefill(prompt), last)
+
+
+@pytest.mark.parametrize("kv", ["f32", "bf16", "f16"])
+def test_prefill_attention_groups_give_the_stepped_logits(kv):
+    """Prefill attends up to 8 queries of a KV head at once (SessionOps::kv_dots / kv_axpys),
+    decode one: with 9 query heads on one KV head (a row's heads in two passes, 8 and 1) and
+    heads of 8 values (no full accumulator round anywhere, a padded tail on AVX-512), the bits
+    still agree."""
+    cfg = dict(CFG, h_q=9, h_kv=1, d_head=8)
+    s = ResidentSession(cfg, ref.random_weights(cfg, 12), max_ctx=32, weights="f32", kv=kv,
+                        device="cpu")
+    prompt = PROMPT[:19]
+    last = s.prefill(prompt[:1])
+    for t in prompt[1:]:
+        last = s.step(t)
+    s.reset()
+    s.prefill(prompt[:4])
+    np.testing.assert_array_equal(s.prefill(prompt[4:]), last)

@@ -535,18 +535,24 @@ void fpanel_tiles(int64_t mc, int64_t nb, int64_t kc, const float* Ap, const PB*
 
 // Y (M, ldy) (+)= X (M, K; rows ldx apart) times the first N rows of the blocks at W: gemm_core's
 // loop over already packed B blocks, A packed once per (k block, row block) for all of them.
+// Xp: X already packed by fpanel_pack (pack_a_rows' layout), or null to pack here.
 template <class PB>
-void fpanel_gemm_t(int64_t M, int64_t N, int64_t K, const float* X, int64_t ldx, const PB* W,
-                   float* Y, int64_t ldy, bool accumulate, float* ws) {
+void fpanel_gemm_t(int64_t M, int64_t N, int64_t K, const float* X, int64_t ldx,
+                   const float* Xp, const PB* W, float* Y, int64_t ldy, bool accumulate,
+                   float* ws) {
   float* Ap = align64(ws);
   float* tile = align64(Ap + MC * KC);
   float* wide = align64(tile + MR<float> * nr<float>());
+  const int64_t mp = (M + MR<float> - 1) / MR<float> * MR<float>;
   for (int64_t pc = 0; pc < K; pc += KC) {
     const int64_t kc = K - pc < KC ? K - pc : KC;
     const bool first = pc == 0 && !accumulate;  // the cell takes its first block's sum as is
     for (int64_t ic = 0; ic < M; ic += MC) {
       const int64_t mc = M - ic < MC ? M - ic : MC;
-      pack_a<float, float>(mc, kc, X + ic * ldx + pc, ldx, 1, Ap);
+      if (Xp)
+        Ap = const_cast<float*>(Xp) + pc * mp + ic * kc;  // read only
+      else
+        pack_a<float, float>(mc, kc, X + ic * ldx + pc, ldx, 1, Ap);
       for (int64_t jb = 0; jb < N; jb += PANEL_ROWS) {
         const PB* Bk = W + (jb / PANEL_ROWS) * K * PANEL_ROWS + pc * PANEL_ROWS;
         const int64_t nb = N - jb < PANEL_ROWS ? N - jb : PANEL_ROWS;
@@ -652,7 +658,8 @@ void fpanel_gemv_t(int64_t N, int64_t K, const float* x, const PB* W, float* y, 
 }
 
 void fpanel_gemm(int kind, int64_t M, int64_t N, int64_t K, const float* X, int64_t ldx,
-                 const void* W, float* Y, int64_t ldy, bool accumulate, float* ws) {
+                 const float* Xp, const void* W, float* Y, int64_t ldy, bool accumulate,
+                 float* ws) {
   if (M <= 0 || N <= 0) return;
   if (M == 1) {  // the same cells' chains, without packing the row
     if (kind == PANEL_F32)
@@ -662,10 +669,20 @@ void fpanel_gemm(int kind, int64_t M, int64_t N, int64_t K, const float* X, int6
     return fpanel_gemv_t(N, K, X, static_cast<const F16*>(W), Y, accumulate);
   }
   if (kind == PANEL_F32)
-    return fpanel_gemm_t(M, N, K, X, ldx, static_cast<const float*>(W), Y, ldy, accumulate, ws);
+    return fpanel_gemm_t(M, N, K, X, ldx, Xp, static_cast<const float*>(W), Y, ldy, accumulate,
+                         ws);
   if (kind == PANEL_BF16)
-    return fpanel_gemm_t(M, N, K, X, ldx, static_cast<const BF16*>(W), Y, ldy, accumulate, ws);
-  fpanel_gemm_t(M, N, K, X, ldx, static_cast<const F16*>(W), Y, ldy, accumulate, ws);
+    return fpanel_gemm_t(M, N, K, X, ldx, Xp, static_cast<const BF16*>(W), Y, ldy, accumulate,
+                         ws);
+  fpanel_gemm_t(M, N, K, X, ldx, Xp, static_cast<const F16*>(W), Y, ldy, accumulate, ws);
+}
+
+// X (M x K) packed once as fpanel_gemm_t packs each (k block, row block) of it: a prefill
+// projection's tasks then share one copy (each packing its own cost 5% of a 512-token f32
+// prefill on Zen 3: a copy of X per 256 weight rows).
+int64_t fpanel_packed_elems(int64_t M, int64_t K) { return packed_a_elems<float>(M, K); }
+void fpanel_pack(int64_t M, int64_t K, const float* X, int64_t ldx, float* dst) {
+  pack_a_rows<float, float>(M, K, 0, M, X, ldx, 1, dst);
 }
 
 // packed A (MC x KC), one edge tile and a widened half block, 64-byte aligned: the blocks are B,

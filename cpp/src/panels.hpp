@@ -22,7 +22,10 @@ int64_t fpanel_block_elems(int64_t K);  // elements (4 or 2 bytes) of one block
 void fpanel_put_row(int kind, void* blk, int64_t K, int64_t c, const void* row);
 void fpanel_get_row(int kind, const void* blk, int64_t K, int64_t c, float* dst);
 void fpanel_gemm(int kind, int64_t M, int64_t N, int64_t K, const float* X, int64_t ldx,
-                 const void* W, float* Y, int64_t ldy, bool accumulate, float* ws);
+                 const float* Xpacked, const void* W, float* Y, int64_t ldy, bool accumulate,
+                 float* ws);
+int64_t fpanel_packed_elems(int64_t M, int64_t K);
+void fpanel_pack(int64_t M, int64_t K, const float* X, int64_t ldx, float* dst);
 int64_t fpanel_ws_elems();
 
 #if defined(__AVX512BF16__)

@@ -274,6 +274,19 @@ struct KvCache {
     if (f == Dtype::F32) return S.dot(q, f32.p + o, n);
     return f == Dtype::BF16 ? S.dot_bf16(h16.p + o, q, n) : S.dot_f16(h16.p + o, q, n);
   }
+  // Several queries against the rows [j0, j1) of one head whose row 0 is at o (SessionOps::
+  // kv_dots / kv_axpys): each query's bits as dot and axpy give them.
+  void dots(const Simd& S, const float* const* q, int nq, int64_t o, int64_t n, int64_t j0,
+            int64_t j1, float* s, int64_t lds) const {
+    S.kv_dots(f, q, nq, at(o), n, j0, j1, s, lds);
+  }
+  void axpys(const Simd& S, const float* p, int64_t ldp, int nq, int64_t o, int64_t n,
+             int64_t j0, int64_t j1, float* const* out) const {
+    S.kv_axpys(f, p, ldp, nq, at(o), n, j0, j1, out);
+  }
+  const void* at(int64_t o) const {
+    return f == Dtype::F32 ? static_cast<const void*>(f32.p + o) : h16.p + o;
+  }
   // out (n) += p * the row at o
   void axpy(const Simd& S, float p, int64_t o, float* out, int64_t n) const {
     if (f == Dtype::F32) return S.axpy(p, f32.p + o, out, n);
@@ -365,6 +378,9 @@ constexpr int64_t PREFILL_BLOCK = 256;
 // Sequences one decode pass multiplies at once: past 16 rows a batched step is compute-bound
 // on every format here, and the per-thread buffers grow with it; more sequences step in groups.
 constexpr int64_t kMaxStepRows = 16;
+// Queries one prefill attention pass takes against a KV head's rows (attend_rows): the G heads
+// of RB = 8 / G rows, or 8 of one row's heads at a time where G > 8.
+constexpr int kMaxAttendQueries = 8;
 // The most weight rows one task of a GEMM takes (task_rows).
 constexpr int64_t kMaxTaskRows = 256;
 // float32 elements of the staging buffer a tensor's rows arrive in at load (at least one row)
@@ -642,30 +658,69 @@ class CpuSession final : public SessionBase {
     }
   }
 
-  // out (Dh) = softmax(q . K[lo..n) * scale) V[lo..n); K, V (n, Dh) rows of one KV head at
-  // element offsets K and V of the cache; lo = n - sliding_window on a sliding layer, else 0;
-  // scores soft-capped where the family caps them; s (n) scratch. Normalized once at the end,
-  // as softmax-then-matmul rounds similarly.
+  // The first key a query at position n - 1 sees: n - sliding_window on a sliding layer, else 0.
+  int64_t first_key(const Layer& L, int64_t n) const {
+    return L.slides && n > c_.sliding_window ? n - c_.sliding_window : 0;
+  }
+  // One query's raw dot products s (n) with its keys -> its softmax weights, in place: scaled,
+  // soft-capped where the family caps them, then SessionOps::softmax.
+  void softmax_weights(const Simd& S, float* s, int64_t n) const {
+    const float scale = attn_scale_, cap = float(c_.attn_softcap);
+    for (int64_t j = 0; j < n; ++j) s[j] = s[j] * scale;
+    if (cap > 0.f) S.softcap(s, n, cap);
+    S.softmax(s, n);
+  }
+
+  // out (Dh) = softmax(q . K[lo..n) * scale) V[lo..n) for the query at position n - 1 (decode);
+  // K, V (n, Dh) rows of one KV head at element offsets K and V of the cache; s (n) scratch.
   void attend(const Simd& S, const Layer& L, const float* q, int64_t K, int64_t V, int64_t n,
               float* s, float* out) const {
-    const int64_t Dh = c_.d_head;
-    if (L.slides && n > c_.sliding_window) {
-      const int64_t lo = n - c_.sliding_window;
-      K += lo * Dh, V += lo * Dh, n -= lo;
-    }
-    const float scale = attn_scale_, cap = float(c_.attn_softcap);
-    for (int64_t j = 0; j < n; ++j) s[j] = kv_.dot(S, q, K + j * Dh, Dh) * scale;
-    if (cap > 0.f) S.softcap(s, n, cap);
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[j]);
-    double tot = 0.0;
-    for (int64_t j = 0; j < n; ++j) {
-      s[j] = std::exp(s[j] - mx);
-      tot += s[j];
-    }
-    const float inv = float(1.0 / tot);
+    const int64_t Dh = c_.d_head, lo = first_key(L, n);
+    K += lo * Dh, V += lo * Dh, n -= lo;
+    for (int64_t j = 0; j < n; ++j) s[j] = kv_.dot(S, q, K + j * Dh, Dh);
+    softmax_weights(S, s, n);
     std::fill(out, out + Dh, 0.f);
-    for (int64_t j = 0; j < n; ++j) kv_.axpy(S, s[j] * inv, V + j * Dh, out, Dh);
+    for (int64_t j = 0; j < n; ++j) kv_.axpy(S, s[j], V + j * Dh, out, Dh);
+  }
+
+  // attend for the queries of prefill rows [r0, r1) (positions p0 + r) in the G query heads
+  // that share KV head g, up to kMaxAttendQueries at once reading the keys and values once for
+  // all of them (SessionOps::kv_dots): each query's products, sums and their order as attend's.
+  // s: room for kMaxAttendQueries rows of p0 + r1 scores.
+  void attend_rows(const Simd& S, const Layer& L, const float* QKV, int64_t Kc, int64_t Vc,
+                   int64_t g, int64_t r0, int64_t r1, int64_t p0, float* s, float* A) const {
+    const int64_t Dh = c_.d_head, G = c_.h_q / c_.h_kv, HD = c_.h_q * Dh;
+    const int64_t K = Kc + g * cap_ * Dh, V = Vc + g * cap_ * Dh, total = (r1 - r0) * G;
+    for (int64_t t0 = 0; t0 < total; t0 += kMaxAttendQueries) {
+      const int nq = int(std::min<int64_t>(kMaxAttendQueries, total - t0));
+      const float* q[kMaxAttendQueries];
+      float* out[kMaxAttendQueries];
+      int64_t lo[kMaxAttendQueries], hi[kMaxAttendQueries];
+      for (int t = 0; t < nq; ++t) {  // row-major: lo and hi never decrease with t
+        const int64_t r = r0 + (t0 + t) / G, h = g * G + (t0 + t) % G;
+        q[t] = QKV + r * q_rows_ + h * Dh;
+        out[t] = A + r * HD + h * Dh;
+        hi[t] = p0 + r + 1;
+        lo[t] = first_key(L, hi[t]);
+      }
+      // the keys any of them sees [j0, j1), and those all of them see [c0, c1)
+      const int64_t j0 = lo[0], j1 = hi[nq - 1], c0 = lo[nq - 1], c1 = hi[0], ld = j1 - j0;
+      kv_.dots(S, q, nq, K, Dh, j0, j1, s, ld);
+      for (int t = 0; t < nq; ++t) {
+        softmax_weights(S, s + t * ld + (lo[t] - j0), hi[t] - lo[t]);
+        std::fill(out[t], out[t] + Dh, 0.f);
+      }
+      // each query's keys in order: those before the common part alone, the common part
+      // together, the rest alone
+      const bool common = c0 < c1;
+      for (int t = 0; t < nq; ++t)
+        kv_.axpys(S, s + t * ld + (lo[t] - j0), ld, 1, V, Dh, lo[t], common ? c0 : hi[t],
+                  &out[t]);
+      if (!common) continue;
+      kv_.axpys(S, s + (c0 - j0), ld, nq, V, Dh, c0, c1, out);
+      for (int t = 0; t < nq; ++t)
+        kv_.axpys(S, s + t * ld + (c1 - j0), ld, 1, V, Dh, c1, hi[t], &out[t]);
+    }
   }
 
   // Threads for a stage touching `work` floats: waking a second thread and meeting it at the
@@ -881,11 +936,17 @@ class CpuSession final : public SessionBase {
   // float32 rows as they are (f32, f16; bf16 widening panels: as_consumed rounded them), bf16
   // bits (exact: as_consumed rounded them) or int8 codes and block scales (quantize_q8, decode's
   // rule, row by row).
-  kern::PanelAct act_rows(const Simd& S, const float* X, int64_t M, int64_t n) {
+  // Float32 rows are also packed into `pack` (packed_elems(M, n) floats) where the panels can
+  // take them packed, so every task of the product reads one copy.
+  kern::PanelAct act_rows(const Simd& S, const float* X, int64_t M, int64_t n, float* pack) {
     kern::PanelAct a;
     const kern::PanelOps& P = simd().panels[kern::panel_index(c_.weights)];
     if (P.act == kern::ACT_F32) {
       a.f = X, a.ld = n;
+      if (P.pack && M > 1) {
+        P.pack(M, n, X, n, pack);
+        a.packed = pack;
+      }
     } else if (P.act == kern::ACT_BF16_BITS) {
 #pragma omp parallel for num_threads(nt_) schedule(static)
       for (int64_t r = 0; r < M; ++r) {
@@ -903,11 +964,10 @@ class CpuSession final : public SessionBase {
     return a;
   }
 
-  // Y (M, N) (+)= X (M, K) @ W^T, W (N, K): the prefill projection, tasks of whole panel blocks
-  // over the threads; each cell computed as a decode step computes it (PanelOps::gemm).
-  void project(const Simd& S, const float* X, int64_t M, const WMat& W, float* Y,
-               bool accumulate) {
-    const kern::PanelAct a = act_rows(S, X, M, W.cols);
+  // Y (M, N) (+)= X (M, K) @ W^T, W (N, K), X prepared by act_rows: the prefill projection,
+  // tasks of whole panel blocks over the threads; each cell computed as a decode step computes
+  // it (PanelOps::gemm).
+  void project(const kern::PanelAct& a, int64_t M, const WMat& W, float* Y, bool accumulate) {
     const int64_t N = W.rows, NB = task_rows(N), tasks = (N + NB - 1) / NB;
 #pragma omp parallel for num_threads(nt_) schedule(dynamic)
     for (int64_t tk = 0; tk < tasks; ++tk) {
@@ -934,13 +994,19 @@ class CpuSession final : public SessionBase {
     const int64_t D = c_.d_model, Dh = c_.d_head, F = c_.d_ff, Hq = c_.h_q, Hkv = c_.h_kv;
     const int64_t G = Hq / Hkv, HD = Hq * Dh;
     Buf X(M * D), Xn(M * D), QKV(M * q_rows_), A(M * HD), Gt(M * F), U(M * F);
+    const kern::PanelOps& P = S.panels[kern::panel_index(c_.weights)];
+    Buf Pk(P.packed_elems ? P.packed_elems(M, std::max({D, HD, F})) : 0);  // act_rows' packing
     Buf Y(sandwich_ || c_.o_bias || c_.mlp_bias ? M * D : 0);
+    // attention tasks: RB rows of the G query heads of one KV head, and their scores
+    const int64_t RB = std::max<int64_t>(1, kMaxAttendQueries / G), row_blocks = (M + RB - 1) / RB;
+    Buf Sc(int64_t(nt_) * kMaxAttendQueries * (p0 + M));
     for (int64_t r = 0; r < M; ++r) embed_row(ids[r], X.p + r * D);
     // X += the sublayer output Wm . In (+ its bias, through its sandwich norm), each element
     // as a decode step computes it.
     const auto residual = [&](const float* In, const WMat& Wm, const Buf& b, const Buf& out_norm) {
-      if (direct(b)) return project(S, In, M, Wm, X.p, true);
-      project(S, In, M, Wm, Y.p, false);
+      const kern::PanelAct in = act_rows(S, In, M, Wm.cols, Pk.p);
+      if (direct(b)) return project(in, M, Wm, X.p, true);
+      project(in, M, Wm, Y.p, false);
       bias_add(X.p, Y.p, D, M, b.p, 0, D);
       if (!sandwich_) return;
 #pragma omp parallel for num_threads(nt_) schedule(static)
@@ -954,22 +1020,18 @@ class CpuSession final : public SessionBase {
       for (int64_t r = 0; r < M; ++r)
         rmsnorm(X.p + r * D, L.in_norm.p, D, c_.rms_eps, Xn.p + r * D);
       as_consumed(Xn.p, M, D);
-      project(S, Xn.p, M, L.wqkv, QKV.p, false);
+      project(act_rows(S, Xn.p, M, D, Pk.p), M, L.wqkv, QKV.p, false);
       const int64_t heads = Hq + 2 * Hkv;
 #pragma omp parallel for num_threads(nt_) schedule(static)
       for (int64_t rh = 0; rh < M * heads; ++rh) {
         const int64_t r = rh / heads, h = rh % heads;
         head_rope_store(L, Kc, Vc, h, QKV.p + r * q_rows_ + h * Dh, p0 + r);
       }
-#pragma omp parallel num_threads(nt_)
-      {
-        float* s = scores_.p + int64_t(omp_get_thread_num()) * cap_;  // the thread's own row
-#pragma omp for schedule(dynamic, 4)
-        for (int64_t rh = 0; rh < M * Hq; ++rh) {
-          const int64_t r = rh / Hq, h = rh % Hq, g = h / G;
-          attend(S, L, QKV.p + r * q_rows_ + h * Dh, Kc + g * cap_ * Dh, Vc + g * cap_ * Dh,
-                 p0 + r + 1, s, A.p + r * HD + h * Dh);
-        }
+#pragma omp parallel for num_threads(nt_) schedule(dynamic)
+      for (int64_t task = 0; task < Hkv * row_blocks; ++task) {
+        const int64_t g = task % Hkv, r0 = task / Hkv * RB, r1 = std::min(M, r0 + RB);
+        float* s = Sc.p + int64_t(omp_get_thread_num()) * kMaxAttendQueries * (p0 + M);
+        attend_rows(S, L, QKV.p, Kc, Vc, g, r0, r1, p0, s, A.p);
       }
       as_consumed(A.p, M, HD);
       residual(A.p, L.wo, L.o_b, L.attn_out_norm);
@@ -977,8 +1039,9 @@ class CpuSession final : public SessionBase {
       for (int64_t r = 0; r < M; ++r)
         rmsnorm(X.p + r * D, L.post_norm.p, D, c_.rms_eps, Xn.p + r * D);
       as_consumed(Xn.p, M, D);
-      project(S, Xn.p, M, L.wg, Gt.p, false);
-      project(S, Xn.p, M, L.wu, U.p, false);
+      const kern::PanelAct xn = act_rows(S, Xn.p, M, D, Pk.p);  // gate and up share it
+      project(xn, M, L.wg, Gt.p, false);
+      project(xn, M, L.wu, U.p, false);
 #pragma omp parallel for num_threads(nt_) schedule(static)
       for (int64_t r = 0; r < M; ++r) gate(S, Gt.p + r * F, U.p + r * F, L, 0, F, Gt.p + r * F);
       as_consumed(Gt.p, M, F);

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -457,7 +458,8 @@ static void fp_get_row(const void* blk, int64_t K, int64_t c, float* dst) {
 template <int KIND>
 static void fp_gemm(int64_t M, int64_t N, int64_t K, const PanelAct& X, const void* W, float* Y,
                     int64_t ldy, bool accumulate, void* ws) {
-  fpanel_gemm(KIND, M, N, K, X.f, X.ld, W, Y, ldy, accumulate, static_cast<float*>(ws));
+  fpanel_gemm(KIND, M, N, K, X.f, X.ld, X.packed, W, Y, ldy, accumulate,
+              static_cast<float*>(ws));
 }
 static int64_t fp_ws_bytes(int64_t) { return fpanel_ws_elems() * 4; }
 
@@ -479,7 +481,8 @@ static void dp_gemm(int64_t M, int64_t N, int64_t K, const PanelAct& X, const vo
 #else
 #define ALGENTA_BF16_PANELS                                                              \
   {fp_block_bytes<PANEL_BF16>, fp_put_row<PANEL_BF16>, fp_get_row<PANEL_BF16>,           \
-   fp_gemm<PANEL_BF16>, fp_ws_bytes, ACT_F32, "fp32 on widened bf16"}
+   fp_gemm<PANEL_BF16>, fp_ws_bytes, ACT_F32, "fp32 on widened bf16", fpanel_packed_elems,   \
+   fpanel_pack}
 #endif
 
 #if VBYTES == 64 && defined(__AVX512VNNI__)
@@ -502,6 +505,149 @@ static void widen_f16(const uint16_t* a, float* d, int64_t n) {
   for (; i < n; ++i) d[i] = s_f16(a[i]);
 }
 
+// ---- attention of several queries against one KV head (prefill) -------------------------------
+// A prefill has many queries per KV head (the G query heads of each row, and several rows); taken
+// one at a time, as decode's attend takes its one, each score is a key row's loads and a
+// horizontal sum, each output update a store-to-load chain through memory: about 85 cycles a
+// (query, key) pair on a Zen 3 core, a fifth of a 512-token f32 prefill there. These take up to
+// QD (scores) or QV (outputs) queries per pass, loading each key or value vector once for all of
+// them and holding the outputs in registers. Each query's multiply-adds, their order, the
+// accumulator tree and the tail are dot's (dot_bf16's, dot_f16's) and axpy's, so a row attends
+// with the same bits whether it was prefilled or stepped (tests/test_residentk_split.py).
+constexpr int QD = VBYTES == 64 ? 6 : 3;  // 4 accumulators a query, kept in registers
+constexpr int QV = VBYTES == 64 ? 4 : 3;  // 4 output vectors a query, kept in registers
+
+// a KV row's vectors and scalars in each cache format, widened exactly (as the dots above)
+template <Dtype F>
+struct Kv;
+template <>
+struct Kv<Dtype::F32> {
+  typedef float T;
+  static vf ld(const float* p) { return *(const vfu*)p; }
+  static float sc(float v) { return v; }
+};
+template <>
+struct Kv<Dtype::BF16> {
+  typedef uint16_t T;
+  static vf ld(const uint16_t* p) { return ld_bf16(p); }
+  static float sc(uint16_t v) { return s_bf16(v); }
+};
+template <>
+struct Kv<Dtype::F16> {
+  typedef uint16_t T;
+  static vf ld(const uint16_t* p) { return ld_f16(p); }
+  static float sc(uint16_t v) { return s_f16(v); }
+};
+
+// s[t * lds + j - j0] = q[t] (n) . row j of K (rows n apart), j in [j0, j1), for NQ queries
+template <Dtype F, int NQ>
+static void kv_dots_n(const float* const* q, const typename Kv<F>::T* K, int64_t n, int64_t j0,
+                      int64_t j1, float* s, int64_t lds) {
+  for (int64_t j = j0; j < j1; ++j) {
+    const typename Kv<F>::T* k = K + j * n;
+    vf acc[NQ][ACC];
+    for (int t = 0; t < NQ; ++t)  // element by element: `= {}` became a rep stos to the stack
+      for (int a = 0; a < ACC; ++a) acc[t][a] = vf{};
+    int64_t i = 0;
+    for (; i + ACC * W <= n; i += ACC * W)
+      for (int a = 0; a < ACC; ++a) {
+        const vf kv = Kv<F>::ld(k + i + a * W);
+        for (int t = 0; t < NQ; ++t) acc[t][a] += *(const vfu*)(q[t] + i + a * W) * kv;
+      }
+    for (; i + W <= n; i += W) {
+      const vf kv = Kv<F>::ld(k + i);
+      for (int t = 0; t < NQ; ++t) acc[t][0] += *(const vfu*)(q[t] + i) * kv;
+    }
+    if (i < n) {  // dot's padded tail
+      vf tk = {};
+      for (int l = 0; i + l < n; ++l) tk[l] = Kv<F>::sc(k[i + l]);
+      for (int t = 0; t < NQ; ++t) {
+        vf tq = {};
+        for (int l = 0; i + l < n; ++l) tq[l] = q[t][i + l];
+        acc[t][1] += tq * tk;
+      }
+    }
+    for (int t = 0; t < NQ; ++t)
+      s[t * lds + (j - j0)] = hsum((acc[t][0] + acc[t][1]) + (acc[t][2] + acc[t][3]));
+  }
+}
+
+// out[t] (n) += p[t * ldp + j - j0] * row j of V, j = j0, j0 + 1, ..., j1 - 1, for NQ queries
+template <Dtype F, int NQ>
+static void kv_axpys_n(const float* p, int64_t ldp, const typename Kv<F>::T* V, int64_t n,
+                       int64_t j0, int64_t j1, float* const* out) {
+  constexpr int SV = 4;  // vectors of a slice of the row
+  int64_t i = 0;
+  for (; i + SV * W <= n; i += SV * W) {
+    vf acc[NQ][SV];
+    for (int t = 0; t < NQ; ++t)
+      for (int v = 0; v < SV; ++v) acc[t][v] = *(const vfu*)(out[t] + i + v * W);
+    for (int64_t j = j0; j < j1; ++j) {
+      vf pv[NQ];
+      for (int t = 0; t < NQ; ++t) pv[t] = vf{} + p[t * ldp + (j - j0)];
+      for (int v = 0; v < SV; ++v) {
+        const vf x = Kv<F>::ld(V + j * n + i + v * W);
+        for (int t = 0; t < NQ; ++t) acc[t][v] = acc[t][v] + pv[t] * x;
+      }
+    }
+    for (int t = 0; t < NQ; ++t)
+      for (int v = 0; v < SV; ++v) *(vfu*)(out[t] + i + v * W) = acc[t][v];
+  }
+  for (; i + W <= n; i += W)
+    for (int t = 0; t < NQ; ++t) {
+      vf acc = *(const vfu*)(out[t] + i);
+      for (int64_t j = j0; j < j1; ++j)
+        acc = acc + (vf{} + p[t * ldp + (j - j0)]) * Kv<F>::ld(V + j * n + i);
+      *(vfu*)(out[t] + i) = acc;
+    }
+  for (; i < n; ++i)  // axpy's scalar tail
+    for (int t = 0; t < NQ; ++t)
+      for (int64_t j = j0; j < j1; ++j) out[t][i] += p[t * ldp + (j - j0)] * Kv<F>::sc(V[j * n + i]);
+}
+
+// nq queries in groups of G, the last group's size picked at run time (R counts down to 1)
+template <int G, int R, class Fn>
+static inline void groups_of(int nq, Fn&& fn) {
+  if constexpr (R == G) {
+    int t = 0;
+    for (; t + G <= nq; t += G) fn(std::integral_constant<int, G>{}, t);
+    if (t < nq) groups_of<G, G - 1>(nq - t, [&](auto c, int u) { fn(c, t + u); });
+  } else if constexpr (R >= 1) {
+    if (nq == R) return fn(std::integral_constant<int, R>{}, 0);
+    groups_of<G, R - 1>(nq, fn);
+  }
+}
+
+template <Dtype F>
+static void kv_dots_t(const float* const* q, int nq, const void* K, int64_t n, int64_t j0,
+                      int64_t j1, float* s, int64_t lds) {
+  const auto* k = static_cast<const typename Kv<F>::T*>(K);
+  groups_of<QD, QD>(nq, [&](auto c, int t) {
+    kv_dots_n<F, decltype(c)::value>(q + t, k, n, j0, j1, s + t * lds, lds);
+  });
+}
+template <Dtype F>
+static void kv_axpys_t(const float* p, int64_t ldp, int nq, const void* V, int64_t n, int64_t j0,
+                       int64_t j1, float* const* out) {
+  const auto* v = static_cast<const typename Kv<F>::T*>(V);
+  groups_of<QV, QV>(nq, [&](auto c, int t) {
+    kv_axpys_n<F, decltype(c)::value>(p + t * ldp, ldp, v, n, j0, j1, out + t);
+  });
+}
+
+static void kv_dots(Dtype f, const float* const* q, int nq, const void* K, int64_t n, int64_t j0,
+                    int64_t j1, float* s, int64_t lds) {
+  if (f == Dtype::F32) return kv_dots_t<Dtype::F32>(q, nq, K, n, j0, j1, s, lds);
+  if (f == Dtype::BF16) return kv_dots_t<Dtype::BF16>(q, nq, K, n, j0, j1, s, lds);
+  kv_dots_t<Dtype::F16>(q, nq, K, n, j0, j1, s, lds);
+}
+static void kv_axpys(Dtype f, const float* p, int64_t ldp, int nq, const void* V, int64_t n,
+                     int64_t j0, int64_t j1, float* const* out) {
+  if (f == Dtype::F32) return kv_axpys_t<Dtype::F32>(p, ldp, nq, V, n, j0, j1, out);
+  if (f == Dtype::BF16) return kv_axpys_t<Dtype::BF16>(p, ldp, nq, V, n, j0, j1, out);
+  kv_axpys_t<Dtype::F16>(p, ldp, nq, V, n, j0, j1, out);
+}
+
 // fn over [0, n) in groups of 16 elements, each group through one fixed 16-wide pass over a
 // zero-padded copy: every element takes the same instructions wherever it sits (a vector body
 // and a scalar epilogue may round differently, and a decode task and a prefill row start at
@@ -520,6 +666,69 @@ static void softcap(float* z, int64_t n, float cap) {
     for (int k = 0; k < 16; ++k) x[k] = session_math::softcap(x[k], cap);
     for (int64_t k = 0; k < m; ++k) z[i0 + k] = x[k];
   });
+}
+
+// session_math::exp_nonpos on W lanes, its operations in its order (the scalar one did not
+// vectorize inside a loop: its float-to-int conversion and clamp kept GCC scalar)
+typedef int32_t vi __attribute__((vector_size(VBYTES)));
+static inline vf exp_nonpos_v(vf x) {
+  const vf floor = vf{} - 87.0f;
+  x = x < floor ? floor : x;
+  const vf big = vf{} + 12582912.0f;
+  const vf n = (x * 1.44269504088896341f + big) - big;
+  const vf r = (x - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
+  vf p = vf{} + 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const vi e = (__builtin_convertvector(n, vi) + 127) << 23;
+  vf two_n;
+  std::memcpy(&two_n, &e, sizeof two_n);
+  return p * two_n;
+}
+
+// s (n) <- softmax(s) in place, attention's weights (callers scale and soft-cap s first):
+// exp(s_j - max) by exp_nonpos_v (libm's expf, a call per key, was a sixth of a 512-token
+// prefill's attention on Zen 3), their sum in double in 16 partial sums (element j in sum j mod
+// 16, the partials then added in order: no 4-cycle add chain a key, and the same order on every
+// instruction set), each weight e_j * float(1 / sum). Keys more than 87 below the max weigh
+// exp(-87) / sum instead of less (exp_nonpos' floor), under 1e-37 of the largest weight.
+static void softmax(float* s, int64_t n) {
+  if (n <= 0) return;
+  constexpr int NV16 = 16 / W;  // vectors in a group of 16
+  const int64_t full = n / 16 * 16;
+  alignas(64) float tail[16];  // the last partial group, padded
+  for (int64_t k = 0; k < 16; ++k) tail[k] = full + k < n ? s[full + k] : s[0];
+  vf mv = *(const vf*)tail;
+  for (int64_t i = 0; i < full; i += W) {
+    const vf x = *(const vfu*)(s + i);
+    mv = mv < x ? x : mv;
+  }
+  for (int v = 1; v < NV16; ++v) mv = mv < *(const vf*)(tail + v * W) ? *(const vf*)(tail + v * W) : mv;
+  float mx = mv[0];
+  for (int l = 1; l < W; ++l) mx = std::max(mx, mv[l]);
+  double part[16] = {};
+  // exp of one group of 16 at g (in place), added to the partial sums; `m` of them are real
+  const auto group = [&](float* g, int64_t m) {
+    alignas(64) float e[16];
+    for (int v = 0; v < NV16; ++v) *(vf*)(e + v * W) = exp_nonpos_v(*(const vfu*)(g + v * W) - mx);
+    for (int64_t k = m; k < 16; ++k) e[k] = 0.f;  // padding adds nothing to the sums
+    for (int k = 0; k < 16; ++k) part[k] += double(e[k]);
+    for (int v = 0; v < NV16; ++v) *(vfu*)(g + v * W) = *(const vf*)(e + v * W);
+  };
+  for (int64_t i = 0; i < full; i += 16) group(s + i, 16);
+  if (full < n) {
+    group(tail, n - full);
+    for (int64_t k = 0; full + k < n; ++k) s[full + k] = tail[k];
+  }
+  double tot = part[0];
+  for (int k = 1; k < 16; ++k) tot += part[k];
+  const float inv = float(1.0 / tot);
+  for (int64_t j = 0; j < n; ++j) s[j] = s[j] * inv;
 }
 
 // out (n) = gelu_tanh(g + gb) * (u + ub) (session_math::gelu_tanh_mul), biases may be null;
@@ -546,18 +755,22 @@ const SessionOps session_ops = {
     sum,
     dot_bf16,
     dot_f16,
+    kv_dots,
+    kv_axpys,
     widen_bf16,
     widen_f16,
     round_bf16,
     quantize_q8,
     softcap,
+    softmax,
     gelu_mul,
     {
         {fp_block_bytes<PANEL_F32>, fp_put_row<PANEL_F32>, fp_get_row<PANEL_F32>,
-         fp_gemm<PANEL_F32>, fp_ws_bytes, ACT_F32, "fp32"},
+         fp_gemm<PANEL_F32>, fp_ws_bytes, ACT_F32, "fp32", fpanel_packed_elems, fpanel_pack},
         ALGENTA_BF16_PANELS,
         {fp_block_bytes<PANEL_F16>, fp_put_row<PANEL_F16>, fp_get_row<PANEL_F16>,
-         fp_gemm<PANEL_F16>, fp_ws_bytes, ACT_F32, "fp32 on widened f16"},
+         fp_gemm<PANEL_F16>, fp_ws_bytes, ACT_F32, "fp32 on widened f16", fpanel_packed_elems,
+         fpanel_pack},
         {q8_block_bytes, q8_put_row, q8_get_row, q8_gemm, q8_ws_bytes, ACT_Q8, ALGENTA_Q8_PATH},
     },
 };

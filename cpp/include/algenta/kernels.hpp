@@ -148,6 +148,9 @@ struct PanelAct {
   const int8_t* q = nullptr;
   const float* s = nullptr;
   int64_t ld = 0, lds = 0;
+  // float32 rows already packed by PanelOps::pack (the same M and K), or null: prefill packs
+  // them once for all its tasks instead of once a task
+  const float* packed = nullptr;
 };
 
 struct PanelOps {
@@ -166,6 +169,11 @@ struct PanelOps {
   int64_t (*ws_bytes)(int64_t K);
   int act;           // ACT_*: what X must hold
   const char* path;  // what multiplies, for reports: "fp32", "vdpbf16ps", "vpdpbusd", ...
+  // ACT_F32 panels only (null elsewhere): M float32 rows (K values, ldx apart) packed as gemm
+  // reads them, into packed_elems(M, K) floats, for PanelAct::packed. Copies only: a cell's
+  // bits are the same either way.
+  int64_t (*packed_elems)(int64_t M, int64_t K);
+  void (*pack)(int64_t M, int64_t K, const float* X, int64_t ldx, float* dst);
 };
 
 constexpr int64_t Q8_ACT_PAD = 64;  // elements a prepared activation row is padded to
@@ -181,6 +189,14 @@ struct SessionOps {
   float (*sum)(const float* a, int64_t n, int streams, bool prefetch);
   float (*dot_bf16)(const uint16_t* a, const float* b, int64_t n);
   float (*dot_f16)(const uint16_t* a, const float* b, int64_t n);
+  // Several queries against one head's KV rows (n values each, in cache format f: float32, or
+  // bf16 / f16 bits), for prefill: s[t * lds + j - j0] = dot (dot_bf16, dot_f16) of q[t] and row
+  // j, j in [j0, j1); out[t] (n) += p[t * ldp + j - j0] * row j for j = j0, ..., j1 - 1 in order,
+  // as axpy on the widened row. Each query gets exactly the bits the one-query calls give it.
+  void (*kv_dots)(Dtype f, const float* const* q, int nq, const void* K, int64_t n, int64_t j0,
+                  int64_t j1, float* s, int64_t lds);
+  void (*kv_axpys)(Dtype f, const float* p, int64_t ldp, int nq, const void* V, int64_t n,
+                   int64_t j0, int64_t j1, float* const* out);
   void (*widen_bf16)(const uint16_t* a, float* d, int64_t n);
   void (*widen_f16)(const uint16_t* a, float* d, int64_t n);
   // x (n) rounded to bf16 once (xb the bits, xr their float32 values), each zero-padded to a
@@ -194,6 +210,8 @@ struct SessionOps {
   // (session_math::softcap); out (n) = gelu_tanh(g + gb) * (u + ub), biases may be null, out
   // may be g (session_math::gelu_tanh_mul).
   void (*softcap)(float* z, int64_t n, float cap);
+  // s (n) <- softmax(s) in place: attention's weights (session_kernels.cpp says how it rounds)
+  void (*softmax)(float* s, int64_t n);
   void (*gelu_mul)(const float* g, const float* u, const float* gb, const float* ub, float* out,
                    int64_t n);
   // indexed by panel_index(weight format)
