@@ -549,10 +549,8 @@ void fpanel_gemm_t(int64_t M, int64_t N, int64_t K, const float* X, int64_t ldx,
     const bool first = pc == 0 && !accumulate;  // the cell takes its first block's sum as is
     for (int64_t ic = 0; ic < M; ic += MC) {
       const int64_t mc = M - ic < MC ? M - ic : MC;
-      if (Xp)
-        Ap = const_cast<float*>(Xp) + pc * mp + ic * kc;  // read only
-      else
-        pack_a<float, float>(mc, kc, X + ic * ldx + pc, ldx, 1, Ap);
+      const float* Ak = Xp ? Xp + pc * mp + ic * kc : Ap;
+      if (!Xp) pack_a<float, float>(mc, kc, X + ic * ldx + pc, ldx, 1, Ap);
       for (int64_t jb = 0; jb < N; jb += PANEL_ROWS) {
         const PB* Bk = W + (jb / PANEL_ROWS) * K * PANEL_ROWS + pc * PANEL_ROWS;
         const int64_t nb = N - jb < PANEL_ROWS ? N - jb : PANEL_ROWS;
@@ -564,9 +562,9 @@ void fpanel_gemm_t(int64_t M, int64_t N, int64_t K, const float* X, int64_t ldx,
           // costs more than the conversions: a 16-row f16 step 12% faster without it.
           for (int64_t i = 0; i < kc * PANEL_ROWS; i += lanes<float>())
             storeu(wide + i, ldp<vf>(Bk + i));
-          fpanel_tiles<float>(mc, nb, kc, Ap, wide, Y + ic * ldy + jb, ldy, first, tile);
+          fpanel_tiles<float>(mc, nb, kc, Ak, wide, Y + ic * ldy + jb, ldy, first, tile);
         } else {
-          fpanel_tiles<PB>(mc, nb, kc, Ap, Bk, Y + ic * ldy + jb, ldy, first, tile);
+          fpanel_tiles<PB>(mc, nb, kc, Ak, Bk, Y + ic * ldy + jb, ldy, first, tile);
         }
       }
     }
