@@ -347,7 +347,8 @@ def test_int8_prefill_gemm_against_exact_integer_sums():
     rounding; partial blocks, partial panels and partial row tiles included. And every row is
     bit for bit what a decode step computes for it (one kernel, one sequence per cell)."""
     rng = np.random.default_rng(7)
-    for M, N, K in ((1, 16, 32), (5, 33, 52), (40, 84, 100), (7, 64, 128), (3, 40, 1000)):
+    for M, N, K in ((1, 16, 32), (5, 33, 52), (40, 84, 100), (7, 64, 128), (3, 40, 1000),
+                    (2, 144, 96)):
         nb = -(-K // 32)
         q = rng.integers(-127, 128, size=(N, K)).astype(np.int8)
         sc = rng.uniform(1e-3, 1.0, size=(N, nb)).astype(np.float32)
@@ -364,6 +365,50 @@ def test_int8_prefill_gemm_against_exact_integer_sums():
             want = (isum * c).sum(axis=1)
             bound = 2e-6 * (np.abs(isum) * c).sum(axis=1) + 1e-30
             assert np.all(np.abs(Y[r] - want) <= bound), (M, N, K, r)
+
+
+_PANEL_ROWS = """
+import numpy as np
+from algenta import _core
+rng = np.random.default_rng(8)
+def bits(a, fmt):
+    if fmt == "f16":
+        return a.astype(np.float16).view(np.uint16)
+    u = a.view(np.uint32).astype(np.uint64)  # bf16, round to nearest even
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+def values(b, fmt):
+    if fmt == "f16":
+        return b.view(np.float16).astype(np.float64)
+    return (b.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+# k blocks of 256: one short (1, 255, 300), whole passes (1024), passes whose last block is
+# short (600, 900), a short lone block after whole passes (1100, 1300, 2100); partial panels
+for M, N, K in ((3, 17, 1), (2, 64, 255), (5, 40, 300), (2, 100, 600), (4, 33, 900),
+                (3, 81, 1024), (2, 33, 1100), (6, 130, 1300), (3, 20, 2100)):
+    w32 = rng.standard_normal((N, K)).astype(np.float32)
+    X = (rng.standard_normal((M, K)) * 10.0 ** rng.uniform(-2, 2, (M, 1))).astype(np.float32)
+    for fmt in ("f32", "bf16", "f16"):
+        w = w32 if fmt == "f32" else bits(w32, fmt)
+        Y = _core.session.cpu_panel_products(w, X, weights=fmt)
+        wv = w.astype(np.float64) if fmt == "f32" else values(w, fmt)
+        # bf16 activations are rounded to bf16 once per product, on every path
+        xv = values(bits(X, "bf16"), "bf16") if fmt == "bf16" else X.astype(np.float64)
+        prod = np.abs(wv)[None, :, :] * np.abs(xv)[:, None, :]
+        bound = 4e-5 * prod.sum(axis=2) + 1e-30
+        assert np.all(np.abs(Y - xv @ wv.T) <= bound), (fmt, M, N, K)
+        for r in range(M):  # a decode step's product: the row's bits in the GEMM
+            y1 = _core.session.cpu_panel_products(w, X[r:r + 1], weights=fmt)
+            assert np.array_equal(y1[0], Y[r]), (fmt, M, N, K, r)
+print(_core.isa_name())
+"""
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_panel_gemm_rows_are_their_decode_products(isa):
+    """Each ISA's f32, bf16 and f16 weight panels: every row of a prefill GEMM is bit for bit
+    what a decode step's product gives it (one chain per k block, block sums in order, however
+    a pass groups panels and k blocks), over short, whole and mixed k blocks and partial panels;
+    and both against float64."""
+    _run_on_isa(_PANEL_ROWS, isa)
 
 
 def test_weight_paths_follow_the_instruction_set():

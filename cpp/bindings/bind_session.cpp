@@ -291,6 +291,35 @@ void bind_session(py::module_& m) {
       py::arg("w"), py::arg("x"),
       "Test hook: the bf16 decode product of the active ISA -> (y, x's bf16 bits).");
 
+  s.def(
+      "cpu_panel_products",
+      [](const py::array& w, F32 X, const std::string& weights) {
+        namespace rk = algenta::residentk;
+        static constexpr Dtype kFormats[] = {Dtype::F32, Dtype::BF16, Dtype::F16};
+        const Dtype f = dtype_arg(weights, kFormats, "weights");
+        if (w.ndim() != 2 || X.ndim() != 2 || w.shape(1) < 1 || w.shape(0) < 1 ||
+            X.shape(0) < 1 || X.shape(1) != w.shape(1))
+          refuse(rk::RESIDENT_ERR_WEIGHT_LENGTH,
+                 "cpu_panel_products: w (rows, n) and X (M, n), none of them empty");
+        if (w.itemsize() != dtype_info(f).bytes || !(w.flags() & py::array::c_style))
+          throw py::type_error("cpu_panel_products(weights='" + weights + "') needs a "
+                               "C-contiguous w of " + std::to_string(dtype_info(f).bytes) +
+                               "-byte elements");
+        const int64_t rows = w.shape(0), n = w.shape(1), M = X.shape(0);
+        py::array_t<float> Y({M, rows});
+        const void* wp = w.data();
+        const float* xp = X.data();
+        float* yp = Y.mutable_data();
+        {
+          py::gil_scoped_release nogil;
+          rk::cpu_panel_products(f, wp, rows, n, xp, M, yp);
+        }
+        return Y;
+      },
+      py::arg("w"), py::arg("X"), py::arg("weights"),
+      "Test hook: X (M, n) times w (rows, n) in the session's f32, bf16 or f16 panels (bf16 and "
+      "f16 as uint16 bits): M == 1 a decode step's product, M > 1 the prefill GEMM.");
+
   // cuda_backend, cuda_session, cuda_copy_bandwidth and the cuda_plan submodule
   // (bind_session_cuda.cpp): the CUDA backend where the build has one, its refusal otherwise.
   bind_session_cuda(s);

@@ -572,82 +572,102 @@ void fpanel_gemm_t(int64_t M, int64_t N, int64_t K, const float* X, int64_t ldx,
 }
 
 // y (N) (+)= x (K) times the first N rows of the blocks at W: fpanel_tiles' sequence for one row
-// (ukernel_rows<float, 1>'s chain per k block, the block sums added in order). Two panels and two
-// k blocks at a time: a k block's chain starts from 0 whichever block precedes it, so two blocks'
-// chains may run side by side and their sums join the cell in order afterwards; with two panels
-// that is eight independent chains where one pass of k gave four, and two streams of the block
-// read at once. f16 decode 7-10% faster on one Zen 4 thread (a step of the Qwen3-0.6B shape
-// 59-62 -> 55 ms; two threads within this VM's noise); the same bits.
+// (ukernel_rows<float, 1>'s chain per k block, the block sums added in order). A k block's chain
+// starts from 0 whichever block precedes it, so several blocks' chains run side by side and their
+// sums join the cell in order afterwards: the same bits for any GEMV_PANELS x GEMV_KBLOCKS.
+// What the pass shape buys is memory-level parallelism: each k block of a panel is its own
+// stream (blocks lie KC * PANEL_ROWS values apart), and one core keeps more lines in flight over
+// several streams than over one. Zen 3 (AVX2), one thread, a 537 MB bf16 matrix: 2 panels x 2
+// blocks 21.6-22.5 GB/s, 1 panel x 4 blocks 24.8-26.0 (f16 +12%, f32 +6%); a one-thread decode
+// step of the Qwen3-0.6B shape, medians: bf16 62-70 -> 59-64 ms, f16 62-69 -> 58-62 (two threads
+// and f32 within the VM's noise). On Zen 4 (AVX-512) 2 x 2 was measured 7-10% ahead of one pass
+// over k, and 1 x 4 has not run there, so AVX-512 keeps 2 x 2.
+constexpr int GEMV_PANELS = VBYTES == 32 ? 1 : 2;
+constexpr int GEMV_KBLOCKS = VBYTES == 32 ? 4 : 2;
+
+// One pass: P panels from column jr of a row block times NB k blocks from pc into tot. Only the
+// matrix's last k block may be short, so blocks 0..NB-2 of a pass hold KC values.
+template <class PB, int P, int NB>
+inline void fpanel_gemv_pass(const PB* blk, int64_t K, int64_t pc, int64_t jr, const float* x,
+                             vf (&tot)[GEMV_PANELS][NV<float>], bool first) {
+  constexpr int L = lanes<float>();
+  constexpr int64_t NR = nr<float>();
+  constexpr int NVF = NV<float>;
+  const int64_t klast = pc + (NB - 1) * KC;
+  const int64_t kcl = K - klast < KC ? K - klast : KC;  // the last block's length
+  const PB* b[NB];
+  const float* xk[NB];
+  for (int h = 0; h < NB; ++h) {
+    const int64_t kh = pc + h * KC, kc = h == NB - 1 ? kcl : KC;
+    b[h] = blk + kh * PANEL_ROWS + jr * kc;  // panel p at + p * NR * kc
+    xk[h] = x + kh;
+  }
+  vf acc[NB][P][NVF];
+  for (int h = 0; h < NB; ++h)
+    for (int p = 0; p < P; ++p)
+      for (int j = 0; j < NVF; ++j) acc[h][p][j] = vf{};
+  int64_t k = 0;
+  for (; k < kcl; ++k)
+    for (int h = 0; h < NB; ++h) {
+      const float xv = xk[h][k];
+      const int64_t kc = h == NB - 1 ? kcl : KC;
+      for (int p = 0; p < P; ++p)
+        for (int j = 0; j < NVF; ++j)
+          acc[h][p][j] += ldp<vf>(b[h] + p * NR * kc + k * NR + j * L) * xv;
+    }
+  for (; k < KC; ++k)  // the full blocks past a short last one
+    for (int h = 0; h < NB - 1; ++h) {
+      const float xv = xk[h][k];
+      for (int p = 0; p < P; ++p)
+        for (int j = 0; j < NVF; ++j)
+          acc[h][p][j] += ldp<vf>(b[h] + p * NR * KC + k * NR + j * L) * xv;
+    }
+  for (int p = 0; p < P; ++p)
+    for (int j = 0; j < NVF; ++j) {
+      tot[p][j] = first ? acc[0][p][j] : tot[p][j] + acc[0][p][j];
+      for (int h = 1; h < NB; ++h) tot[p][j] = tot[p][j] + acc[h][p][j];
+    }
+}
+
+template <class PB, int P>
+void fpanel_gemv_col(const PB* blk, int64_t K, int64_t jr, const float* x,
+                     vf (&tot)[GEMV_PANELS][NV<float>], bool accumulate) {
+  static_assert(GEMV_KBLOCKS >= 1 && GEMV_KBLOCKS <= 4, "passes of 1 to 4 k blocks");
+  for (int64_t pc = 0; pc < K; pc += GEMV_KBLOCKS * KC) {
+    const int64_t left = (K - pc + KC - 1) / KC;
+    const bool first = pc == 0 && !accumulate;
+    switch (left < GEMV_KBLOCKS ? left : GEMV_KBLOCKS) {
+      case 4: fpanel_gemv_pass<PB, P, GEMV_KBLOCKS < 4 ? 1 : 4>(blk, K, pc, jr, x, tot, first); break;
+      case 3: fpanel_gemv_pass<PB, P, GEMV_KBLOCKS < 3 ? 1 : 3>(blk, K, pc, jr, x, tot, first); break;
+      case 2: fpanel_gemv_pass<PB, P, GEMV_KBLOCKS < 2 ? 1 : 2>(blk, K, pc, jr, x, tot, first); break;
+      default: fpanel_gemv_pass<PB, P, 1>(blk, K, pc, jr, x, tot, first); break;
+    }
+  }
+}
+
 template <class PB>
 void fpanel_gemv_t(int64_t N, int64_t K, const float* x, const PB* W, float* y, bool accumulate) {
   constexpr int L = lanes<float>();
   constexpr int64_t NR = nr<float>();
   constexpr int NVF = NV<float>;
+  constexpr int64_t CW = GEMV_PANELS * NR;  // columns a pass
+  static_assert(GEMV_PANELS == 1 || GEMV_PANELS == 2, "passes of one or two panels");
+  static_assert(PANEL_ROWS % CW == 0, "a row block holds whole passes");
   for (int64_t jb = 0; jb < N; jb += PANEL_ROWS) {
     const PB* blk = W + (jb / PANEL_ROWS) * K * PANEL_ROWS;
     const int64_t nb = N - jb < PANEL_ROWS ? N - jb : PANEL_ROWS;
-    for (int64_t jr = 0; jr < nb; jr += 2 * NR) {
-      const int np = jr + NR < nb ? 2 : 1;  // panels this pass
-      const int64_t w = nb - jr < 2 * NR ? nb - jr : 2 * NR;
-      vf tot[2][NVF];
-      float edge[2 * NR];
-      if (accumulate) {
-        for (int64_t i = 0; i < 2 * NR; ++i) edge[i] = i < w ? y[jb + jr + i] : 0.f;
-        for (int p = 0; p < 2; ++p)
-          for (int j = 0; j < NVF; ++j) tot[p][j] = loadu<vf>(edge + p * NR + j * L);
-      }
-      for (int64_t pc = 0; pc < K; pc += 2 * KC) {
-        // k blocks pc (kc0 values) and pc + KC (kc1, 0 past K; only the last block is short,
-        // so kc1 <= kc0)
-        const int64_t kc0 = K - pc < KC ? K - pc : KC;
-        const int64_t rest = K - pc - kc0;
-        const int64_t kc1 = rest < KC ? rest : KC;
-        const PB* b0 = blk + pc * PANEL_ROWS + jr * kc0;
-        const PB* c0 = kc1 > 0 ? blk + (pc + KC) * PANEL_ROWS + jr * kc1 : nullptr;
-        const float* xk = x + pc;
-        const float* xl = xk + KC;
-        vf acc[2][2][NVF];  // [k block][panel]
-        for (int h = 0; h < 2; ++h)
-          for (int p = 0; p < 2; ++p)
-            for (int j = 0; j < NVF; ++j) acc[h][p][j] = vf{};
-        int64_t k = 0;
-        if (np == 2) {
-          for (; k < kc1; ++k) {
-            const float xv = xk[k], xw = xl[k];
-            for (int j = 0; j < NVF; ++j) {
-              acc[0][0][j] += ldp<vf>(b0 + k * NR + j * L) * xv;
-              acc[0][1][j] += ldp<vf>(b0 + NR * kc0 + k * NR + j * L) * xv;
-              acc[1][0][j] += ldp<vf>(c0 + k * NR + j * L) * xw;
-              acc[1][1][j] += ldp<vf>(c0 + NR * kc1 + k * NR + j * L) * xw;
-            }
-          }
-          for (; k < kc0; ++k) {
-            const float xv = xk[k];
-            for (int j = 0; j < NVF; ++j) {
-              acc[0][0][j] += ldp<vf>(b0 + k * NR + j * L) * xv;
-              acc[0][1][j] += ldp<vf>(b0 + NR * kc0 + k * NR + j * L) * xv;
-            }
-          }
-        } else {
-          for (; k < kc1; ++k) {
-            const float xv = xk[k], xw = xl[k];
-            for (int j = 0; j < NVF; ++j) {
-              acc[0][0][j] += ldp<vf>(b0 + k * NR + j * L) * xv;
-              acc[1][0][j] += ldp<vf>(c0 + k * NR + j * L) * xw;
-            }
-          }
-          for (; k < kc0; ++k) {
-            const float xv = xk[k];
-            for (int j = 0; j < NVF; ++j) acc[0][0][j] += ldp<vf>(b0 + k * NR + j * L) * xv;
-          }
-        }
-        const bool first = pc == 0 && !accumulate;
-        for (int p = 0; p < 2; ++p)
-          for (int j = 0; j < NVF; ++j) {
-            tot[p][j] = first ? acc[0][p][j] : tot[p][j] + acc[0][p][j];
-            if (kc1 > 0) tot[p][j] = tot[p][j] + acc[1][p][j];
-          }
-      }
+    for (int64_t jr = 0; jr < nb; jr += CW) {
+      const int64_t w = nb - jr < CW ? nb - jr : CW;
+      const int np = int((w + NR - 1) / NR);  // panels this pass
+      vf tot[GEMV_PANELS][NVF];
+      float edge[CW];
+      for (int64_t i = 0; i < CW; ++i) edge[i] = accumulate && i < w ? y[jb + jr + i] : 0.f;
+      for (int p = 0; p < GEMV_PANELS; ++p)
+        for (int j = 0; j < NVF; ++j) tot[p][j] = loadu<vf>(edge + p * NR + j * L);
+      if (GEMV_PANELS > 1 && np == 2)
+        fpanel_gemv_col<PB, GEMV_PANELS < 2 ? 1 : 2>(blk, K, jr, x, tot, accumulate);
+      else
+        fpanel_gemv_col<PB, 1>(blk, K, jr, x, tot, accumulate);
       for (int p = 0; p < np; ++p)
         for (int j = 0; j < NVF; ++j) storeu(edge + p * NR + j * L, tot[p][j]);
       for (int64_t i = 0; i < w; ++i) y[jb + jr + i] = edge[i];

@@ -1150,6 +1150,18 @@ void cpu_bf16_products(const uint16_t* w, int64_t rows, int64_t n, const float* 
   std::memcpy(xb, in.b, size_t(n) * sizeof(uint16_t));
 }
 
+void cpu_panel_products(Dtype f, const void* w, int64_t rows, int64_t n, const float* X,
+                        int64_t M, float* Y) {
+  const Simd& S = simd();
+  const size_t row_bytes = size_t(n) * size_t(dtype_info(f).bytes);
+  HookMat h(f, rows, n);
+  for (int64_t o = 0; o < rows; ++o)
+    h.m.put_row(o, static_cast<const char*>(w) + size_t(o) * row_bytes, nullptr);
+  const ActScratch scratch(f, 1, n, M);
+  const kern::PanelAct in = scratch.prepare(S, X, M, n, n, 0);
+  h.m.gemm(M, in, 0, rows, Y, rows, false, h.ws().p);
+}
+
 double cpu_read_bandwidth(int64_t bytes, int reps) {
   const int64_t n = std::max<int64_t>(bytes / int64_t(sizeof(float)), 1 << 16);
   // in the weights' kind of memory (an Arena: huge pages), so the roofline is decode's own
