@@ -415,17 +415,18 @@ static void q8_gemm(int64_t M, int64_t N, int64_t K, const PanelAct& X, const vo
     const int8_t* pw[Q8_DECODE_PANELS];
     for (int v = 0; v < np; ++v) pw[v] = W + (p0 + v) * nb * Q8_PB;
     const int ncols = int(std::min<int64_t>(np * Q8_LANES, N - p0 * Q8_LANES));
-    if constexpr (Q8_DECODE_PANELS > 2) {
-      if (np > 2) {  // one decode row (step is 2 otherwise)
-        Q8Rows x;
-        x.q[0] = X.q, x.s[0] = X.s, x.y[0] = Y + p0 * Q8_LANES;
-        if (np == 4)
-          q8_tile<1, 4>(nb, pw, x, nullptr, ncols, accumulate);
-        else
-          q8_tile<1, 3>(nb, pw, x, nullptr, ncols, accumulate);
-        continue;
-      }
+#if VBYTES == 32
+    // Only here: elsewhere pw holds two panels and these tiles would read past it.
+    if (np > 2) {  // one decode row (step is 2 otherwise)
+      Q8Rows x;
+      x.q[0] = X.q, x.s[0] = X.s, x.y[0] = Y + p0 * Q8_LANES;
+      if (np == 4)
+        q8_tile<1, 4>(nb, pw, x, nullptr, ncols, accumulate);
+      else
+        q8_tile<1, 3>(nb, pw, x, nullptr, ncols, accumulate);
+      continue;
     }
+#endif
     const bool two = np == 2;
 #if VBYTES == 64
     __m512i* off = nullptr;
