@@ -1092,18 +1092,30 @@ std::unique_ptr<Session> make_cpu_session(const SessionConfig& cfg, int64_t max_
 }
 
 namespace {
-// rows (rows, n) of format f as a WMat in an arena of its own: the test hooks' products run the
-// session's own panels and kernels.
-struct HookMat {
-  Arena arena;
-  WMat m;
-  HookMat(Dtype f, int64_t rows, int64_t n) {
+// The test hooks' one body: w (rows, n) in format f (int8 with its block scales, `sc`) put into
+// the session's own panels, X (M, n) prepared as a step or a prefill prepares its activations,
+// and Y (M, rows) = X w^T through the session's own kernels. `in` keeps the prepared activations
+// (they live in `act`) for the hooks that return them.
+struct HookProducts {
+  ActScratch act;
+  kern::PanelAct in;
+  HookProducts(Dtype f, const void* w, const float* sc, int64_t rows, int64_t n, const float* X,
+               int64_t M, float* Y)
+      : act(f, 1, n, M) {
+    Arena arena;
     size_t need = 0;
     WMat(f, rows, n, &arena, &need);
     arena.open(need);
-    m = WMat(f, rows, n, &arena);
+    WMat m(f, rows, n, &arena);
+    const size_t row_bytes = size_t(n) * size_t(dtype_info(f).bytes);
+    const int64_t blocks = (n + RESIDENT_INT8_BLOCK - 1) / RESIDENT_INT8_BLOCK;
+    for (int64_t o = 0; o < rows; ++o)
+      m.put_row(o, static_cast<const char*>(w) + size_t(o) * row_bytes,
+                sc ? sc + o * blocks : nullptr);
+    in = act.prepare(simd(), X, M, n, n, 0);
+    const ABuf<char> ws(m.ops().ws_bytes(m.cols));
+    m.gemm(M, in, 0, rows, Y, rows, false, ws.p);
   }
-  ABuf<char> ws() const { return ABuf<char>(m.ops().ws_bytes(m.cols)); }
 };
 }  // namespace
 
@@ -1111,55 +1123,27 @@ const char* cpu_weight_path(Dtype f) { return simd().panels[kern::panel_index(f)
 
 void cpu_int8_products(const int8_t* q, const float* sc, int64_t rows, int64_t n, const float* x,
                        float* y, int8_t* xq, float* xs) {
-  const Simd& S = simd();
+  const HookProducts h(Dtype::Int8, q, sc, rows, n, x, 1, y);
+  std::memcpy(xq, h.in.q, size_t(n));
   const int64_t blocks = (n + RESIDENT_INT8_BLOCK - 1) / RESIDENT_INT8_BLOCK;
-  HookMat h(Dtype::Int8, rows, n);
-  for (int64_t o = 0; o < rows; ++o) h.m.put_row(o, q + o * n, sc + o * blocks);
-  const ActScratch scratch(Dtype::Int8, 1, n, 1);
-  const kern::PanelAct in = scratch.prepare(S, x, 1, n, n, 0);
-  h.m.gemm(1, in, 0, rows, y, 0, false, h.ws().p);
-  std::memcpy(xq, in.q, size_t(n));
-  std::memcpy(xs, in.s, size_t(blocks) * sizeof(float));
+  std::memcpy(xs, h.in.s, size_t(blocks) * sizeof(float));
 }
 
 bool cpu_int8_gemm(const int8_t* q, const float* sc, int64_t rows, int64_t n, const float* X,
                    int64_t M, float* Y) {
-  const Simd& S = simd();
-  const int64_t blocks = (n + RESIDENT_INT8_BLOCK - 1) / RESIDENT_INT8_BLOCK;
-  const int64_t ldx = (n + kern::Q8_ACT_PAD - 1) / kern::Q8_ACT_PAD * kern::Q8_ACT_PAD;
-  HookMat h(Dtype::Int8, rows, n);
-  for (int64_t o = 0; o < rows; ++o) h.m.put_row(o, q + o * n, sc + o * blocks);
-  ABuf<int8_t> xq(M * ldx);
-  Buf xs(M * (ldx / RESIDENT_INT8_BLOCK));
-  for (int64_t r = 0; r < M; ++r)
-    S.quantize_q8(X + r * n, n, xq.p + r * ldx, xs.p + r * (ldx / RESIDENT_INT8_BLOCK));
-  kern::PanelAct a;
-  a.q = xq.p, a.s = xs.p, a.ld = ldx, a.lds = ldx / RESIDENT_INT8_BLOCK;
-  h.m.gemm(M, a, 0, rows, Y, rows, false, h.ws().p);
+  HookProducts(Dtype::Int8, q, sc, rows, n, X, M, Y);
   return true;
 }
 
 void cpu_bf16_products(const uint16_t* w, int64_t rows, int64_t n, const float* x, float* y,
                        uint16_t* xb) {
-  const Simd& S = simd();
-  HookMat h(Dtype::BF16, rows, n);
-  for (int64_t o = 0; o < rows; ++o) h.m.put_row(o, w + o * n, nullptr);
-  const ActScratch scratch(Dtype::BF16, 1, n, 1);
-  const kern::PanelAct in = scratch.prepare(S, x, 1, n, n, 0);
-  h.m.gemm(1, in, 0, rows, y, 0, false, h.ws().p);
-  std::memcpy(xb, in.b, size_t(n) * sizeof(uint16_t));
+  const HookProducts h(Dtype::BF16, w, nullptr, rows, n, x, 1, y);
+  std::memcpy(xb, h.in.b, size_t(n) * sizeof(uint16_t));
 }
 
 void cpu_panel_products(Dtype f, const void* w, int64_t rows, int64_t n, const float* X,
                         int64_t M, float* Y) {
-  const Simd& S = simd();
-  const size_t row_bytes = size_t(n) * size_t(dtype_info(f).bytes);
-  HookMat h(f, rows, n);
-  for (int64_t o = 0; o < rows; ++o)
-    h.m.put_row(o, static_cast<const char*>(w) + size_t(o) * row_bytes, nullptr);
-  const ActScratch scratch(f, 1, n, M);
-  const kern::PanelAct in = scratch.prepare(S, X, M, n, n, 0);
-  h.m.gemm(M, in, 0, rows, Y, rows, false, h.ws().p);
+  HookProducts(f, w, nullptr, rows, n, X, M, Y);
 }
 
 double cpu_read_bandwidth(int64_t bytes, int reps) {
