@@ -271,8 +271,10 @@ _INT8_KERNEL = """
 import numpy as np
 from algenta import _core
 rng = np.random.default_rng(5)
-for n in (32, 64, 96, 128, 160, 200, 1024, 3072):  # lone blocks, pairs, quads, a partial block
-    rows, blocks = 7, -(-n // 32)
+# weight rows: one partial panel; three panels; four and a partial fifth (decode takes four
+# panels a tile on AVX2 and AVX-512, three at the end of a matrix)
+for n, rows in [(n, r) for n in (32, 64, 96, 128, 160, 200, 1024, 3072) for r in (7, 40, 67)]:
+    blocks = -(-n // 32)
     q = rng.integers(-127, 128, size=(rows, n)).astype(np.int8)
     sc = rng.uniform(1e-3, 1.0, size=(rows, blocks)).astype(np.float32)
     sc[0, 0] = 0.0
