@@ -1129,10 +1129,9 @@ void cpu_int8_products(const int8_t* q, const float* sc, int64_t rows, int64_t n
   std::memcpy(xs, h.in.s, size_t(blocks) * sizeof(float));
 }
 
-bool cpu_int8_gemm(const int8_t* q, const float* sc, int64_t rows, int64_t n, const float* X,
+void cpu_int8_gemm(const int8_t* q, const float* sc, int64_t rows, int64_t n, const float* X,
                    int64_t M, float* Y) {
   HookProducts(Dtype::Int8, q, sc, rows, n, X, M, Y);
-  return true;
 }
 
 void cpu_bf16_products(const uint16_t* w, int64_t rows, int64_t n, const float* x, float* y,

@@ -177,9 +177,9 @@ const char* cpu_weight_path(Dtype f);
 // with its block scales sc (rows, ceil(n / 32)) times x, as a decode step computes it.
 void cpu_int8_products(const int8_t* q, const float* sc, int64_t rows, int64_t n, const float* x,
                        float* y, int8_t* xq, float* xs);
-// The int8 prefill GEMM of the active instruction set (where it has one; false otherwise): the
-// M rows of X (M, n) quantized as cpu_int8_products quantizes x, Y (M, rows) = X q^T.
-bool cpu_int8_gemm(const int8_t* q, const float* sc, int64_t rows, int64_t n, const float* X,
+// The int8 prefill GEMM of the active instruction set (every one has one): the M rows of X
+// (M, n) quantized as cpu_int8_products quantizes x, Y (M, rows) = X q^T.
+void cpu_int8_gemm(const int8_t* q, const float* sc, int64_t rows, int64_t n, const float* X,
                    int64_t M, float* Y);
 // The same for bf16 rows w (rows, n bf16 bits): x rounded to bf16 once (xb (n) out), then
 // y[o] = row o . x as a decode step computes it.
