@@ -1162,9 +1162,10 @@ double cpu_read_bandwidth(int64_t bytes, int reps) {
   const Simd& S = simd();
   double best = 0.0;
   volatile float sink = 0.f;
-  // each rep reads in every pattern (one prefetched stream, one plain, two plain side by side)
-  static constexpr struct { int streams; bool prefetch; } patterns[] = {{1, true}, {1, false},
-                                                                         {2, false}};
+  // each rep reads in every pattern (one prefetched stream, one plain, two and four plain side
+  // by side)
+  static constexpr struct { int streams; bool prefetch; } patterns[] = {
+      {1, true}, {1, false}, {2, false}, {4, false}};
   for (int rep = 0; rep < std::max(1, reps); ++rep)
     for (const auto& pat : patterns) {
       const double t0 = omp_get_wtime();

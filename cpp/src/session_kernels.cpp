@@ -101,20 +101,22 @@ static void axpy(float p, const float* v, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += p * v[i];
 }
 
-// sum of a (n), for the read-bandwidth probe: the same loads as dot, in `streams` (1 or 2)
+// sum of a (n), for the read-bandwidth probe: the same loads as dot, in `streams` (1, 2 or 4)
 // contiguous parts read side by side, with or without prefetch_ahead. Which pattern reads fastest
 // is the host's: on Zen 3 (2 vCPUs) one thread read 16 GB/s in one prefetched stream, 21 without
 // the prefetches and 25 in two streams (the AMX Xeon's row dots wanted the prefetches, above);
-// the probe keeps the best, so a roofline share is against the best streaming read of the host.
+// decode's products read four streams a thread on AVX2 and AVX-512 (one panel's four k blocks,
+// four int8 panels). The probe keeps the best, so a roofline share is against the best streaming
+// read of the host. Streams 2 and 3 add into the accumulators of 0 and 1 (a sink, not a result).
 static float sum(const float* a, int64_t n, int streams, bool prefetch) {
   vf acc[2][ACC] = {};
-  const int ns = streams == 2 ? 2 : 1;
+  const int ns = streams >= 4 ? 4 : streams == 2 ? 2 : 1;
   const int64_t part = n / ns / (ACC * W) * (ACC * W);
   for (int64_t i = 0; i < part; i += ACC * W)
     for (int st = 0; st < ns; ++st) {
       const float* p = a + st * part + i;
       if (prefetch) prefetch_ahead(p, lines_of(ACC * W * 4));
-      for (int k = 0; k < ACC; ++k) acc[st][k] += *(const vfu*)(p + k * W);
+      for (int k = 0; k < ACC; ++k) acc[st % 2][k] += *(const vfu*)(p + k * W);
     }
   float s = hsum((acc[0][0] + acc[0][1]) + (acc[0][2] + acc[0][3])) +
             hsum((acc[1][0] + acc[1][1]) + (acc[1][2] + acc[1][3]));

@@ -185,7 +185,7 @@ constexpr int64_t Q8_ACT_PAD = 64;  // elements a prepared activation row is pad
 struct SessionOps {
   float (*dot)(const float* a, const float* b, int64_t n);
   void (*axpy)(float p, const float* v, float* y, int64_t n);  // y += p * v
-  // the read-bandwidth probe: a's sum read in `streams` (1 or 2) parts side by side
+  // the read-bandwidth probe: a's sum read in `streams` (1, 2 or 4) parts side by side
   float (*sum)(const float* a, int64_t n, int streams, bool prefetch);
   float (*dot_bf16)(const uint16_t* a, const float* b, int64_t n);
   float (*dot_f16)(const uint16_t* a, const float* b, int64_t n);
