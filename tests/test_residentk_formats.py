@@ -271,9 +271,11 @@ _INT8_KERNEL = """
 import numpy as np
 from algenta import _core
 rng = np.random.default_rng(5)
-# weight rows: one partial panel; three panels; four and a partial fifth (decode takes four
-# panels a tile on AVX2 and AVX-512, three at the end of a matrix)
-for n, rows in [(n, r) for n in (32, 64, 96, 128, 160, 200, 1024, 3072) for r in (7, 40, 67)]:
+# weight rows: one partial panel; three panels; four and a partial fifth; eight ending on a
+# partial one; eight and a partial ninth (decode takes up to four panels a tile on AVX2 and
+# eight on AVX-512, fewer at the end of a matrix)
+for n, rows in [(n, r) for n in (32, 64, 96, 128, 160, 200, 1024, 3072)
+                for r in (7, 40, 67, 120, 131)]:
     blocks = -(-n // 32)
     q = rng.integers(-127, 128, size=(rows, n)).astype(np.int8)
     sc = rng.uniform(1e-3, 1.0, size=(rows, blocks)).astype(np.float32)

@@ -513,14 +513,34 @@ print(np.concatenate(out).astype(np.float32).tobytes().hex())
 """
 
 
-def _probe(env_extra):
+# A head and MLP wide enough for a decode step's two-block tasks on one thread (1,100 and 600 rows:
+# at least four 128-row tasks a thread) and one-block tasks on three (fewer than twelve), in
+# every weight format; int8 there multiplies up to eight panels a tile (AVX-512), ending on
+# partial ones.
+_TASKS_PROBE = """
+import sys, numpy as np
+sys.path.insert(0, {tests!r})
+import qwen3_reference as ref
+from test_residentk_session import CONFIGS
+from algenta.residentk.session import ResidentSession
+cfg = dict(CONFIGS["gqa2_untied"], d_ff=600, vocab=1100)
+w = ref.random_weights(cfg, 9)
+out = []
+for fmt in ("f32", "bf16", "f16", "int8"):
+    s = ResidentSession(cfg, w, max_ctx=64, weights=fmt)
+    out += [s.prefill(list(range(5))), s.step(7), s.step(900)]
+print(np.concatenate(out).astype(np.float32).tobytes().hex())
+"""
+
+
+def _probe(env_extra, code=_PROBE):
     import os
     import subprocess
     import sys
 
     tests = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, **env_extra)
-    r = subprocess.run([sys.executable, "-c", _PROBE.format(tests=tests)], env=env,
+    r = subprocess.run([sys.executable, "-c", code.format(tests=tests)], env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return np.frombuffer(bytes.fromhex(r.stdout.strip()), np.float32)
@@ -529,6 +549,16 @@ def _probe(env_extra):
 def test_logits_are_bit_identical_for_every_thread_count():
     a = _probe({"OMP_NUM_THREADS": "1"})
     b = _probe({"OMP_NUM_THREADS": "3"})
+    np.testing.assert_array_equal(a, b)
+
+
+def test_decode_task_size_does_not_change_the_bits():
+    """A decode step's rows go to tasks of two panel blocks where every thread still gets four
+    (session_cpu.cpp, step_task_rows), of one elsewhere: one thread and three give the same
+    logits in every weight format."""
+    a = _probe({"OMP_NUM_THREADS": "1"}, _TASKS_PROBE)
+    b = _probe({"OMP_NUM_THREADS": "3"}, _TASKS_PROBE)
+    assert a.size == 4 * 3 * 1100
     np.testing.assert_array_equal(a, b)
 
 

@@ -337,11 +337,10 @@ inline void split(int64_t rows, int t, int nt, int64_t& r0, int64_t& r1) {
 }
 
 // Inside a parallel region: fn(r0, r1) over [0, rows) in chunks of `chunk` rows (whole panel
-// blocks; one, ROWS_PER_TASK, for a single decode row) handed out dynamically. Each row still
-// has exactly one owner and one reduction order (bits never depend on the schedule), but a
-// thread that the OS deschedules on a shared machine no longer holds a fixed half of every
-// matvec hostage: the running ones take its chunks.
-constexpr int64_t ROWS_PER_TASK = kern::PANEL_ROWS;
+// blocks; one or two for a single decode row, CpuSession::step_task_rows) handed out
+// dynamically. Each row still has exactly one owner and one reduction order (bits never depend
+// on the schedule), but a thread that the OS deschedules on a shared machine no longer holds a
+// fixed half of every matvec hostage: the running ones take its chunks.
 template <class Fn>
 inline void rows_dynamic(int64_t rows, int64_t chunk, Fn&& fn) {
   const int64_t tasks = (rows + chunk - 1) / chunk;
@@ -802,10 +801,12 @@ class CpuSession final : public SessionBase {
     for (int64_t r = 0; r < M; ++r) p[r] = pos_[slot[r]];
     float *X = x_.p, *QKV = qkv_.p, *A = attn_.p, *Act = act_buf_.p, *XF = xf_.p, *Y = sub_.p;
     int64_t stages = 0;
-    // Weight rows per task: one panel block for one row (a matrix-vector product); for several,
-    // prefill's larger tasks, since each task packs the M activation rows once for all of its
-    // blocks (64-row tasks cost a third of a 16-row step in packing on Zen 4).
-    const auto chunk = [&](int64_t rows) { return M == 1 ? ROWS_PER_TASK : task_rows(rows); };
+    // Weight rows per task: one or two panel blocks for one row (a matrix-vector product); for
+    // several, prefill's larger tasks, since each task packs the M activation rows once for all
+    // of its blocks (64-row tasks cost a third of a 16-row step in packing on Zen 4).
+    const auto chunk = [&](int64_t rows) {
+      return M == 1 ? step_task_rows(rows) : task_rows(rows);
+    };
 
     for (int64_t r = 0; r < M; ++r) embed_row(ids[r], X + r * D);  // M rows: no team
     ++stages;
@@ -915,11 +916,22 @@ class CpuSession final : public SessionBase {
     {
       const int t = omp_get_thread_num();
       const kern::PanelAct in = input(S, xf_.p, 1, c_.d_model, c_.d_model, t);
-      rows_dynamic(c_.vocab, ROWS_PER_TASK, [&](int64_t r0, int64_t r1) {
+      rows_dynamic(c_.vocab, step_task_rows(c_.vocab), [&](int64_t r0, int64_t r1) {
         head().gemm(1, in, r0, r1, logits + r0, 0, false, ws(t));
         cap_logits(S, logits, 0, 1, r0, r1);
       });
     }
+  }
+
+  // Weight rows per task of one decode row's product over N rows: two panel blocks where that
+  // still leaves every thread four tasks (so a descheduled thread's share is taken over), one
+  // otherwise. Two blocks let AVX-512's int8 tile read eight panels, eight streams, at once
+  // (kernels' Q8_DECODE_PANELS); for the other formats the task size was measured neutral (Zen 4,
+  // bf16 and f16 steps, 64- and 128-row tasks alternated in one process: within 2-6%, the
+  // larger ahead). Task bounds never change a cell's bits.
+  int64_t step_task_rows(int64_t N) const {
+    const int64_t two = 2 * kern::PANEL_ROWS;
+    return N >= 4 * int64_t(nt_) * two ? two : kern::PANEL_ROWS;
   }
 
   // Weight rows per task of a prefill projection over N rows, whole panel blocks: packing the

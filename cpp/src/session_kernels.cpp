@@ -397,14 +397,27 @@ static inline void q8_tile(int64_t nb, const int8_t* const* pw, const Q8Rows& x,
 // Y (M, ldy) (+)= the int8 rows X.q (M, X.ld bytes; scales X.s, X.lds a row) times the first N
 // rows of the blocks at W: two panels (32 weight rows) by up to four activation rows a tile.
 // Panels are visited in order, and a pair's integer offsets (VNNI) formed once for all M rows.
-// One decode row (M == 1) on AVX2 and AVX-512 takes four panels a tile: each panel is its own
-// stream, and one core keeps more lines in flight over four streams than over two. Zen 3, one
+// One decode row (M == 1) takes up to Q8_DECODE_PANELS panels a tile: each panel is its own
+// stream, and one core keeps more lines in flight over more streams. AVX2, four: Zen 3, one
 // thread, a 604 MB matrix: 17.4-18.0 GB/s with two panels, 22.8-23.2 with four (a plain read
 // 21-23); a one-thread decode step of the Qwen3-0.6B shape 40-43 -> 36-37 ms (medians; two
-// threads within the VM's noise). Zen 4 (AVX-512 VNNI), two and four panels alternated step by step in one
-// process, medians of 60 steps: one thread 31.8 -> 30.1 ms, two threads 18.9 -> 17.6 ms. The
-// same bits: a cell's sums do not depend on its neighbours. The SSE2 build keeps two (not timed).
-constexpr int Q8_DECODE_PANELS = VBYTES >= 32 ? 4 : 2;
+// threads within the VM's noise). AVX-512 (32 registers), eight: Zen 4 (AVX-512 VNNI), tiles
+// alternated step by step in one process at that shape, medians of 60 steps: one thread 31.8 ms
+// (two panels) -> 30.1 (four), two threads 18.9 -> 17.6; then, in the session's two-block
+// decode tasks (session_cpu.cpp, step_task_rows), one thread 31.9 (four) -> 29.5 (eight), two
+// threads 23.5 -> 22.5. The same bits: a cell's sums do not depend on its neighbours. The SSE2
+// build keeps two (not timed).
+constexpr int Q8_DECODE_PANELS = VBYTES == 64 ? 8 : VBYTES == 32 ? 4 : 2;
+
+// One decode row times np (3..NP) panels: q8_tile<1, np>.
+template <int NP>
+static inline void q8_decode_tile(int np, int64_t nb, const int8_t* const* pw, const Q8Rows& x,
+                                  int ncols, bool accumulate) {
+  if constexpr (NP > 2) {
+    if (np == NP) return q8_tile<1, NP>(nb, pw, x, nullptr, ncols, accumulate);
+    q8_decode_tile<NP - 1>(np, nb, pw, x, ncols, accumulate);
+  }
+}
 
 static void q8_gemm(int64_t M, int64_t N, int64_t K, const PanelAct& X, const void* Wv,
                     float* Y, int64_t ldy, bool accumulate, void* ws) {
@@ -418,18 +431,12 @@ static void q8_gemm(int64_t M, int64_t N, int64_t K, const PanelAct& X, const vo
     const int8_t* pw[Q8_DECODE_PANELS];
     for (int v = 0; v < np; ++v) pw[v] = W + (p0 + v) * nb * Q8_PB;
     const int ncols = int(std::min<int64_t>(np * Q8_LANES, N - p0 * Q8_LANES));
-#if VBYTES >= 32
-    // Only here: elsewhere pw holds two panels and these tiles would read past it.
     if (np > 2) {  // one decode row (step is 2 otherwise)
       Q8Rows x;
       x.q[0] = X.q, x.s[0] = X.s, x.y[0] = Y + p0 * Q8_LANES;
-      if (np == 4)
-        q8_tile<1, 4>(nb, pw, x, nullptr, ncols, accumulate);
-      else
-        q8_tile<1, 3>(nb, pw, x, nullptr, ncols, accumulate);
+      q8_decode_tile<Q8_DECODE_PANELS>(np, nb, pw, x, ncols, accumulate);
       continue;
     }
-#endif
     const bool two = np == 2;
 #if VBYTES == 64
     __m512i* off = nullptr;
