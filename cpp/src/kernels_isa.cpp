@@ -582,9 +582,9 @@ void fpanel_gemm_t(int64_t M, int64_t N, int64_t K, const float* X, int64_t ldx,
 // step of the Qwen3-0.6B shape, medians: bf16 62-70 -> 59-64 ms, f16 62-69 -> 58-62 (two threads
 // and f32 within the VM's noise). Zen 4 (AVX-512), the shapes alternated step by step in one
 // process (bits checked equal), medians of 32-48 steps at the same shape: one thread f16 52.8 ->
-// 49.6 ms and f32 93.0-100.4 -> 89.9-91.1 ms from 2 x 2 to 1 x 4 (2 x 4 as 1 x 4 in f16, 4%
-// slower in f32; 1 x 2 8% slower than 2 x 2); two threads f16 39.5-40.4 -> 38.8-39.8 ms. The
-// SSE2 build keeps 2 x 2 (not timed).
+// 49.6 ms and f32 93.0-100.4 -> 89.9-91.1 ms from 2 x 2 to 1 x 4 (2 x 4 as 1 x 4 in f16,
+// 9-14% slower in f32; 1 x 2 8% slower than 2 x 2); two threads f16 39.5-40.4 -> 38.8-39.8 ms.
+// The SSE2 build keeps 2 x 2 (not timed).
 constexpr int GEMV_PANELS = VBYTES >= 32 ? 1 : 2;
 constexpr int GEMV_KBLOCKS = VBYTES >= 32 ? 4 : 2;
 

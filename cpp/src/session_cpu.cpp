@@ -927,7 +927,7 @@ class CpuSession final : public SessionBase {
   // still leaves every thread four tasks (so a descheduled thread's share is taken over), one
   // otherwise. Two blocks let AVX-512's int8 tile read eight panels, eight streams, at once
   // (kernels' Q8_DECODE_PANELS); for the other formats the task size was measured neutral (Zen 4,
-  // bf16 and f16 steps, 64- and 128-row tasks alternated in one process: within 2-6%, the
+  // bf16 and f16 steps, 64- and 128-row tasks alternated in one process: within 1-6%, the
   // larger ahead). Task bounds never change a cell's bits.
   int64_t step_task_rows(int64_t N) const {
     const int64_t two = 2 * kern::PANEL_ROWS;
