@@ -164,8 +164,8 @@ std::unique_ptr<Session> make_cpu_session(const SessionConfig& cfg, int64_t max_
 
 // All-core streaming read bandwidth of this host in bytes/s: sums a buffer of `bytes` bytes
 // `reps` times in each of four read patterns (one stream with and without software prefetch,
-// two and four streams), with the SIMD and thread layout the decode matvec uses, and returns the best:
-// the roofline perf/bench_decode_cpu.py reports decode against.
+// two and four streams), with the SIMD and thread layout the decode matvec uses, and returns the
+// best: the roofline perf/bench_decode_cpu.py reports decode against.
 double cpu_read_bandwidth(int64_t bytes, int reps);
 
 // What multiplies a CPU session's weights held in format f on the active instruction set
