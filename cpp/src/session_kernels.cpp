@@ -106,8 +106,9 @@ static void axpy(float p, const float* v, float* y, int64_t n) {
 // is the host's: on Zen 3 (2 vCPUs) one thread read 16 GB/s in one prefetched stream, 21 without
 // the prefetches and 25 in two streams (the AMX Xeon's row dots wanted the prefetches, above);
 // decode's products read four or more streams a thread on AVX2 and AVX-512 (one panel's four k
-// blocks; four int8 panels on AVX2, eight on AVX-512). The probe keeps the best, so a roofline share is against the best streaming
-// read of the host. Streams 2 and 3 add into the accumulators of 0 and 1 (a sink, not a result).
+// blocks; four int8 panels on AVX2, eight on AVX-512). The probe keeps the best, so a roofline
+// share is against the best streaming read of the host. Streams 2 and 3 add into the
+// accumulators of 0 and 1 (a sink, not a result).
 static float sum(const float* a, int64_t n, int streams, bool prefetch) {
   vf acc[2][ACC] = {};
   const int ns = streams >= 4 ? 4 : streams == 2 ? 2 : 1;
