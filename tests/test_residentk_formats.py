@@ -383,14 +383,20 @@ def values(b, fmt):
         return b.view(np.float16).astype(np.float64)
     return (b.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 # k blocks of 256: one short (1, 255, 300), whole passes (1024), passes whose last block is
-# short (600, 900), a short lone block after whole passes (1100, 1300, 2100); partial panels
+# short (600, 900), a short lone block after whole passes (1100, 1300, 2100); partial panels;
+# prefill's row counts past two tile rows (30: half panels widened once) and past a row block
+# (100: 96 + 4), over several k blocks of every layout (bf16 pairs: blocks of 512)
 for M, N, K in ((3, 17, 1), (2, 64, 255), (5, 40, 300), (2, 100, 600), (4, 33, 900),
-                (3, 81, 1024), (2, 33, 1100), (6, 130, 1300), (3, 20, 2100)):
+                (3, 81, 1024), (2, 33, 1100), (6, 130, 1300), (3, 20, 2100), (30, 70, 1100),
+                (100, 45, 600)):
     w32 = rng.standard_normal((N, K)).astype(np.float32)
     X = (rng.standard_normal((M, K)) * 10.0 ** rng.uniform(-2, 2, (M, 1))).astype(np.float32)
     for fmt in ("f32", "bf16", "f16"):
         w = w32 if fmt == "f32" else bits(w32, fmt)
         Y = _core.session.cpu_panel_products(w, X, weights=fmt)
+        # a batched decode step (rows not packed) gives the same bits as prefill (packed once)
+        Yb = _core.session.cpu_panel_products(w, X, weights=fmt, packed=False)
+        assert np.array_equal(Y, Yb), (fmt, M, N, K)
         wv = w.astype(np.float64) if fmt == "f32" else values(w, fmt)
         # bf16 activations are rounded to bf16 once per product, on every path
         xv = values(bits(X, "bf16"), "bf16") if fmt == "bf16" else X.astype(np.float64)
@@ -408,8 +414,9 @@ print(_core.isa_name())
 def test_panel_gemm_rows_are_their_decode_products(isa):
     """Each ISA's f32, bf16 and f16 weight panels: every row of a prefill GEMM is bit for bit
     what a decode step's product gives it (one chain per k block, block sums in order, however
-    a pass groups panels and k blocks), over short, whole and mixed k blocks and partial panels;
-    and both against float64."""
+    a pass groups panels and k blocks), and what a batched step's unpacked rows give it, over
+    short, whole and mixed k blocks, partial panels and several row blocks; and all against
+    float64."""
     _run_on_isa(_PANEL_ROWS, isa)
 
 

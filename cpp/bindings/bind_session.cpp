@@ -292,7 +292,7 @@ void bind_session(py::module_& m) {
 
   s.def(
       "cpu_panel_products",
-      [](const py::array& w, F32 X, const std::string& weights) {
+      [](const py::array& w, F32 X, const std::string& weights, bool packed) {
         namespace rk = algenta::residentk;
         static constexpr Dtype kFormats[] = {Dtype::F32, Dtype::BF16, Dtype::F16};
         const Dtype f = dtype_arg(weights, kFormats, "weights");
@@ -311,13 +311,14 @@ void bind_session(py::module_& m) {
         float* yp = Y.mutable_data();
         {
           py::gil_scoped_release nogil;
-          rk::cpu_panel_products(f, wp, rows, n, xp, M, yp);
+          rk::cpu_panel_products(f, wp, rows, n, xp, M, yp, packed);
         }
         return Y;
       },
-      py::arg("w"), py::arg("X"), py::arg("weights"),
+      py::arg("w"), py::arg("X"), py::arg("weights"), py::arg("packed") = true,
       "Test hook: X (M, n) times w (rows, n) in the session's f32, bf16 or f16 panels (bf16 and "
-      "f16 as uint16 bits): M == 1 a decode step's product, M > 1 the prefill GEMM.");
+      "f16 as uint16 bits): M == 1 a decode step's product, M > 1 the prefill GEMM (X packed "
+      "once, as prefill packs it) or, packed=False, a batched decode step's.");
 
   // cuda_backend, cuda_session, cuda_copy_bandwidth and the cuda_plan submodule
   // (bind_session_cuda.cpp): the CUDA backend where the build has one, its refusal otherwise.

@@ -244,18 +244,25 @@ inline vf ldp<vf, BF16>(const BF16* p) {
   return halves::ld_bf16(reinterpret_cast<const uint16_t*>(p));
 }
 
-// R x NR tile (R <= MR rows of an MR-row panel): C = (load ? C : 0) + sum_k a[k][:] b[k][:],
-// one chain per cell in k order. Every R runs the same per-cell multiply-add sequence, so a row's
-// bits do not depend on how many rows share its tile; edge rows just skip the padded work.
+// How a micro-kernel meets C. TILE_SET: its chain starts at 0 and is stored; TILE_CONTINUE: the
+// chain continues from C (a GEMM's later k blocks); TILE_ADD: the chain starts at 0 and its sum is
+// added to C, one float add per cell (a panel product's later k blocks, whose block sums join the
+// cell in order as a decode step's do). Adding in the epilogue, not through a tile copy, saves the
+// copy's loads and stores, 4-5% of a 128-token f32 or bf16 prefill's profile on Zen 4.
+enum TileMode : int { TILE_SET = 0, TILE_CONTINUE = 1, TILE_ADD = 2 };
+
+// R x NR tile (R <= MR rows of an MR-row panel): C = (mode) + sum_k a[k][:] b[k][:], one chain
+// per cell in k order. Every R runs the same per-cell multiply-add sequence, so a row's bits do
+// not depend on how many rows share its tile; edge rows just skip the padded work.
 // PB: the packed B's element type (T, or a half type widened by ldp).
 template <class T, int R, class PB = T>
 void ukernel_rows(int64_t kc, const T* __restrict a, const PB* __restrict b, T* c, int64_t ldc,
-                  bool load) {
+                  int mode) {
   typedef typename V<T>::type VT;
   constexpr int L = lanes<T>();
   constexpr int NR = NV<T> * L;
   VT acc[R][NV<T>];
-  if (load) {
+  if (mode == TILE_CONTINUE) {
     for (int i = 0; i < R; ++i)
       for (int j = 0; j < NV<T>; ++j) acc[i][j] = loadu<VT>(c + i * ldc + j * L);
   } else {
@@ -270,12 +277,15 @@ void ukernel_rows(int64_t kc, const T* __restrict a, const PB* __restrict b, T* 
       for (int j = 0; j < NV<T>; ++j) acc[i][j] += bv[j] * ai;
     }
   }
+  if (mode == TILE_ADD)
+    for (int i = 0; i < R; ++i)
+      for (int j = 0; j < NV<T>; ++j) acc[i][j] = loadu<VT>(c + i * ldc + j * L) + acc[i][j];
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < NV<T>; ++j) storeu(c + i * ldc + j * L, acc[i][j]);
 }
 
 template <class T, class PB = T>
-using UkernelFn = void (*)(int64_t, const T*, const PB*, T*, int64_t, bool);
+using UkernelFn = void (*)(int64_t, const T*, const PB*, T*, int64_t, int);
 
 template <class T, class PB, int... Rs>
 constexpr std::array<UkernelFn<T, PB>, sizeof...(Rs)> ukernel_table(
@@ -305,14 +315,14 @@ void gemm_tiles(int64_t mc, int64_t nc, int64_t kc, const T* Ak, const T* Bk, T*
       T* c = C + ir * ldc + jr;
       const UkernelFn<T> uk = ukernels<T>()[size_t(mr_ - 1)];
       if (nr_ == NR) {
-        uk(kc, Ak + ir * kc, Bk + jr * kc, c, ldc, load);
+        uk(kc, Ak + ir * kc, Bk + jr * kc, c, ldc, load ? TILE_CONTINUE : TILE_SET);
       } else {
         // Column edge: the same micro-kernel on a full-width tile copy (zero-padded B
         // columns), so edge cells take the same instruction sequence as interior ones.
         if (load)
           for (int64_t i = 0; i < mr_; ++i)
             for (int64_t j = 0; j < nr_; ++j) tile[i * NR + j] = c[i * ldc + j];
-        uk(kc, Ak + ir * kc, Bk + jr * kc, tile, NR, load);
+        uk(kc, Ak + ir * kc, Bk + jr * kc, tile, NR, load ? TILE_CONTINUE : TILE_SET);
         for (int64_t i = 0; i < mr_; ++i)
           for (int64_t j = 0; j < nr_; ++j) c[i * ldc + j] = tile[i * NR + j];
       }
@@ -515,7 +525,8 @@ void fpanel_get_row(int kind, const void* blk, int64_t K, int64_t c, float* dst)
 }
 
 // The micro-tiles of one (k block, row block, panel block): each tile's k-block sums formed from
-// 0 in `tile` by the micro-kernel, then C = first ? sums : C + sums (edge cells included).
+// 0, then C = first ? sums : C + sums, in the micro-kernel's epilogue for whole tiles and through
+// `tile` at a column edge.
 template <class PB>
 void fpanel_tiles(int64_t mc, int64_t nb, int64_t kc, const float* Ap, const PB* Bk, float* C,
                   int64_t ldc, bool first, float* tile) {
@@ -524,8 +535,13 @@ void fpanel_tiles(int64_t mc, int64_t nb, int64_t kc, const float* Ap, const PB*
     const int64_t nr_ = nb - jr < NR ? nb - jr : NR;
     for (int64_t ir = 0; ir < mc; ir += MR<float>) {
       const int64_t mr_ = mc - ir < MR<float> ? mc - ir : MR<float>;
-      ukernels<float, PB>()[size_t(mr_ - 1)](kc, Ap + ir * kc, Bk + jr * kc, tile, NR, false);
+      const UkernelFn<float, PB> uk = ukernels<float, PB>()[size_t(mr_ - 1)];
       float* c = C + ir * ldc + jr;
+      if (nr_ == NR) {
+        uk(kc, Ap + ir * kc, Bk + jr * kc, c, ldc, first ? TILE_SET : TILE_ADD);
+        continue;
+      }
+      uk(kc, Ap + ir * kc, Bk + jr * kc, tile, NR, TILE_SET);
       for (int64_t i = 0; i < mr_; ++i)
         for (int64_t j = 0; j < nr_; ++j)
           c[i * ldc + j] = first ? tile[i * NR + j] : c[i * ldc + j] + tile[i * NR + j];
@@ -544,6 +560,33 @@ void fpanel_gemm_t(int64_t M, int64_t N, int64_t K, const float* X, int64_t ldx,
   float* tile = align64(Ap + MC * KC);
   float* wide = align64(tile + MR<float> * nr<float>());
   const int64_t mp = (M + MR<float> - 1) / MR<float> * MR<float>;
+  constexpr bool half = !std::is_same<PB, float>::value;
+  // Three or more micro-tile rows will read a half block: widen it once (exact, the values ldp
+  // gives) and run the float32 kernel on it: the same multiply-adds, without a conversion per
+  // load (8% of a 512-token f16 prefill on Zen 4). For one or two rows of tiles (a batched
+  // decode step) the widened copy, twice the bytes and past L1, costs more than the conversions:
+  // a 16-row f16 step 12% faster without it. With X packed whole, every row block of a k block
+  // takes the same widened copy (jb outside ic), so a half block is widened once, not once per
+  // MC rows (widening was 8% of a 128-token f16 prefill's profile on Zen 4; with the epilogue
+  // above, its 128- and 512-token prefill on one thread 2-4% faster).
+  if (half && Xp && M > 2 * MR<float>) {
+    for (int64_t pc = 0; pc < K; pc += KC) {
+      const int64_t kc = K - pc < KC ? K - pc : KC;
+      const bool first = pc == 0 && !accumulate;
+      for (int64_t jb = 0; jb < N; jb += PANEL_ROWS) {
+        const PB* Bk = W + (jb / PANEL_ROWS) * K * PANEL_ROWS + pc * PANEL_ROWS;
+        const int64_t nb = N - jb < PANEL_ROWS ? N - jb : PANEL_ROWS;
+        for (int64_t i = 0; i < kc * PANEL_ROWS; i += lanes<float>())
+          storeu(wide + i, ldp<vf>(Bk + i));
+        for (int64_t ic = 0; ic < M; ic += MC) {
+          const int64_t mc = M - ic < MC ? M - ic : MC;
+          fpanel_tiles<float>(mc, nb, kc, Xp + pc * mp + ic * kc, wide, Y + ic * ldy + jb, ldy,
+                              first, tile);
+        }
+      }
+    }
+    return;
+  }
   for (int64_t pc = 0; pc < K; pc += KC) {
     const int64_t kc = K - pc < KC ? K - pc : KC;
     const bool first = pc == 0 && !accumulate;  // the cell takes its first block's sum as is
@@ -554,12 +597,7 @@ void fpanel_gemm_t(int64_t M, int64_t N, int64_t K, const float* X, int64_t ldx,
       for (int64_t jb = 0; jb < N; jb += PANEL_ROWS) {
         const PB* Bk = W + (jb / PANEL_ROWS) * K * PANEL_ROWS + pc * PANEL_ROWS;
         const int64_t nb = N - jb < PANEL_ROWS ? N - jb : PANEL_ROWS;
-        if (!std::is_same<PB, float>::value && mc > 2 * MR<float>) {
-          // Three or more micro-tile rows will read this half block: widen it once (exact, the
-          // values ldp gives) and run the float32 kernel on it: the same multiply-adds, without
-          // a conversion per load (8% of a 512-token f16 prefill on Zen 4). For one or two rows
-          // of tiles (a batched decode step) the widened copy, twice the bytes and past L1,
-          // costs more than the conversions: a 16-row f16 step 12% faster without it.
+        if (half && mc > 2 * MR<float>) {
           for (int64_t i = 0; i < kc * PANEL_ROWS; i += lanes<float>())
             storeu(wide + i, ldp<vf>(Bk + i));
           fpanel_tiles<float>(mc, nb, kc, Ak, wide, Y + ic * ldy + jb, ldy, first, tile);
@@ -852,14 +890,16 @@ inline void dp_pack_b(int64_t kc, int64_t nc, const BF16* B, int64_t rsb, int64_
   }
 }
 
-// R x DP_NR tile: C = (load ? C : 0) + sum_p a[p][:] . b[p][:], one chain per cell in pair order.
+// R x DP_NR tile: C = (mode, as ukernel_rows) + sum_p a[p][:] . b[p][:], one chain per cell in
+// pair order.
 template <int R>
 void dp_ukernel(int64_t kp, const uint32_t* __restrict a, const uint32_t* __restrict b, float* c,
-                int64_t ldc, bool load) {
+                int64_t ldc, int mode) {
   __m512 acc[R][DP_NV];
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < DP_NV; ++j)
-      acc[i][j] = load ? _mm512_loadu_ps(c + i * ldc + j * 16) : _mm512_setzero_ps();
+      acc[i][j] = mode == TILE_CONTINUE ? _mm512_loadu_ps(c + i * ldc + j * 16)
+                                        : _mm512_setzero_ps();
   for (int64_t p = 0; p < kp; ++p) {
     __m512bh bv[DP_NV];
     for (int j = 0; j < DP_NV; ++j)
@@ -869,11 +909,15 @@ void dp_ukernel(int64_t kp, const uint32_t* __restrict a, const uint32_t* __rest
       for (int j = 0; j < DP_NV; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], ai, bv[j]);
     }
   }
+  if (mode == TILE_ADD)
+    for (int i = 0; i < R; ++i)
+      for (int j = 0; j < DP_NV; ++j)
+        acc[i][j] = _mm512_add_ps(_mm512_loadu_ps(c + i * ldc + j * 16), acc[i][j]);
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < DP_NV; ++j) _mm512_storeu_ps(c + i * ldc + j * 16, acc[i][j]);
 }
 
-using DpUkernelFn = void (*)(int64_t, const uint32_t*, const uint32_t*, float*, int64_t, bool);
+using DpUkernelFn = void (*)(int64_t, const uint32_t*, const uint32_t*, float*, int64_t, int);
 
 template <int... Rs>
 constexpr std::array<DpUkernelFn, sizeof...(Rs)> dp_ukernel_table(std::integer_sequence<int, Rs...>) {
@@ -897,12 +941,12 @@ inline void dp_tiles(int64_t mc, int64_t nc, int64_t kp, const uint32_t* Ak, con
       float* c = C + ir * ldc + jr;
       const DpUkernelFn uk = dp_ukernels()[size_t(mr_ - 1)];
       if (nr_ == DP_NR) {
-        uk(kp, Ak + ir * kp, Bk + jr * kp, c, ldc, load);
+        uk(kp, Ak + ir * kp, Bk + jr * kp, c, ldc, load ? TILE_CONTINUE : TILE_SET);
       } else {  // column edge: the same kernel on a zero-padded full-width tile
         if (load)
           for (int64_t i = 0; i < mr_; ++i)
             for (int64_t j = 0; j < nr_; ++j) tile[i * DP_NR + j] = c[i * ldc + j];
-        uk(kp, Ak + ir * kp, Bk + jr * kp, tile, DP_NR, load);
+        uk(kp, Ak + ir * kp, Bk + jr * kp, tile, DP_NR, load ? TILE_CONTINUE : TILE_SET);
         for (int64_t i = 0; i < mr_; ++i)
           for (int64_t j = 0; j < nr_; ++j) c[i * ldc + j] = tile[i * DP_NR + j];
       }
@@ -1094,13 +1138,37 @@ void dpanel_gemv(int64_t N, int64_t K, const uint16_t* x, const uint32_t* W, flo
   }
 }
 
-// Y (M, ldy) (+)= X (M rows of K bf16 bits, ldx apart) times the first N rows of the blocks at W.
+// M float32 rows (K values, ldx apart; bf16-exact, as prefill's as_consumed leaves them) packed
+// as dpanel_gemm packs each (k block, row block) of their bf16 bits (dp_pack_a's layout, whole
+// k blocks of DP_MR-row panels one after another), so a prefill projection packs them once for
+// all its tasks: repacking in every task of 256 weight rows was 5% of a 128-token bf16 prefill's
+// profile on Zen 4 (with the epilogue above, its 16- to 512-token prefill on one thread 5-6%
+// faster).
+int64_t dpanel_packed_u32(int64_t M, int64_t K) { return dp_packed_a_elems(M, K); }
+void dpanel_pack(int64_t M, int64_t K, const float* X, int64_t ldx, uint32_t* dst) {
+  const int64_t mp = (M + DP_MR - 1) / DP_MR * DP_MR;
+  for (int64_t pc = 0; pc < K; pc += DP_KC) {
+    const int64_t kc = K - pc < DP_KC ? K - pc : DP_KC, kp = dp_pairs(kc);
+    for (int64_t r = 0; r < mp; ++r) {
+      uint32_t* d = dst + (pc / 2) * mp + (r / DP_MR) * DP_MR * kp + r % DP_MR;
+      const float* x = X + r * ldx + pc;
+      for (int64_t p = 0; p < kp; ++p)
+        d[p * DP_MR] = r >= M ? 0
+                              : kpair(half::f32_to_bf16(x[2 * p]),
+                                      2 * p + 1 < kc ? half::f32_to_bf16(x[2 * p + 1]) : 0);
+    }
+  }
+}
+
+// Y (M, ldy) (+)= X (M rows of K bf16 bits, ldx apart; or Xp, packed by dpanel_pack) times the
+// first N rows of the blocks at W.
 void dpanel_gemm(int64_t M, int64_t N, int64_t K, const uint16_t* X, int64_t ldx,
-                 const uint32_t* W, float* Y, int64_t ldy, bool accumulate, float* ws) {
+                 const uint32_t* Xp, const uint32_t* W, float* Y, int64_t ldy, bool accumulate,
+                 float* ws) {
   if (M <= 0 || N <= 0) return;
-  if (M == 1) return dpanel_gemv(N, K, X, W, Y, accumulate);
+  if (M == 1 && !Xp) return dpanel_gemv(N, K, X, W, Y, accumulate);
   const BF16* A = reinterpret_cast<const BF16*>(X);
-  const int64_t bu = dpanel_block_u32(K);
+  const int64_t bu = dpanel_block_u32(K), mp = (M + DP_MR - 1) / DP_MR * DP_MR;
   uint32_t* Ap = reinterpret_cast<uint32_t*>(align64(ws));
   float* tile = reinterpret_cast<float*>(align64(Ap + MC * (DP_KC / 2)));
   for (int64_t pc = 0; pc < K; pc += DP_KC) {
@@ -1108,7 +1176,8 @@ void dpanel_gemm(int64_t M, int64_t N, int64_t K, const uint16_t* X, int64_t ldx
     const bool first = pc == 0 && !accumulate;  // as fpanel_gemm_t: block sums added in order
     for (int64_t ic = 0; ic < M; ic += MC) {
       const int64_t mc = M - ic < MC ? M - ic : MC;
-      dp_pack_a(mc, kc, A + ic * ldx + pc, ldx, 1, Ap);
+      const uint32_t* Ak = Xp ? Xp + (pc / 2) * mp + ic * kp : Ap;
+      if (!Xp) dp_pack_a(mc, kc, A + ic * ldx + pc, ldx, 1, Ap);
       for (int64_t jb = 0; jb < N; jb += PANEL_ROWS) {
         const uint32_t* Bk = W + (jb / PANEL_ROWS) * bu + (pc / 2) * PANEL_ROWS;
         const int64_t nb = N - jb < PANEL_ROWS ? N - jb : PANEL_ROWS;
@@ -1117,8 +1186,13 @@ void dpanel_gemm(int64_t M, int64_t N, int64_t K, const uint16_t* X, int64_t ldx
           const int64_t nr_ = nb - jr < DP_NR ? nb - jr : DP_NR;
           for (int64_t ir = 0; ir < mc; ir += DP_MR) {
             const int64_t mr_ = mc - ir < DP_MR ? mc - ir : DP_MR;
-            dp_ukernels()[size_t(mr_ - 1)](kp, Ap + ir * kp, Bk + jr * kp, tile, DP_NR, false);
+            const DpUkernelFn uk = dp_ukernels()[size_t(mr_ - 1)];
             float* c = C + ir * ldy + jr;
+            if (nr_ == DP_NR) {  // the block sum joins the cell in the kernel's epilogue
+              uk(kp, Ak + ir * kp, Bk + jr * kp, c, ldy, first ? TILE_SET : TILE_ADD);
+              continue;
+            }
+            uk(kp, Ak + ir * kp, Bk + jr * kp, tile, DP_NR, TILE_SET);
             for (int64_t i = 0; i < mr_; ++i)
               for (int64_t j = 0; j < nr_; ++j)
                 c[i * ldy + j] = first ? tile[i * DP_NR + j] : c[i * ldy + j] + tile[i * DP_NR + j];

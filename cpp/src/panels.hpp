@@ -33,7 +33,10 @@ int64_t dpanel_block_u32(int64_t K);
 void dpanel_put_row(uint32_t* blk, int64_t K, int64_t c, const uint16_t* row);
 void dpanel_get_row(const uint32_t* blk, int64_t K, int64_t c, float* dst);
 void dpanel_gemm(int64_t M, int64_t N, int64_t K, const uint16_t* X, int64_t ldx,
-                 const uint32_t* W, float* Y, int64_t ldy, bool accumulate, float* ws);
+                 const uint32_t* Xp, const uint32_t* W, float* Y, int64_t ldy, bool accumulate,
+                 float* ws);
+int64_t dpanel_packed_u32(int64_t M, int64_t K);
+void dpanel_pack(int64_t M, int64_t K, const float* X, int64_t ldx, uint32_t* dst);
 #endif
 
 }  // namespace ALGENTA_ISA_NS

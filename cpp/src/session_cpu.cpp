@@ -948,17 +948,18 @@ class CpuSession final : public SessionBase {
   // float32 rows as they are (f32, f16; bf16 widening panels: as_consumed rounded them), bf16
   // bits (exact: as_consumed rounded them) or int8 codes and block scales (quantize_q8, decode's
   // rule, row by row).
-  // Float32 rows are also packed into `pack` (packed_elems(M, n) floats) where the panels can
-  // take them packed, so every task of the product reads one copy.
+  // Several rows are packed into `pack` (packed_elems(M, n) elements) where the panels can take
+  // them packed (float32 and vdpbf16ps panels), so every task of the product reads one copy.
   kern::PanelAct act_rows(const Simd& S, const float* X, int64_t M, int64_t n, float* pack) {
     kern::PanelAct a;
     const kern::PanelOps& P = simd().panels[kern::panel_index(c_.weights)];
+    if (P.pack && M > 1) {
+      P.pack(M, n, X, n, pack);
+      a.packed = pack;
+      return a;
+    }
     if (P.act == kern::ACT_F32) {
-      a.f = X, a.ld = n;
-      if (P.pack && M > 1) {
-        P.pack(M, n, X, n, pack);
-        a.packed = pack;
-      }
+      a.f = X, a.ld = n;  // M == 1: the product's gemv reads the row as it is
     } else if (P.act == kern::ACT_BF16_BITS) {
 #pragma omp parallel for num_threads(nt_) schedule(static)
       for (int64_t r = 0; r < M; ++r) {
@@ -1112,7 +1113,7 @@ struct HookProducts {
   ActScratch act;
   kern::PanelAct in;
   HookProducts(Dtype f, const void* w, const float* sc, int64_t rows, int64_t n, const float* X,
-               int64_t M, float* Y)
+               int64_t M, float* Y, bool packed = false)
       : act(f, 1, n, M) {
     Arena arena;
     size_t need = 0;
@@ -1125,8 +1126,15 @@ struct HookProducts {
       m.put_row(o, static_cast<const char*>(w) + size_t(o) * row_bytes,
                 sc ? sc + o * blocks : nullptr);
     in = act.prepare(simd(), X, M, n, n, 0);
+    const kern::PanelOps& P = m.ops();
+    Buf pk(packed && P.pack && M > 1 ? P.packed_elems(M, n) : 0);
+    if (pk.n) {  // as prefill's act_rows: from the float32 rows the format consumes
+      P.pack(M, n, in.f, in.ld, pk.p);
+      in.packed = pk.p;
+    }
     const ABuf<char> ws(m.ops().ws_bytes(m.cols));
     m.gemm(M, in, 0, rows, Y, rows, false, ws.p);
+    in.packed = nullptr;  // pk ends here
   }
 };
 }  // namespace
@@ -1153,8 +1161,8 @@ void cpu_bf16_products(const uint16_t* w, int64_t rows, int64_t n, const float* 
 }
 
 void cpu_panel_products(Dtype f, const void* w, int64_t rows, int64_t n, const float* X,
-                        int64_t M, float* Y) {
-  HookProducts(f, w, nullptr, rows, n, X, M, Y);
+                        int64_t M, float* Y, bool packed) {
+  HookProducts(f, w, nullptr, rows, n, X, M, Y, packed);
 }
 
 double cpu_read_bandwidth(int64_t bytes, int reps) {

@@ -492,10 +492,13 @@ static void fp_get_row(const void* blk, int64_t K, int64_t c, float* dst) {
 template <int KIND>
 static void fp_gemm(int64_t M, int64_t N, int64_t K, const PanelAct& X, const void* W, float* Y,
                     int64_t ldy, bool accumulate, void* ws) {
-  fpanel_gemm(KIND, M, N, K, X.f, X.ld, X.packed, W, Y, ldy, accumulate,
-              static_cast<float*>(ws));
+  fpanel_gemm(KIND, M, N, K, X.f, X.ld, static_cast<const float*>(X.packed), W, Y, ldy,
+              accumulate, static_cast<float*>(ws));
 }
 static int64_t fp_ws_bytes(int64_t) { return fpanel_ws_elems() * 4; }
+static void fp_pack(int64_t M, int64_t K, const float* X, int64_t ldx, void* dst) {
+  fpanel_pack(M, K, X, ldx, static_cast<float*>(dst));
+}
 
 #if defined(__AVX512BF16__)
 static int64_t dp_block_bytes(int64_t K) { return dpanel_block_u32(K) * 4; }
@@ -507,16 +510,20 @@ static void dp_get_row(const void* blk, int64_t K, int64_t c, float* dst) {
 }
 static void dp_gemm(int64_t M, int64_t N, int64_t K, const PanelAct& X, const void* W, float* Y,
                     int64_t ldy, bool accumulate, void* ws) {
-  dpanel_gemm(M, N, K, X.b, X.ld, static_cast<const uint32_t*>(W), Y, ldy, accumulate,
-              static_cast<float*>(ws));
+  dpanel_gemm(M, N, K, X.b, X.ld, static_cast<const uint32_t*>(X.packed),
+              static_cast<const uint32_t*>(W), Y, ldy, accumulate, static_cast<float*>(ws));
 }
-#define ALGENTA_BF16_PANELS \
-  {dp_block_bytes, dp_put_row, dp_get_row, dp_gemm, fp_ws_bytes, ACT_BF16_BITS, "vdpbf16ps"}
+static void dp_pack(int64_t M, int64_t K, const float* X, int64_t ldx, void* dst) {
+  dpanel_pack(M, K, X, ldx, static_cast<uint32_t*>(dst));
+}
+#define ALGENTA_BF16_PANELS                                                                  \
+  {dp_block_bytes, dp_put_row, dp_get_row, dp_gemm, fp_ws_bytes, ACT_BF16_BITS, "vdpbf16ps", \
+   dpanel_packed_u32, dp_pack}
 #else
 #define ALGENTA_BF16_PANELS                                                              \
   {fp_block_bytes<PANEL_BF16>, fp_put_row<PANEL_BF16>, fp_get_row<PANEL_BF16>,           \
    fp_gemm<PANEL_BF16>, fp_ws_bytes, ACT_F32, "fp32 on widened bf16", fpanel_packed_elems,   \
-   fpanel_pack}
+   fp_pack}
 #endif
 
 #if VBYTES == 64 && defined(__AVX512VNNI__)
@@ -800,11 +807,11 @@ const SessionOps session_ops = {
     gelu_mul,
     {
         {fp_block_bytes<PANEL_F32>, fp_put_row<PANEL_F32>, fp_get_row<PANEL_F32>,
-         fp_gemm<PANEL_F32>, fp_ws_bytes, ACT_F32, "fp32", fpanel_packed_elems, fpanel_pack},
+         fp_gemm<PANEL_F32>, fp_ws_bytes, ACT_F32, "fp32", fpanel_packed_elems, fp_pack},
         ALGENTA_BF16_PANELS,
         {fp_block_bytes<PANEL_F16>, fp_put_row<PANEL_F16>, fp_get_row<PANEL_F16>,
          fp_gemm<PANEL_F16>, fp_ws_bytes, ACT_F32, "fp32 on widened f16", fpanel_packed_elems,
-         fpanel_pack},
+         fp_pack},
         {q8_block_bytes, q8_put_row, q8_get_row, q8_gemm, q8_ws_bytes, ACT_Q8, ALGENTA_Q8_PATH},
     },
 };

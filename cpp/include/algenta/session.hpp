@@ -187,9 +187,11 @@ void cpu_bf16_products(const uint16_t* w, int64_t rows, int64_t n, const float* 
                        uint16_t* xb);
 // Y (M, rows) = the M rows of X (M, n) times w (rows, n) held in f (f32, bf16 or f16; w in that
 // format's elements), as the session multiplies them: M == 1 a decode step's product, M > 1 a
-// prefill GEMM. For tests that every row of a GEMM is the bits its own step gives.
+// prefill GEMM (X packed once for the product, as prefill packs it, where the panels take packed
+// rows) or, `packed` false, a batched decode step's (each row prepared as is). For tests that
+// every row of a GEMM is the bits its own step gives.
 void cpu_panel_products(Dtype f, const void* w, int64_t rows, int64_t n, const float* X,
-                        int64_t M, float* Y);
+                        int64_t M, float* Y, bool packed);
 
 // ---- the CUDA backend's entry points ------------------------------------------------------
 // Implemented by cuda/ in a build with a CUDA backend (ALGENTA_GPU with nvcc, or ALGENTA_CUDA_EMU
