@@ -1138,26 +1138,13 @@ void dpanel_gemv(int64_t N, int64_t K, const uint16_t* x, const uint32_t* W, flo
   }
 }
 
-// M float32 rows (K values, ldx apart; bf16-exact, as prefill's as_consumed leaves them) packed
-// as dpanel_gemm packs each (k block, row block) of their bf16 bits (dp_pack_a's layout, whole
-// k blocks of DP_MR-row panels one after another), so a prefill projection packs them once for
-// all its tasks: repacking in every task of 256 weight rows was 5% of a 128-token bf16 prefill's
-// profile on Zen 4 (with the epilogue above, its 16- to 512-token prefill on one thread 5-6%
-// faster).
+// X (M rows of K bf16 bits, ldx apart) packed once as dpanel_gemm packs each (k block, row
+// block) of it (dp_pack_a_rows' layout), so a prefill projection's tasks share one copy:
+// repacking in every task of 256 weight rows was 5% of a 128-token bf16 prefill's profile on
+// Zen 4 (with the epilogue above, its 16- to 512-token prefill on one thread 5-6% faster).
 int64_t dpanel_packed_u32(int64_t M, int64_t K) { return dp_packed_a_elems(M, K); }
-void dpanel_pack(int64_t M, int64_t K, const float* X, int64_t ldx, uint32_t* dst) {
-  const int64_t mp = (M + DP_MR - 1) / DP_MR * DP_MR;
-  for (int64_t pc = 0; pc < K; pc += DP_KC) {
-    const int64_t kc = K - pc < DP_KC ? K - pc : DP_KC, kp = dp_pairs(kc);
-    for (int64_t r = 0; r < mp; ++r) {
-      uint32_t* d = dst + (pc / 2) * mp + (r / DP_MR) * DP_MR * kp + r % DP_MR;
-      const float* x = X + r * ldx + pc;
-      for (int64_t p = 0; p < kp; ++p)
-        d[p * DP_MR] = r >= M ? 0
-                              : kpair(half::f32_to_bf16(x[2 * p]),
-                                      2 * p + 1 < kc ? half::f32_to_bf16(x[2 * p + 1]) : 0);
-    }
-  }
+void dpanel_pack(int64_t M, int64_t K, const uint16_t* X, int64_t ldx, uint32_t* dst) {
+  dp_pack_a_rows(M, K, 0, M, X, ldx, 1, dst);
 }
 
 // Y (M, ldy) (+)= X (M rows of K bf16 bits, ldx apart; or Xp, packed by dpanel_pack) times the

@@ -36,7 +36,7 @@ void dpanel_gemm(int64_t M, int64_t N, int64_t K, const uint16_t* X, int64_t ldx
                  const uint32_t* Xp, const uint32_t* W, float* Y, int64_t ldy, bool accumulate,
                  float* ws);
 int64_t dpanel_packed_u32(int64_t M, int64_t K);
-void dpanel_pack(int64_t M, int64_t K, const float* X, int64_t ldx, uint32_t* dst);
+void dpanel_pack(int64_t M, int64_t K, const uint16_t* X, int64_t ldx, uint32_t* dst);
 #endif
 
 }  // namespace ALGENTA_ISA_NS

@@ -948,18 +948,13 @@ class CpuSession final : public SessionBase {
   // float32 rows as they are (f32, f16; bf16 widening panels: as_consumed rounded them), bf16
   // bits (exact: as_consumed rounded them) or int8 codes and block scales (quantize_q8, decode's
   // rule, row by row).
-  // Several rows are packed into `pack` (packed_elems(M, n) elements) where the panels can take
-  // them packed (float32 and vdpbf16ps panels), so every task of the product reads one copy.
+  // Several rows are then packed into `pack` (packed_elems(M, n) elements) where the panels can
+  // take them packed (float32 and vdpbf16ps panels), so every task of the product reads one copy.
   kern::PanelAct act_rows(const Simd& S, const float* X, int64_t M, int64_t n, float* pack) {
     kern::PanelAct a;
     const kern::PanelOps& P = simd().panels[kern::panel_index(c_.weights)];
-    if (P.pack && M > 1) {
-      P.pack(M, n, X, n, pack);
-      a.packed = pack;
-      return a;
-    }
     if (P.act == kern::ACT_F32) {
-      a.f = X, a.ld = n;  // M == 1: the product's gemv reads the row as it is
+      a.f = X, a.ld = n;
     } else if (P.act == kern::ACT_BF16_BITS) {
 #pragma omp parallel for num_threads(nt_) schedule(static)
       for (int64_t r = 0; r < M; ++r) {
@@ -973,6 +968,10 @@ class CpuSession final : public SessionBase {
 #pragma omp parallel for num_threads(nt_) schedule(static)
       for (int64_t r = 0; r < M; ++r) S.quantize_q8(X + r * n, n, xq_.p + r * ldx_, xs_.p + r * lds);
       a.q = xq_.p, a.s = xs_.p, a.ld = ldx_, a.lds = lds;
+    }
+    if (P.pack && M > 1) {
+      P.pack(M, n, a, pack);
+      a.packed = pack;
     }
     return a;
   }
@@ -1128,8 +1127,8 @@ struct HookProducts {
     in = act.prepare(simd(), X, M, n, n, 0);
     const kern::PanelOps& P = m.ops();
     Buf pk(packed && P.pack && M > 1 ? P.packed_elems(M, n) : 0);
-    if (pk.n) {  // as prefill's act_rows: from the float32 rows the format consumes
-      P.pack(M, n, in.f, in.ld, pk.p);
+    if (pk.n) {  // as prefill's act_rows
+      P.pack(M, n, in, pk.p);
       in.packed = pk.p;
     }
     const ABuf<char> ws(m.ops().ws_bytes(m.cols));

@@ -496,8 +496,8 @@ static void fp_gemm(int64_t M, int64_t N, int64_t K, const PanelAct& X, const vo
               accumulate, static_cast<float*>(ws));
 }
 static int64_t fp_ws_bytes(int64_t) { return fpanel_ws_elems() * 4; }
-static void fp_pack(int64_t M, int64_t K, const float* X, int64_t ldx, void* dst) {
-  fpanel_pack(M, K, X, ldx, static_cast<float*>(dst));
+static void fp_pack(int64_t M, int64_t K, const PanelAct& X, void* dst) {
+  fpanel_pack(M, K, X.f, X.ld, static_cast<float*>(dst));
 }
 
 #if defined(__AVX512BF16__)
@@ -513,8 +513,8 @@ static void dp_gemm(int64_t M, int64_t N, int64_t K, const PanelAct& X, const vo
   dpanel_gemm(M, N, K, X.b, X.ld, static_cast<const uint32_t*>(X.packed),
               static_cast<const uint32_t*>(W), Y, ldy, accumulate, static_cast<float*>(ws));
 }
-static void dp_pack(int64_t M, int64_t K, const float* X, int64_t ldx, void* dst) {
-  dpanel_pack(M, K, X, ldx, static_cast<uint32_t*>(dst));
+static void dp_pack(int64_t M, int64_t K, const PanelAct& X, void* dst) {
+  dpanel_pack(M, K, X.b, X.ld, static_cast<uint32_t*>(dst));
 }
 #define ALGENTA_BF16_PANELS                                                                  \
   {dp_block_bytes, dp_put_row, dp_get_row, dp_gemm, fp_ws_bytes, ACT_BF16_BITS, "vdpbf16ps", \

@@ -169,11 +169,11 @@ struct PanelOps {
   int64_t (*ws_bytes)(int64_t K);
   int act;           // ACT_*: what X must hold
   const char* path;  // what multiplies, for reports: "fp32", "vdpbf16ps", "vpdpbusd", ...
-  // Float32 and vdpbf16ps panels (null elsewhere): M float32 rows (K values, ldx apart; for
-  // ACT_BF16_BITS already bf16-exact) packed as gemm reads them, into packed_elems(M, K) 4-byte
-  // elements, for PanelAct::packed. Copies only: a cell's bits are the same either way.
+  // Float32 and vdpbf16ps panels (null elsewhere): the M rows X holds (as `act` says) packed as
+  // gemm packs them, into packed_elems(M, K) 4-byte elements, for PanelAct::packed. Copies
+  // only: a cell's bits are the same either way.
   int64_t (*packed_elems)(int64_t M, int64_t K);
-  void (*pack)(int64_t M, int64_t K, const float* X, int64_t ldx, void* dst);
+  void (*pack)(int64_t M, int64_t K, const PanelAct& X, void* dst);
 };
 
 constexpr int64_t Q8_ACT_PAD = 64;  // elements a prepared activation row is padded to
