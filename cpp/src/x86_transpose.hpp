@@ -1,6 +1,8 @@
-// Internal, AVX-512 builds only: the 16 x 16 dword transpose both bf16 dot-product packings
-// (vdpbf16ps panels in kernels_isa.cpp, AMX tiles in kernels_amx.cpp) turn k-contiguous rows of
-// bf16 pairs with. In the per-ISA namespace, so each instruction set's copy stays its own.
+// Internal, AVX2 and AVX-512 builds: the square dword transposes of one register file. The
+// 16 x 16 one turns k-contiguous rows of bf16 pairs into both bf16 dot-product packings (vdpbf16ps
+// panels in kernels_isa.cpp, AMX tiles in kernels_amx.cpp); it and the 8 x 8 one also turn a
+// vector per KV dot product into lanes summed side by side (session_kernels.cpp, hsums). In the
+// per-ISA namespace, so each instruction set's copy stays its own.
 #pragma once
 #include <immintrin.h>
 
@@ -12,6 +14,7 @@ namespace algenta {
 namespace kern {
 namespace ALGENTA_ISA_NS {
 
+#if defined(__AVX512F__)
 // 16 x 16 dwords: r[i] <- column i of the rows r[0..15] (four rounds of unpack / lane shuffle).
 inline void transpose16(__m512i r[16]) {
   __m512i t[16];
@@ -38,6 +41,28 @@ inline void transpose16(__m512i r[16]) {
     r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xdd);
   }
 }
+#endif
+
+#if defined(__AVX2__)
+// 8 x 8 floats: r[i] <- column i of the rows r[0..7] (unpack, 64-bit shuffle, 128-bit lanes).
+inline void transpose8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+#endif
 
 }  // namespace ALGENTA_ISA_NS
 }  // namespace kern
