@@ -303,6 +303,15 @@ x = np.ones(64, np.float32)
 x[40] = np.nan  # a broken activation stays visible, in every row
 y, _, _ = _core.session.cpu_int8_products(np.ones((3, 64), np.int8), np.ones((3, 2), np.float32), x)
 assert np.isnan(y).all(), y
+# whole blocks (vectorized on AVX2 and AVX-512) at the quantizer's edges: all zeros (scale 0),
+# an infinity (scale inf, every code 0 as q8_block gives), ties of the scale (to even), the clamp
+x = np.zeros(96, np.float32)
+x[32], x[33:40] = np.inf, 3.0
+x[64], x[65:71] = -127.0, [0.5, 1.5, 2.5, -0.5, -2.5, 127.0]
+_, xq, xs = _core.session.cpu_int8_products(np.ones((3, 96), np.int8), np.ones((3, 3), np.float32), x)
+assert xs[0] == 0 and not xq[:32].any(), (xs, xq[:32])
+assert xs[1] == np.inf and not xq[32:64].any(), (xs, xq[32:64])
+assert xs[2] == 1 and list(xq[64:71]) == [-127, 0, 2, 2, 0, -2, 127], (xs, xq[64:71])
 print(_core.isa_name())
 """
 

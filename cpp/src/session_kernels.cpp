@@ -53,6 +53,7 @@ using residentk::RESIDENT_INT8_BLOCK;
 
 typedef float vf __attribute__((vector_size(VBYTES)));
 typedef float vfu __attribute__((vector_size(VBYTES), aligned(4)));  // unaligned view
+typedef int32_t vi __attribute__((vector_size(VBYTES)));
 constexpr int W = VBYTES / 4;
 constexpr int ACC = 4;
 
@@ -204,13 +205,52 @@ static void round_bf16(const float* x, int64_t n, uint16_t* xb, float* xr) {
 }
 
 // int8: the activation vector quantized once per product, by the weights' rule (quant::q8_block),
-// into codes (zero-padded to Q8_ACT_PAD) and one scale a block.
+// into codes (zero-padded to Q8_ACT_PAD) and one scale a block. Whole blocks on vectors where the
+// instruction set rounds them (AVX2, AVX-512): the same operations per value as q8_block, a true
+// division, rounding to nearest even (rintf's, in the default mode), the clamp and NaN -> 0, so
+// the same codes and scales (a block's NaN scale aside, whose payload may come from another of
+// its NaNs). One value at a time, q8_block's division and its max chain cost about 13 cycles a
+// value: 12% of a 16-token int8 prefill's profile on Zen 4.
+#if VBYTES >= 32
+typedef int8_t v8q __attribute__((vector_size(W)));
+static inline vf round_even(vf v) {
+#if VBYTES == 64
+  return (vf)_mm512_roundscale_ps((__m512)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+  return (vf)_mm256_round_ps((__m256)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#endif
+}
+#endif
 static void quantize_q8(const float* x, int64_t n, int8_t* xq, float* xs) {
   constexpr int64_t B = RESIDENT_INT8_BLOCK;
-  for (int64_t i = 0, b = 0; i < n; i += B, ++b)
-    xs[b] = quant::q8_block(x + i, std::min(B, n - i), xq + i);
+  int64_t i = 0, b = 0;
+#if VBYTES >= 32
+  constexpr int NVB = int(B) / W;  // vectors a block
+  for (; i + B <= n; i += B, ++b) {
+    vf v[NVB], m = vf{};
+    for (int u = 0; u < NVB; ++u) {
+      v[u] = *(const vfu*)(x + i + u * W);
+      const vf a = (vf)((vi)v[u] & 0x7fffffff);
+      m = (a > m) | (a != a) ? a : m;  // a NaN, once seen, stays (q8_block's rule)
+    }
+    float amax = 0.f;
+    for (int l = 0; l < W; ++l) amax = (m[l] > amax || m[l] != m[l]) ? m[l] : amax;
+    const float sc = amax / 127.f;
+    xs[b] = sc;
+    for (int u = 0; u < NVB; ++u) {
+      vf c = vf{};
+      if (sc > 0.f) {
+        const vf r = round_even(v[u] / sc);
+        c = r < -127.f ? vf{} - 127.f : (r > 127.f ? vf{} + 127.f : r);
+        c = c == c ? c : vf{};
+      }
+      *(v8q*)(xq + i + u * W) = __builtin_convertvector(__builtin_convertvector(c, vi), v8q);
+    }
+  }
+#endif
+  for (; i < n; i += B, ++b) xs[b] = quant::q8_block(x + i, std::min(B, n - i), xq + i);
   const int64_t padded = (n + Q8_ACT_PAD - 1) / Q8_ACT_PAD * Q8_ACT_PAD;
-  for (int64_t i = n; i < padded; ++i) xq[i] = 0;
+  for (int64_t j = n; j < padded; ++j) xq[j] = 0;
 }
 
 // ---- int8 weight panels (Q8_0 x Q8_0) --------------------------------------------------------
@@ -757,7 +797,6 @@ static void softcap(float* z, int64_t n, float cap) {
 
 // session_math::exp_nonpos on W lanes, its operations in its order (the scalar one did not
 // vectorize inside a loop: its float-to-int conversion and clamp kept GCC scalar)
-typedef int32_t vi __attribute__((vector_size(VBYTES)));
 static inline vf exp_nonpos_v(vf x) {
   const vf floor = vf{} - 87.0f;
   x = x < floor ? floor : x;
