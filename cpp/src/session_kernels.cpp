@@ -82,19 +82,16 @@ static inline float hsum(vf v) {
 // extracts a vector; it made the prefill's score pass (kv_dots) cost 3.6x its output pass
 // (kv_axpys) for the same multiply-adds (Zen 4, 512-token f32 prefill).
 static inline void hsums(const vf* v, float* s) {
+#if VBYTES >= 32
+  vf r[W];
+  for (int p = 0; p < W; ++p) r[p] = v[p];
 #if VBYTES == 64
-  __m512i r[16];
-  for (int p = 0; p < 16; ++p) r[p] = (__m512i)v[p];
-  transpose16(r);
+  transpose16(reinterpret_cast<__m512i*>(r));  // the intrinsic types may alias any vector
+#else
+  transpose8(reinterpret_cast<__m256*>(r));
+#endif
   vf acc = {};
-  for (int l = 0; l < 16; ++l) acc += (vf)r[l];
-  *(vfu*)s = acc;
-#elif VBYTES == 32
-  __m256 r[8];
-  for (int p = 0; p < 8; ++p) r[p] = (__m256)v[p];
-  transpose8(r);
-  vf acc = {};
-  for (int l = 0; l < 8; ++l) acc += (vf)r[l];
+  for (int l = 0; l < W; ++l) acc += r[l];
   *(vfu*)s = acc;
 #else
   for (int p = 0; p < W; ++p) s[p] = hsum(v[p]);
