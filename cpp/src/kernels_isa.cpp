@@ -922,8 +922,8 @@ void dp_ukernel(int64_t kp, const uint32_t* __restrict a, const uint32_t* __rest
                                         : _mm512_setzero_ps();
   for (int64_t p = 0; p < kp; ++p) {
     __m512bh bv[DP_NV];
-    if (stream)  // a pair step reads DP_NR * 4 = 128 bytes of B
-      for (int l = 0; l < 2; ++l)
+    if (stream)  // the lines of B a pair step reads (DP_NR pairs of 4 bytes)
+      for (int l = 0; l < DP_NR * 4 / 64; ++l)
         _mm_prefetch(reinterpret_cast<const char*>(b + p * DP_NR) + B_AHEAD + 64 * l, _MM_HINT_T0);
     for (int j = 0; j < DP_NV; ++j)
       bv[j] = (__m512bh)_mm512_loadu_si512(static_cast<const void*>(b + p * DP_NR + j * 16));
