@@ -354,6 +354,48 @@ def test_bf16_products_against_exact_products(isa):
     _run_on_isa(_BF16_KERNEL, isa)
 
 
+_ELEMENTWISE = """
+import numpy as np
+from algenta import _core
+rng = np.random.default_rng(8)
+for n in (1, 15, 16, 17, 100, 3072):  # partial groups of 16 and whole ones
+    g = (rng.standard_normal(n) * 10.0 ** rng.uniform(-3, 1.3, n)).astype(np.float32)
+    g[: min(n, 4)] = [-100.0, -88.0, 0.0, 30.0][: min(n, 4)]  # past exp's floor, zero, large
+    u = rng.standard_normal(n).astype(np.float32)
+    gd, ud = g.astype(np.float64), u.astype(np.float64)
+    # silu against float64; past g = -87 exp is floored: |g| exp(-87) absolutely
+    y = _core.session.cpu_gate(g, u).astype(np.float64)
+    want = gd / (1.0 + np.exp(-gd)) * ud
+    bound = 4e-7 * np.abs(want) + np.where(gd < -87, np.abs(gd * ud) * 1.7e-38, 1e-45)
+    assert np.all(np.abs(y - want) <= bound), (n, np.max(np.abs(y - want) / bound))
+    # GELU's tanh form: tanh within 1e-7 absolutely, so the error scales with |g u|
+    y = _core.session.cpu_gate(g, u, gelu=True).astype(np.float64)
+    want = 0.5 * gd * (1.0 + np.tanh(0.7978845608028654 * (gd + 0.044715 * gd ** 3))) * ud
+    assert np.all(np.abs(y - want) <= 4e-7 * np.abs(want) + 1.5e-7 * np.abs(gd * ud)), n
+    # an element's bits do not depend on where it sits (decode and prefill start anywhere)
+    for gelu in (False, True):
+        a = _core.session.cpu_gate(g, u, gelu=gelu)
+        assert np.array_equal(_core.session.cpu_gate(g[3:], u[3:], gelu=gelu), a[3:]), n
+    # RMSNorm's squares: square i into partial i mod 16, partials added in order, exactly
+    x = (rng.standard_normal(n) * 10.0 ** rng.uniform(-20, 20, n)).astype(np.float32)
+    xd = x.astype(np.float64) ** 2  # exact
+    parts = [np.cumsum(xd[k::16])[-1] if k < n else 0.0 for k in range(16)]
+    assert _core.session.cpu_sum_sq(x) == np.cumsum(parts)[-1], n
+x = np.array([1.0, np.nan, 2.0], np.float32)
+assert np.isnan(_core.session.cpu_gate(x, np.ones(3, np.float32))[1])
+assert np.isnan(_core.session.cpu_sum_sq(x))
+print(_core.isa_name())
+"""
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_gate_and_norm_kernels_against_float64(isa):
+    """Each ISA's MLP gates (silu, GELU's tanh form) against NumPy float64 within a few float32
+    ulps, the same bits for an element wherever it sits, and RMSNorm's sum of squares equal to
+    its definition (16 partial sums of exact squares, added in order) on every ISA."""
+    _run_on_isa(_ELEMENTWISE, isa)
+
+
 def test_int8_prefill_gemm_against_exact_integer_sums():
     """The int8 prefill GEMM of the instruction set in use against NumPy on the activations
     decode's quantizer gives: every cell the exact block sums times sw * sx, to float32

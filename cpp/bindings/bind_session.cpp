@@ -273,6 +273,30 @@ void bind_session(py::module_& m) {
       "Test hook: the int8 prefill GEMM of the active ISA.");
 
   s.def(
+      "cpu_gate",
+      [](F32 g, F32 u, bool gelu) {
+        namespace rk = algenta::residentk;
+        if (g.ndim() != 1 || u.ndim() != 1 || g.shape(0) != u.shape(0))
+          throw algenta::StatusError(algenta::Family::Resident, rk::RESIDENT_ERR_WEIGHT_LENGTH,
+                                     "cpu_gate: g (n) and u (n)");
+        py::array_t<float> out(g.shape(0));
+        rk::cpu_gate(gelu, g.data(), u.data(), g.shape(0), out.mutable_data());
+        return out;
+      },
+      py::arg("g"), py::arg("u"), py::arg("gelu") = false,
+      "Test hook: the MLP gate of the active ISA, silu(g) * u (gelu_tanh(g) * u with gelu).");
+  s.def(
+      "cpu_sum_sq",
+      [](F32 x) {
+        if (x.ndim() != 1)
+          throw algenta::StatusError(algenta::Family::Resident,
+                                     algenta::residentk::RESIDENT_ERR_WEIGHT_LENGTH,
+                                     "cpu_sum_sq: x (n)");
+        return algenta::residentk::cpu_sum_sq(x.data(), x.shape(0));
+      },
+      py::arg("x"), "Test hook: RMSNorm's sum of squares in double, as the active ISA sums it.");
+
+  s.def(
       "cpu_bf16_products",
       [](py::array_t<uint16_t, py::array::c_style | py::array::forcecast> w, F32 x) {
         using algenta::Family;

@@ -350,8 +350,7 @@ inline void rows_dynamic(int64_t rows, int64_t chunk, Fn&& fn) {
 
 // out (n) = w (n) * (x (n) * 1/sqrt(mean(x^2) + eps)), as transformers' Qwen3RMSNorm.
 inline void rmsnorm(const float* x, const float* w, int64_t n, double eps, float* out) {
-  double ss = 0.0;
-  for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * double(x[i]);
+  const double ss = simd().sum_sq(x, n);
   const float inv = session_math::rms_inv(ss, n, eps);
   for (int64_t i = 0; i < n; ++i) out[i] = session_math::rms_apply(x[i], w[i], inv);
 }
@@ -729,15 +728,12 @@ class CpuSession final : public SessionBase {
   int team(int64_t work) const { return work >= PARALLEL_MIN_FLOATS ? cur_nt_ : 1; }
 
   // out (n) = act(g + bg) * (u + bu) for gate rows [j0, j0 + n) (out may be g), biases where
-  // the family has them: silu element by element (Qwen3's bits), GELU through the vectorized
-  // kernel.
+  // the family has them, through the vectorized kernels.
   void gate(const Simd& S, const float* g, const float* u, const Layer& L, int64_t j0, int64_t n,
             float* out) const {
     const float* gb = L.g_b.p ? L.g_b.p + j0 : nullptr;
     const float* ub = L.u_b.p ? L.u_b.p + j0 : nullptr;
-    if (act_ == Act::GeluTanh) return S.gelu_mul(g, u, gb, ub, out, n);
-    for (int64_t i = 0; i < n; ++i)
-      out[i] = session_math::silu_mul(gb ? g[i] + gb[i] : g[i], ub ? u[i] + ub[i] : u[i]);
+    (act_ == Act::GeluTanh ? S.gelu_mul : S.silu_mul)(g, u, gb, ub, out, n);
   }
   // Whether a projection's output goes straight onto the residual (the panel GEMM accumulating
   // into x, Qwen3's path), or through Y with a bias or a sandwich norm first.
@@ -1158,6 +1154,11 @@ void cpu_bf16_products(const uint16_t* w, int64_t rows, int64_t n, const float* 
   const HookProducts h(Dtype::BF16, w, nullptr, rows, n, x, 1, y);
   std::memcpy(xb, h.in.b, size_t(n) * sizeof(uint16_t));
 }
+
+void cpu_gate(bool gelu, const float* g, const float* u, int64_t n, float* out) {
+  (gelu ? simd().gelu_mul : simd().silu_mul)(g, u, nullptr, nullptr, out, n);
+}
+double cpu_sum_sq(const float* x, int64_t n) { return simd().sum_sq(x, n); }
 
 void cpu_panel_products(Dtype f, const void* w, int64_t rows, int64_t n, const float* X,
                         int64_t M, float* Y, bool packed) {

@@ -207,11 +207,15 @@ struct SessionOps {
   void (*quantize_q8)(const float* x, int64_t n, int8_t* xq, float* xs);
   // The families' elementwise stages, vectorized, each element by the same instructions
   // wherever it sits (so decode and prefill agree bit for bit): z (n) soft-capped in place
-  // (session_math::softcap); out (n) = gelu_tanh(g + gb) * (u + ub), biases may be null, out
-  // may be g (session_math::gelu_tanh_mul).
+  // (session_math::softcap); out (n) = silu(g + gb) * (u + ub) and gelu_tanh(g + gb) * (u + ub),
+  // biases may be null, out may be g (session_math::silu_mul, gelu_tanh_mul).
   void (*softcap)(float* z, int64_t n, float cap);
   // s (n) <- softmax(s) in place: attention's weights (session_kernels.cpp says how it rounds)
   void (*softmax)(float* s, int64_t n);
+  // x (n)'s squares summed in double, RMSNorm's (the same bits on every instruction set)
+  double (*sum_sq)(const float* x, int64_t n);
+  void (*silu_mul)(const float* g, const float* u, const float* gb, const float* ub, float* out,
+                   int64_t n);
   void (*gelu_mul)(const float* g, const float* u, const float* gb, const float* ub, float* out,
                    int64_t n);
   // indexed by panel_index(weight format)

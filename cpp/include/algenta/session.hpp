@@ -181,6 +181,11 @@ void cpu_int8_products(const int8_t* q, const float* sc, int64_t rows, int64_t n
 // (M, n) quantized as cpu_int8_products quantizes x, Y (M, rows) = X q^T.
 void cpu_int8_gemm(const int8_t* q, const float* sc, int64_t rows, int64_t n, const float* X,
                    int64_t M, float* Y);
+// The MLP gate of the active instruction set, out (n) = act(g) * u with act silu or (gelu) GELU's
+// tanh form, and RMSNorm's sum of squares, x (n) squared and summed in double, as both engines'
+// stages compute them.
+void cpu_gate(bool gelu, const float* g, const float* u, int64_t n, float* out);
+double cpu_sum_sq(const float* x, int64_t n);
 // The same for bf16 rows w (rows, n bf16 bits): x rounded to bf16 once (xb (n) out), then
 // y[o] = row o . x as a decode step computes it.
 void cpu_bf16_products(const uint16_t* w, int64_t rows, int64_t n, const float* x, float* y,
