@@ -60,15 +60,17 @@ def test_prefill_across_the_engines_prefill_blocks():
 
 
 @pytest.mark.parametrize("kv", ["f32", "bf16", "f16"])
-def test_prefill_attention_groups_give_the_stepped_logits(kv):
-    """Prefill attends up to 8 queries of a KV head at once (SessionOps::kv_dots / kv_axpys),
-    decode one: with 9 query heads on one KV head (a row's heads in two passes, 8 and 1) and
-    heads of 8 values (no full accumulator round anywhere, a padded tail on AVX-512), the bits
-    still agree."""
-    cfg = dict(CFG, h_q=9, h_kv=1, d_head=8)
-    s = ResidentSession(cfg, ref.random_weights(cfg, 12), max_ctx=32, weights="f32", kv=kv,
+@pytest.mark.parametrize("d_head", [8, 128])
+def test_prefill_attention_groups_give_the_stepped_logits(kv, d_head):
+    """Prefill attends several queries of a KV head at once against blocks of keys
+    (SessionOps::kv_dots / kv_axpys), decode one against one: with 9 query heads on one KV head
+    (groups of every size up to the widest and a remainder) and heads of 8 values (no full
+    accumulator round anywhere, a padded tail on AVX-512) or 128 (two full rounds), over 35 keys
+    (whole blocks of 16 and single keys), the bits still agree."""
+    cfg = dict(CFG, h_q=9, h_kv=1, d_head=d_head)
+    s = ResidentSession(cfg, ref.random_weights(cfg, 12), max_ctx=40, weights="f32", kv=kv,
                         device="cpu")
-    prompt = PROMPT[:19]
+    prompt = PROMPT[:35]
     last = s.prefill(prompt[:1])
     for t in prompt[1:]:
         last = s.step(t)
