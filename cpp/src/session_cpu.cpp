@@ -942,7 +942,7 @@ class CpuSession final : public SessionBase {
 
   // X's M rows (n values each) as this session's panels multiply them, in the prefill buffers:
   // float32 rows as they are (f32, f16; bf16 widening panels: as_consumed rounded them), bf16
-  // bits (exact: as_consumed rounded them) or int8 codes and block scales (quantize_q8, decode's
+  // bits (round_bf16, decode's rounding) or int8 codes and block scales (quantize_q8, decode's
   // rule, row by row).
   // Several rows are then packed into `pack` (packed_elems(M, n) elements) where the panels can
   // take them packed (float32 and vdpbf16ps panels), so every task of the product reads one copy.
@@ -955,8 +955,10 @@ class CpuSession final : public SessionBase {
 #pragma omp parallel for num_threads(nt_) schedule(static)
       for (int64_t r = 0; r < M; ++r) {
         uint16_t* b = xb_.p + r * ldx_;
-        for (int64_t i = 0; i < n; ++i) b[i] = half::f32_to_bf16(X[r * n + i]);
-        for (int64_t i = n; i < ldx_; ++i) b[i] = 0;
+        S.round_bf16(X + r * n, n, b, nullptr);
+        for (int64_t i = (n + kern::Q8_ACT_PAD - 1) / kern::Q8_ACT_PAD * kern::Q8_ACT_PAD;
+             i < ldx_; ++i)
+          b[i] = 0;
       }
       a.b = xb_.p, a.ld = ldx_;
     } else {
@@ -986,9 +988,13 @@ class CpuSession final : public SessionBase {
 
   // Prefill's activation rows X (M, n), in place, as a decode step's products consume them: for
   // bf16 weights each value rounded to bf16 (half.hpp, as decode's round_bf16). int8 rows are
-  // quantized by act_rows, by decode's rule; other formats multiply X as it is.
+  // quantized by act_rows, by decode's rule; other formats multiply X as it is. Panels that take
+  // bf16 bits need nothing here: act_rows rounds X itself, and rounding a rounded value again
+  // changes nothing, so this pass (a read and a write of every value) would only cost time.
   void as_consumed(float* X, int64_t M, int64_t n) const {
-    if (c_.weights != Dtype::BF16) return;
+    if (c_.weights != Dtype::BF16 ||
+        simd().panels[kern::panel_index(Dtype::BF16)].act == kern::ACT_BF16_BITS)
+      return;
 #pragma omp parallel for num_threads(nt_) schedule(static)
     for (int64_t i = 0; i < M * n; ++i) X[i] = half::bf16_to_f32(half::f32_to_bf16(X[i]));
   }

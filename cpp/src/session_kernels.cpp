@@ -209,11 +209,11 @@ static float dot_f16(const uint16_t* a, const float* b, int64_t n) {
 // and results as zero, |v| < 1.2e-38: the only values where the paths' products differ.)
 static void round_bf16(const float* x, int64_t n, uint16_t* xb, float* xr) {
   const int64_t padded = (n + Q8_ACT_PAD - 1) / Q8_ACT_PAD * Q8_ACT_PAD;
-  for (int64_t i = 0; i < n; ++i) {
-    xb[i] = half::f32_to_bf16(x[i]);
-    xr[i] = half::bf16_to_f32(xb[i]);
-  }
-  for (int64_t i = n; i < padded; ++i) xb[i] = 0, xr[i] = 0.f;
+  for (int64_t i = 0; i < n; ++i) xb[i] = half::f32_to_bf16(x[i]);
+  for (int64_t i = n; i < padded; ++i) xb[i] = 0;
+  if (!xr) return;
+  for (int64_t i = 0; i < n; ++i) xr[i] = half::bf16_to_f32(xb[i]);
+  for (int64_t i = n; i < padded; ++i) xr[i] = 0.f;
 }
 
 // int8: the activation vector quantized once per product, by the weights' rule (quant::q8_block),

@@ -199,8 +199,9 @@ struct SessionOps {
                    int64_t j0, int64_t j1, float* const* out);
   void (*widen_bf16)(const uint16_t* a, float* d, int64_t n);
   void (*widen_f16)(const uint16_t* a, float* d, int64_t n);
-  // x (n) rounded to bf16 once (xb the bits, xr their float32 values), each zero-padded to a
-  // multiple of Q8_ACT_PAD: what bf16 panels multiply (act says which of the two).
+  // x (n) rounded to bf16 once (xb the bits, xr their float32 values, or null for the bits
+  // only), each zero-padded to a multiple of Q8_ACT_PAD: what bf16 panels multiply (act says
+  // which of the two).
   void (*round_bf16)(const float* x, int64_t n, uint16_t* xb, float* xr);
   // x (n) quantized in blocks of RESIDENT_INT8_BLOCK by the weights' rule (quant::q8_block):
   // codes xq zero-padded to a multiple of Q8_ACT_PAD, one scale a block in xs.
