@@ -796,14 +796,34 @@ template <class Fn>
 static inline void by16(int64_t n, Fn&& fn) {
   for (int64_t i0 = 0; i0 < n; i0 += 16) fn(i0, std::min<int64_t>(16, n - i0));
 }
+// A group's copy in (x + bias, bias may be null; zeros past m) and out. The pass between never
+// changes; a whole group (every one but a row's last) copies in fixed 16-trip loops the compiler
+// turns into vector moves: a value at a time, the copies cost more than the gate they feed
+// (10 cycles an element, 5% of a 128-token prefill, Zen 4).
+static inline void in16(const float* x, const float* bias, int64_t m, float* a) {
+  if (m == 16 && bias) {
+    for (int k = 0; k < 16; ++k) a[k] = x[k] + bias[k];
+  } else if (m == 16) {
+    for (int k = 0; k < 16; ++k) a[k] = x[k];
+  } else {
+    for (int64_t k = 0; k < 16; ++k) a[k] = k < m ? (bias ? x[k] + bias[k] : x[k]) : 0.f;
+  }
+}
+static inline void out16(const float* a, int64_t m, float* y) {
+  if (m == 16) {
+    for (int k = 0; k < 16; ++k) y[k] = a[k];
+  } else {
+    for (int64_t k = 0; k < m; ++k) y[k] = a[k];
+  }
+}
 
 // z (n) = cap * tanh(z / cap) in place (session_math::softcap).
 static void softcap(float* z, int64_t n, float cap) {
   by16(n, [&](int64_t i0, int64_t m) {
-    alignas(64) float x[16] = {};
-    for (int64_t k = 0; k < m; ++k) x[k] = z[i0 + k];
+    alignas(64) float x[16];
+    in16(z + i0, nullptr, m, x);
     for (int k = 0; k < 16; ++k) x[k] = session_math::softcap(x[k], cap);
-    for (int64_t k = 0; k < m; ++k) z[i0 + k] = x[k];
+    out16(x, m, z + i0);
   });
 }
 
@@ -875,13 +895,11 @@ template <float (*Act)(float, float)>
 static void gate_mul(const float* g, const float* u, const float* gb, const float* ub,
                      float* out, int64_t n) {
   by16(n, [&](int64_t i0, int64_t m) {
-    alignas(64) float a[16] = {}, b[16] = {};
-    for (int64_t k = 0; k < m; ++k) {
-      a[k] = gb ? g[i0 + k] + gb[i0 + k] : g[i0 + k];
-      b[k] = ub ? u[i0 + k] + ub[i0 + k] : u[i0 + k];
-    }
+    alignas(64) float a[16], b[16];
+    in16(g + i0, gb ? gb + i0 : nullptr, m, a);
+    in16(u + i0, ub ? ub + i0 : nullptr, m, b);
     for (int k = 0; k < 16; ++k) a[k] = Act(a[k], b[k]);
-    for (int64_t k = 0; k < m; ++k) out[i0 + k] = a[k];
+    out16(a, m, out + i0);
   });
 }
 
