@@ -269,13 +269,8 @@ struct KvCache {
     else
       std::memcpy(h16.p + dst, h16.p + src, size_t(n) * sizeof(uint16_t));
   }
-  // q (n) . the row at o
-  float dot(const Simd& S, const float* q, int64_t o, int64_t n) const {
-    if (f == Dtype::F32) return S.dot(q, f32.p + o, n);
-    return f == Dtype::BF16 ? S.dot_bf16(h16.p + o, q, n) : S.dot_f16(h16.p + o, q, n);
-  }
-  // Several queries against the rows [j0, j1) of one head whose row 0 is at o (SessionOps::
-  // kv_dots / kv_axpys): each query's bits as dot and axpy give them.
+  // Queries against the rows [j0, j1) of one head whose row 0 is at o (SessionOps::kv_dots /
+  // kv_axpys): each query's bits the same alone or in any group.
   void dots(const Simd& S, const float* const* q, int nq, int64_t o, int64_t n, int64_t j0,
             int64_t j1, float* s, int64_t lds) const {
     S.kv_dots(f, q, nq, at(o), n, j0, j1, s, lds);
@@ -286,16 +281,6 @@ struct KvCache {
   }
   const void* at(int64_t o) const {
     return f == Dtype::F32 ? static_cast<const void*>(f32.p + o) : h16.p + o;
-  }
-  // out (n) += p * the row at o
-  void axpy(const Simd& S, float p, int64_t o, float* out, int64_t n) const {
-    if (f == Dtype::F32) return S.axpy(p, f32.p + o, out, n);
-    float row[RESIDENT_MAX_D_HEAD];  // n = Dh <= RESIDENT_MAX_D_HEAD (the shape check)
-    if (f == Dtype::BF16)
-      S.widen_bf16(h16.p + o, row, n);
-    else
-      S.widen_f16(h16.p + o, row, n);
-    S.axpy(p, row, out, n);
   }
 };
 
@@ -484,7 +469,9 @@ class CpuSession final : public SessionBase {
     logits_ = Buf(c.vocab);
     scratch_ = Buf(int64_t(nt_) * step_rows_ * std::max(D, F));
     gate_up_ = Buf(int64_t(nt_) * 2 * step_rows_ * kMaxTaskRows);
-    scores_ = Buf(int64_t(nt_) * cap_);  // one attention score row per thread
+    // a thread's attention scores: a KV head's query heads (up to kMaxAttendQueries at once)
+    score_rows_ = std::min<int64_t>(c.h_q / c.h_kv, kMaxAttendQueries);
+    scores_ = Buf(int64_t(nt_) * score_rows_ * cap_);
   }
 
   const char* device() const override { return "cpu"; }
@@ -669,22 +656,12 @@ class CpuSession final : public SessionBase {
     S.softmax(s, n);
   }
 
-  // out (Dh) = softmax(q . K[lo..n) * scale) V[lo..n) for the query at position n - 1 (decode);
-  // K, V (n, Dh) rows of one KV head at element offsets K and V of the cache; s (n) scratch.
-  void attend(const Simd& S, const Layer& L, const float* q, int64_t K, int64_t V, int64_t n,
-              float* s, float* out) const {
-    const int64_t Dh = c_.d_head, lo = first_key(L, n);
-    K += lo * Dh, V += lo * Dh, n -= lo;
-    for (int64_t j = 0; j < n; ++j) s[j] = kv_.dot(S, q, K + j * Dh, Dh);
-    softmax_weights(S, s, n);
-    std::fill(out, out + Dh, 0.f);
-    for (int64_t j = 0; j < n; ++j) kv_.axpy(S, s[j], V + j * Dh, out, Dh);
-  }
-
-  // attend for the queries of prefill rows [r0, r1) (positions p0 + r) in the G query heads
-  // that share KV head g, up to kMaxAttendQueries at once reading the keys and values once for
-  // all of them (SessionOps::kv_dots): each query's products, sums and their order as attend's.
-  // s: room for kMaxAttendQueries rows of p0 + r1 scores.
+  // out (Dh) = softmax(q . K[lo..n) * scale) V[lo..n) for the queries of rows [r0, r1) (positions
+  // p0 + r; a decode step's one row: r0 = 0, r1 = 1) in the G query heads that share KV head g,
+  // up to kMaxAttendQueries at once reading the keys and values once for all of them
+  // (SessionOps::kv_dots / kv_axpys): each query's products, sums and their order its own,
+  // whatever group it is in. s: room for min(G (r1 - r0), kMaxAttendQueries) rows of p0 + r1
+  // scores.
   void attend_rows(const Simd& S, const Layer& L, const float* QKV, int64_t Kc, int64_t Vc,
                    int64_t g, int64_t r0, int64_t r1, int64_t p0, float* s, float* A) const {
     const int64_t Dh = c_.d_head, G = c_.h_q / c_.h_kv, HD = c_.h_q * Dh;
@@ -792,7 +769,7 @@ class CpuSession final : public SessionBase {
   void decode_rows(const int64_t* slot, const int64_t* ids, int64_t M, float* logits) {
     const Simd& S = simd();
     const int64_t D = c_.d_model, Dh = c_.d_head, F = c_.d_ff, Hq = c_.h_q, Hkv = c_.h_kv;
-    const int64_t G = Hq / Hkv, HD = Hq * Dh, V = c_.vocab, heads = Hq + 2 * Hkv;
+    const int64_t HD = Hq * Dh, V = c_.vocab, heads = Hq + 2 * Hkv;
     int64_t p[kMaxStepRows];
     for (int64_t r = 0; r < M; ++r) p[r] = pos_[slot[r]];
     float *X = x_.p, *QKV = qkv_.p, *A = attn_.p, *Act = act_buf_.p, *XF = xf_.p, *Y = sub_.p;
@@ -829,12 +806,13 @@ class CpuSession final : public SessionBase {
       ++stages;
       int64_t span = 0;
       for (int64_t r = 0; r < M; ++r) span += p[r] + 1;
+      // the G query heads of a KV head together: its keys and values read once for all of them
 #pragma omp parallel for num_threads(team(Hq * span * Dh * 2)) schedule(static)
-      for (int64_t rh = 0; rh < M * Hq; ++rh) {
-        const int64_t r = rh / Hq, h = rh % Hq, g = h / G;
-        attend(S, L, QKV + r * q_rows_ + h * Dh, kcache(slot[r], li) + g * cap_ * Dh,
-               vcache(slot[r], li) + g * cap_ * Dh, p[r] + 1,
-               scores_.p + int64_t(omp_get_thread_num()) * cap_, A + r * HD + h * Dh);
+      for (int64_t rg = 0; rg < M * Hkv; ++rg) {
+        const int64_t r = rg / Hkv, g = rg % Hkv;
+        attend_rows(S, L, QKV + r * q_rows_, kcache(slot[r], li), vcache(slot[r], li), g, 0, 1,
+                    p[r], scores_.p + int64_t(omp_get_thread_num()) * score_rows_ * cap_,
+                    A + r * HD);
       }
       ++stages;
 #pragma omp parallel num_threads(team(D * HD))
@@ -1085,6 +1063,7 @@ class CpuSession final : public SessionBase {
   int64_t slot_elems_ = 0;
   std::vector<Layer> layers_;
   Buf x_, xf_, qkv_, attn_, act_buf_, sub_, logits_, scratch_, scores_;
+  int64_t score_rows_ = 1;
   // sub_: a step's sublayer outputs (o_proj, down) where they do not accumulate into x_
   Buf gate_up_;  // each thread's gate and up rows of one task, for a decode step's rows
   Buf staging_;             // a tensor's float32 rows on their way into the panels (load)

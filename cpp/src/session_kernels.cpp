@@ -7,9 +7,9 @@
 // fuses the multiply-adds under FMA.
 //
 // Fuses nothing across calls; never allocates; reads each weight element once a product.
-// Numerics: a KV dot product keeps ACC independent vector accumulators (lane l of accumulator a
-// sums elements i = a*W + l mod ACC*W), combines them in a fixed tree and adds the padded tail
-// last, so its bits depend only on n and the data, never on the thread that computes it.
+// Numerics: an attention score keeps ACC independent vector accumulators (lane l of accumulator a
+// sums elements i = a*W + l mod ACC*W), combines them in a fixed tree and sums the lanes in order,
+// so its bits depend only on n and the data, never on the thread or the group that computes it.
 //
 // Legend: n vector length; W = VBYTES/4 float lanes; ACC accumulators.
 #include <algorithm>
@@ -57,12 +57,11 @@ typedef int32_t vi __attribute__((vector_size(VBYTES)));
 constexpr int W = VBYTES / 4;
 constexpr int ACC = 4;
 
-// Rows streamed back to back (the KV cache's, the bandwidth probe's): the hardware prefetcher
-// alone left row-by-row weight dots 10-15% short of their read rate on an AMX Xeon (2 threads:
-// bf16 57.6 -> 51.9 ms a token at the Qwen3-0.6B shape, before the weights moved into panels,
-// whose decode streams whole contiguous blocks). Each dot asks for the lines PF_AHEAD bytes past
-// the ones it is reading, across the end of its row into the next; past the last row a prefetch
-// is only a hint (it never faults). Timing only: no result depends on it.
+// The bandwidth probe's optional software prefetch: the hardware prefetcher alone left row-by-row
+// weight dots 10-15% short of their read rate on an AMX Xeon (2 threads: bf16 57.6 -> 51.9 ms a
+// token at the Qwen3-0.6B shape, before the weights moved into panels, whose decode streams whole
+// contiguous blocks), so the probe also reads with the lines PF_AHEAD bytes ahead requested; past
+// the end a prefetch is only a hint (it never faults). Timing only: no result depends on it.
 constexpr int64_t PF_AHEAD = 2048;
 static inline void prefetch_ahead(const void* p, int lines) {
   const char* c = static_cast<const char*>(p) + PF_AHEAD;
@@ -98,36 +97,7 @@ static inline void hsums(const vf* v, float* s) {
 #endif
 }
 
-// a (n) . b (n). The last n % W elements go through one zero-padded vector, like the others:
-// a scalar tail would leave the compiler free to contract (or not) its multiply-adds into FMAs
-// differently in each copy of this loop, and the narrow-format dots below must give exactly
-// this function's bits on the same (widened) values.
-static float dot(const float* a, const float* b, int64_t n) {
-  vf acc[ACC] = {};
-  int64_t i = 0;
-  for (; i + ACC * W <= n; i += ACC * W) {
-    prefetch_ahead(a + i, lines_of(ACC * W * 4));
-    for (int k = 0; k < ACC; ++k)
-      acc[k] += *(const vfu*)(a + i + k * W) * *(const vfu*)(b + i + k * W);
-  }
-  for (; i + W <= n; i += W) acc[0] += *(const vfu*)(a + i) * *(const vfu*)(b + i);
-  if (i < n) {
-    vf ta = {}, tb = {};
-    for (int l = 0; i + l < n; ++l) ta[l] = a[i + l], tb[l] = b[i + l];
-    acc[1] += ta * tb;
-  }
-  return hsum((acc[0] + acc[1]) + (acc[2] + acc[3]));
-}
-
-// y (n) += p * v (n)
-static void axpy(float p, const float* v, float* y, int64_t n) {
-  int64_t i = 0;
-  const vf pv = vf{} + p;
-  for (; i + W <= n; i += W) *(vfu*)(y + i) = *(const vfu*)(y + i) + pv * *(const vfu*)(v + i);
-  for (; i < n; ++i) y[i] += p * v[i];
-}
-
-// sum of a (n), for the read-bandwidth probe: the same loads as dot, in `streams` (1, 2 or 4)
+// sum of a (n), for the read-bandwidth probe: vector loads in `streams` (1, 2 or 4)
 // contiguous parts read side by side, with or without prefetch_ahead. Which pattern reads fastest
 // is the host's: on Zen 3 (2 vCPUs) one thread read 16 GB/s in one prefetched stream, 21 without
 // the prefetches and 25 in two streams (the AMX Xeon's row dots wanted the prefetches, above);
@@ -167,38 +137,14 @@ static double sum_sq(const float* x, int64_t n) {
 }
 
 // ---- the KV cache's bf16 and f16 rows, widened in registers ------------------------------------
-// Each vector is widened to float32 right after its load and multiplied in float32, with the same
-// accumulator layout and fixed combination order as dot().
-// Scalar tails widen with the one definition (algenta/half.hpp); exact, as the vector loads.
+// Each vector is widened to float32 right after its load and multiplied in float32; scalar tails
+// widen with the one definition (algenta/half.hpp), exact as the vector loads.
 static inline float s_bf16(uint16_t h) { return half::bf16_to_f32(h); }
 static inline float s_f16(uint16_t h) { return half::f16_to_f32(h); }
 
 // one vector of halves widened exactly (simd_halves.hpp, shared with the weight panels)
 static inline vf ld_bf16(const uint16_t* p) { return halves::ld_bf16(p); }
 static inline vf ld_f16(const uint16_t* p) { return halves::ld_f16(p); }
-
-template <vf (*LD)(const uint16_t*), float (*SC)(uint16_t)>
-static float dot_h(const uint16_t* a, const float* b, int64_t n) {
-  vf acc[ACC] = {};
-  int64_t i = 0;
-  for (; i + ACC * W <= n; i += ACC * W) {
-    prefetch_ahead(a + i, lines_of(ACC * W * 2));
-    for (int k = 0; k < ACC; ++k) acc[k] += LD(a + i + k * W) * *(const vfu*)(b + i + k * W);
-  }
-  for (; i + W <= n; i += W) acc[0] += LD(a + i) * *(const vfu*)(b + i);
-  if (i < n) {  // as dot()'s tail
-    vf ta = {}, tb = {};
-    for (int l = 0; i + l < n; ++l) ta[l] = SC(a[i + l]), tb[l] = b[i + l];
-    acc[1] += ta * tb;
-  }
-  return hsum((acc[0] + acc[1]) + (acc[2] + acc[3]));
-}
-static float dot_bf16(const uint16_t* a, const float* b, int64_t n) {
-  return dot_h<ld_bf16, s_bf16>(a, b, n);
-}
-static float dot_f16(const uint16_t* a, const float* b, int64_t n) {
-  return dot_h<ld_f16, s_f16>(a, b, n);
-}
 
 // ---- activations as the narrow formats multiply them -----------------------------------------
 // bf16: the activation vector is rounded to bf16 once per product (xb the bits, xr their float32
@@ -614,27 +560,18 @@ static void dp_pack(int64_t M, int64_t K, const PanelAct& X, void* dst) {
 #define ALGENTA_Q8_PATH "scalar"
 #endif
 
-// A narrow row widened to float32 into d (n): the KV cache's values on their way into attention.
-static void widen_bf16(const uint16_t* a, float* d, int64_t n) {
-  int64_t i = 0;
-  for (; i + W <= n; i += W) *(vfu*)(d + i) = ld_bf16(a + i);
-  for (; i < n; ++i) d[i] = s_bf16(a[i]);
-}
-static void widen_f16(const uint16_t* a, float* d, int64_t n) {
-  int64_t i = 0;
-  for (; i + W <= n; i += W) *(vfu*)(d + i) = ld_f16(a + i);
-  for (; i < n; ++i) d[i] = s_f16(a[i]);
-}
-
-// ---- attention of several queries against one KV head (prefill) -------------------------------
+// ---- attention: queries against one KV head ----------------------------------------------------
 // A prefill has many queries per KV head (the G query heads of each row, and several rows); taken
-// one at a time, as decode's attend takes its one, each score is a key row's loads and a
-// horizontal sum, each output update a store-to-load chain through memory: about 85 cycles a
-// (query, key) pair on a Zen 3 core, a fifth of a 512-token f32 prefill there. These take up to
-// QD (scores) or QV (outputs) queries per pass, loading each key or value vector once for all of
-// them and holding the outputs in registers. Each query's multiply-adds, their order, the
-// accumulator tree and the tail are dot's (dot_bf16's, dot_f16's) and axpy's, so a row attends
-// with the same bits whether it was prefilled or stepped (tests/test_residentk_split.py).
+// one at a time, each score is a key row's loads and a horizontal sum, each output update a
+// store-to-load chain through memory: about 85 cycles a (query, key) pair on a Zen 3 core, a fifth
+// of a 512-token f32 prefill there. These take up to QD (scores) or QV (outputs) queries per pass,
+// loading each key or value vector once for all of them and holding the sums in registers; decode
+// takes the same kernels with its one query. A score: the row in groups of ACC vectors, vector a
+// of each group into accumulator a (whole vectors past the last group into accumulator 0, the
+// zero-padded tail into 1), combined as (a0 + a1) + (a2 + a3), the lanes then summed in order
+// (hsum; hsums for W keys side by side). An output: one multiply-add an element a key, keys in
+// order. Each query's bits are its own whatever group it is in, so a row attends with the same
+// bits whether it was prefilled or stepped (tests/test_residentk_split.py).
 constexpr int QD = VBYTES == 64 ? 6 : 3;  // 4 accumulators a query, kept in registers
 constexpr int QV = VBYTES == 64 ? 4 : 3;  // 4 output vectors a query, kept in registers
 
@@ -660,8 +597,7 @@ struct Kv<Dtype::F16> {
   static float sc(uint16_t v) { return s_f16(v); }
 };
 
-// r[t] = the accumulators of q[t] (n) . k (n) for NQ queries, combined as dot combines them
-// (the vector hsum takes)
+// r[t] = the combined accumulators of q[t] (n) . k (n) for NQ queries (the vector hsum takes)
 template <Dtype F, int NQ>
 static inline void kv_dot_vecs(const float* const* q, const typename Kv<F>::T* k, int64_t n,
                                vf* r) {
@@ -678,7 +614,7 @@ static inline void kv_dot_vecs(const float* const* q, const typename Kv<F>::T* k
     const vf kv = Kv<F>::ld(k + i);
     for (int t = 0; t < NQ; ++t) acc[t][0] += *(const vfu*)(q[t] + i) * kv;
   }
-  if (i < n) {  // dot's padded tail
+  if (i < n) {  // the padded tail
     vf tk = {};
     for (int l = 0; i + l < n; ++l) tk[l] = Kv<F>::sc(k[i + l]);
     for (int t = 0; t < NQ; ++t) {
@@ -907,15 +843,9 @@ static void gate_mul(const float* g, const float* u, const float* gb, const floa
 
 extern const SessionOps session_ops;
 const SessionOps session_ops = {
-    dot,
-    axpy,
     sum,
-    dot_bf16,
-    dot_f16,
     kv_dots,
     kv_axpys,
-    widen_bf16,
-    widen_f16,
     round_bf16,
     quantize_q8,
     softcap,

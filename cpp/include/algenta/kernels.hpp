@@ -183,22 +183,17 @@ constexpr int64_t Q8_ACT_PAD = 64;  // elements a prepared activation row is pad
 // preparation each weight format multiplies, and the read-bandwidth probe. A dot product's
 // result depends only on its data and n (fixed accumulator layout and combination order).
 struct SessionOps {
-  float (*dot)(const float* a, const float* b, int64_t n);
-  void (*axpy)(float p, const float* v, float* y, int64_t n);  // y += p * v
   // the read-bandwidth probe: a's sum read in `streams` (1, 2 or 4) parts side by side
   float (*sum)(const float* a, int64_t n, int streams, bool prefetch);
-  float (*dot_bf16)(const uint16_t* a, const float* b, int64_t n);
-  float (*dot_f16)(const uint16_t* a, const float* b, int64_t n);
-  // Several queries against one head's KV rows (n values each, in cache format f: float32, or
-  // bf16 / f16 bits), for prefill: s[t * lds + j - j0] = dot (dot_bf16, dot_f16) of q[t] and row
-  // j, j in [j0, j1); out[t] (n) += p[t * ldp + j - j0] * row j for j = j0, ..., j1 - 1 in order,
-  // as axpy on the widened row. Each query gets exactly the bits the one-query calls give it.
+  // Queries (several in prefill, one in decode) against one head's KV rows (n values each, in
+  // cache format f: float32, or bf16 / f16 bits widened exactly): s[t * lds + j - j0] = q[t] .
+  // row j, j in [j0, j1); out[t] (n) += p[t * ldp + j - j0] * row j, one multiply-add an element
+  // for j = j0, ..., j1 - 1 in order (session_kernels.cpp gives the score's order). A query's
+  // bits depend on nothing but its own data: not on nq, its place in the group, or j0.
   void (*kv_dots)(Dtype f, const float* const* q, int nq, const void* K, int64_t n, int64_t j0,
                   int64_t j1, float* s, int64_t lds);
   void (*kv_axpys)(Dtype f, const float* p, int64_t ldp, int nq, const void* V, int64_t n,
                    int64_t j0, int64_t j1, float* const* out);
-  void (*widen_bf16)(const uint16_t* a, float* d, int64_t n);
-  void (*widen_f16)(const uint16_t* a, float* d, int64_t n);
   // x (n) rounded to bf16 once (xb the bits, xr their float32 values, or null for the bits
   // only), each zero-padded to a multiple of Q8_ACT_PAD: what bf16 panels multiply (act says
   // which of the two).
