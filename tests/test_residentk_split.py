@@ -62,9 +62,9 @@ def test_prefill_across_the_engines_prefill_blocks():
 @pytest.mark.parametrize("kv", ["f32", "bf16", "f16"])
 @pytest.mark.parametrize("d_head", [8, 128])
 def test_prefill_attention_groups_give_the_stepped_logits(kv, d_head):
-    """Prefill attends several queries of a KV head at once against blocks of keys
-    (SessionOps::kv_dots / kv_axpys), decode one against one: with 9 query heads on one KV head
-    (groups of every size up to the widest and a remainder) and heads of 8 values (no full
+    """Prefill attends up to 8 queries of a KV head at once, from several rows; a step its own
+    row's heads of that KV head (both through SessionOps::kv_dots / kv_axpys, in groups of
+    different sizes): with 9 query heads on one KV head and heads of 8 values (no full
     accumulator round anywhere, a padded tail on AVX-512) or 128 (two full rounds), over 35 keys
     (whole blocks of 16 and single keys), the bits still agree."""
     cfg = dict(CFG, h_q=9, h_kv=1, d_head=d_head)
