@@ -934,9 +934,7 @@ class CpuSession final : public SessionBase {
       for (int64_t r = 0; r < M; ++r) {
         uint16_t* b = xb_.p + r * ldx_;
         S.round_bf16(X + r * n, n, b, nullptr);
-        for (int64_t i = (n + kern::Q8_ACT_PAD - 1) / kern::Q8_ACT_PAD * kern::Q8_ACT_PAD;
-             i < ldx_; ++i)
-          b[i] = 0;
+        std::fill(b + n, b + ldx_, uint16_t(0));
       }
       a.b = xb_.p, a.ld = ldx_;
     } else {
