@@ -160,7 +160,7 @@ struct Arena {
 // multiply them (SessionOps::round_bf16 / quantize_q8), each up to `widest` values.
 struct ActScratch {
   Dtype f = Dtype::F32;
-  int64_t stride = 0;  // elements a row takes (widest rounded up to Q8_ACT_PAD)
+  int64_t stride = 0;  // elements a row takes (act_padded(widest))
   int64_t per = 0;     // elements a thread's rows take
   ABuf<int8_t> q;
   ABuf<uint16_t> b;
@@ -168,7 +168,7 @@ struct ActScratch {
   ActScratch() = default;
   ActScratch(Dtype fmt, int nt, int64_t widest, int64_t rows)
       : f(fmt),
-        stride((widest + kern::Q8_ACT_PAD - 1) / kern::Q8_ACT_PAD * kern::Q8_ACT_PAD),
+        stride(kern::act_padded(widest)),
         per(rows * stride) {
     if (f == Dtype::Int8) {
       q = ABuf<int8_t>(nt * per);
@@ -428,7 +428,7 @@ class CpuSession final : public SessionBase {
     step_rows_ = std::min<int64_t>(slots_, kMaxStepRows);
     act_scratch_ = ActScratch(wf, nt_, widest, step_rows_);
     // prefill's activation rows as the panels multiply them (act_rows)
-    ldx_ = (widest + kern::Q8_ACT_PAD - 1) / kern::Q8_ACT_PAD * kern::Q8_ACT_PAD;
+    ldx_ = kern::act_padded(widest);
     const kern::PanelOps& P = simd().panels[kern::panel_index(wf)];
     if (P.act == kern::ACT_BF16_BITS) xb_ = ABuf<uint16_t>(PREFILL_BLOCK * ldx_);
     if (P.act == kern::ACT_Q8) {

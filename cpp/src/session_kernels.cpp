@@ -154,7 +154,7 @@ static inline vf ld_f16(const uint16_t* p) { return halves::ld_f16(p); }
 // the float32 GEMM's chain on widened panels and xr elsewhere. (vdpbf16ps treats subnormal inputs
 // and results as zero, |v| < 1.2e-38: the only values where the paths' products differ.)
 static void round_bf16(const float* x, int64_t n, uint16_t* xb, float* xr) {
-  const int64_t padded = (n + Q8_ACT_PAD - 1) / Q8_ACT_PAD * Q8_ACT_PAD;
+  const int64_t padded = act_padded(n);
   for (int64_t i = 0; i < n; ++i) xb[i] = half::f32_to_bf16(x[i]);
   for (int64_t i = n; i < padded; ++i) xb[i] = 0;
   if (!xr) return;
@@ -207,7 +207,7 @@ static void quantize_q8(const float* x, int64_t n, int8_t* xq, float* xs) {
   }
 #endif
   for (; i < n; i += B, ++b) xs[b] = quant::q8_block(x + i, std::min(B, n - i), xq + i);
-  const int64_t padded = (n + Q8_ACT_PAD - 1) / Q8_ACT_PAD * Q8_ACT_PAD;
+  const int64_t padded = act_padded(n);
   for (int64_t j = n; j < padded; ++j) xq[j] = 0;
 }
 

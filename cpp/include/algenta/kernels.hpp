@@ -177,6 +177,8 @@ struct PanelOps {
 };
 
 constexpr int64_t Q8_ACT_PAD = 64;  // elements a prepared activation row is padded to
+// the elements a prepared row of n values takes: n rounded up to Q8_ACT_PAD
+constexpr int64_t act_padded(int64_t n) { return (n + Q8_ACT_PAD - 1) / Q8_ACT_PAD * Q8_ACT_PAD; }
 
 // The resident session's primitives besides its panels: the KV cache's dot products and
 // updates (float32 queries against float32, bf16 or f16 keys and values), the activation
