@@ -1,8 +1,7 @@
-// Internal, AVX2 and AVX-512 builds: the square dword transposes of one register file. The
-// 16 x 16 one turns k-contiguous rows of bf16 pairs into both bf16 dot-product packings (vdpbf16ps
-// panels in kernels_isa.cpp, AMX tiles in kernels_amx.cpp); it and the 8 x 8 one also turn a
-// vector per KV dot product into lanes summed side by side (session_kernels.cpp, hsums). In the
-// per-ISA namespace, so each instruction set's copy stays its own.
+// Internal, AVX-512 builds: the 16 x 16 dword transpose of one register file, which turns
+// k-contiguous rows of bf16 pairs into both bf16 dot-product packings (vdpbf16ps panels in
+// kernels_isa.cpp, AMX tiles in kernels_amx.cpp). In the per-ISA namespace, so each instruction
+// set's copy stays its own.
 #pragma once
 #include <immintrin.h>
 
@@ -39,27 +38,6 @@ inline void transpose16(__m512i r[16]) {
     r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
     r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
     r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xdd);
-  }
-}
-#endif
-
-#if defined(__AVX2__)
-// 8 x 8 floats: r[i] <- column i of the rows r[0..7] (unpack, 64-bit shuffle, 128-bit lanes).
-inline void transpose8(__m256 r[8]) {
-  __m256 t[8], u[8];
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 8; i += 4) {
-    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
-    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
-    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
   }
 }
 #endif
