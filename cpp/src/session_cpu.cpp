@@ -933,8 +933,8 @@ class CpuSession final : public SessionBase {
 #pragma omp parallel for num_threads(nt_) schedule(static)
       for (int64_t r = 0; r < M; ++r) {
         uint16_t* b = xb_.p + r * ldx_;
-        S.round_bf16(X + r * n, n, b, nullptr);
-        std::fill(b + n, b + ldx_, uint16_t(0));
+        S.round_bf16(X + r * n, n, b, nullptr);  // zeroes its own padding to act_padded(n)
+        std::fill(b + kern::act_padded(n), b + ldx_, uint16_t(0));
       }
       a.b = xb_.p, a.ld = ldx_;
     } else {
