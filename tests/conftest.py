@@ -26,8 +26,6 @@ CUDA = _core.session.cuda_backend()
 ISAS = _core.isa_names().split(",")
 EMULATED = CUDA["kind"] == "emulator"
 EXPECT_GPU = os.environ.get("ALGENTA_EXPECT_GPU") == "1"
-# Set by tools/sanitize-test: the suite runs against the ASan + UBSan build (see below).
-SANITIZED = os.environ.get("ALGENTA_SANITIZED") == "1"
 
 
 def cuda_backend_line() -> str:
@@ -48,37 +46,25 @@ def pytest_report_header(config):
             f"algenta CUDA backend: {cuda_backend_line()}"]
 
 
-def _sanitizers_leave_out(item) -> bool:
-    # Under the sanitizers the emulated CUDA engine runs about 3x slower, and CI's plain emulator
-    # stage runs every format anyway (the whole suite in forward thread order; the reverse and
-    # random orders rerun the kernels' files). So here the tests written for both engines keep
-    # float32 weights and cache on the CUDA engine (other formats run the same host code), while
-    # the CUDA engine's own files (test_residentk_cuda*.py) keep every format, so each format's
-    # kernels still run under ASan; test_cuda_static.py reads SASS, where nothing sanitized runs.
-    if item.path.name == "test_cuda_static.py":
-        return True
-    spec = getattr(item, "callspec", None)
-    p = spec.params if spec is not None else {}
-    on_cuda = p.get("device") == "cuda"
-    # The two slowest sanitized tests (108 s and 78 s of the stage's 1,421 s, measured with
-    # --durations on Zen 3): many emulated steps that check tokens and GIL release, which the
-    # plain emulator stage checks in full; the CUDA engine's concurrent memory safety stays here
-    # (separate sessions, a shared session serialized or refused, hold).
-    if on_cuda and item.path.name == "test_concurrency.py" and item.originalname in (
-            "test_threads_sharing_one_session_each_get_their_own_tokens",
-            "test_gil_released_by_the_session"):
-        return True
-    return (on_cuda and (p.get("weights", "f32"), p.get("kv", "f32")) != ("f32", "f32")
-            and not item.path.name.startswith("test_residentk_cuda"))
+# The format each engine keeps under the sanitizers (.ci/run selects -m "not format_sweep"
+# there): the emulated CUDA engine runs about 3x slower under ASan, and the emulator stage runs
+# every format in three thread orders anyway, so a session test in another format is marked
+# format_sweep. The CPU engine keeps int8 (the format whose kernels index the most: blocks,
+# scales, packed panels) and the CUDA engine float32, each with a float32 cache.
+SANITIZED_FORMAT = {"cpu": ("int8", "f32"), "cuda": ("f32", "f32")}
 
 
 def pytest_collection_modifyitems(config, items):
-    if not SANITIZED:
-        return
-    out = [it for it in items if _sanitizers_leave_out(it)]
-    if out:
-        config.hook.pytest_deselected(items=out)
-        items[:] = [it for it in items if not _sanitizers_leave_out(it)]
+    for item in items:
+        spec = getattr(item, "callspec", None)
+        p = spec.params if spec is not None else {}
+        engine = p.get("device", "cpu")
+        if engine == "cuda":
+            item.add_marker(pytest.mark.cuda)
+        if "weights" in p or "kv" in p:
+            keep_w, keep_kv = SANITIZED_FORMAT[engine]
+            if (p.get("weights", keep_w), p.get("kv", keep_kv)) != (keep_w, keep_kv):
+                item.add_marker(pytest.mark.format_sweep)
 
 
 def need_cuda():

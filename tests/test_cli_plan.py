@@ -57,6 +57,7 @@ def test_json_keys_and_seed_numbers():
     assert "loss" not in rep and "gpu" not in rep and "tp" not in rep
 
 
+@pytest.mark.smoke
 def test_python_m_and_console_script_agree():
     exe = shutil.which("algenta")
     if exe is None:
@@ -377,6 +378,7 @@ def test_weights_ragged_rows_int8():
     assert rep["bytes"]["total_bucket"] == weights + 4 * 3 * 2 * 512 * 5 * 8
 
 
+@pytest.mark.slow
 def test_weights_gpu_mem_fit_and_largest_ctx():
     # Qwen3-8B in 16 GB: float32 does not fit at all; int8 does, with room for more context.
     code, rep = plan_json("qwen3-8b", "--gpu-mem", "16GB")

@@ -17,6 +17,9 @@ import re
 
 import pytest
 
+# Reads the CUDA sources as text.
+pytestmark = pytest.mark.python_only
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 if not (ROOT / "cuda" / "common.cuh").is_file():
     pytest.skip("the CUDA sources are not beside these tests", allow_module_level=True)

@@ -22,6 +22,9 @@ import tempfile
 
 import pytest
 
+# Reads the kernels' SASS from nvcc: nothing of ours runs.
+pytestmark = pytest.mark.python_only
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "perf"))
 cuda_static = pytest.importorskip("cuda_static")

@@ -116,6 +116,7 @@ def test_wrong_types_are_type_errors():
         C.loss_chunk_check(True, 3)
 
 
+@pytest.mark.smoke
 def test_through_runtime():
     rt = algenta.MojoRuntime(mode="local")
     assert rt.execute("lossk.contract", "loss_dims_check", [2048, 4096, 151936]) == {"result": 580, "status": 580}

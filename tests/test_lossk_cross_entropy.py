@@ -17,6 +17,8 @@ from algenta.lossk import cross_entropy as ce
 
 from lossk_reference import reference
 
+pytestmark = pytest.mark.kernels
+
 RT = algenta.MojoRuntime(mode="local")
 
 
@@ -81,6 +83,7 @@ def test_from_logits_matches_numpy():
     assert r["mean_loss"] == pytest.approx(per.mean(), rel=1e-13)
 
 
+@pytest.mark.smoke
 def test_fused_flat_matches_materialized():
     n, d, v = 17, 12, 263
     h, w, t = problem(n, d, v)
@@ -338,6 +341,7 @@ def _isas():
     return names
 
 
+@pytest.mark.slow
 def test_every_instruction_set_agrees_with_the_reference():
     script = textwrap.dedent("""
         import numpy as np, algenta, sys

@@ -38,6 +38,8 @@ from conftest import CUDA, EMULATED, need_cuda
 from lossk_reference import reference_full
 from test_lossk_options import OPTION_SETS, call, close, problem
 
+pytestmark = pytest.mark.cuda
+
 lce = algenta.linear_cross_entropy
 
 

@@ -17,6 +17,8 @@ from algenta.lossk.cross_entropy import HalfBits
 from conftest import CUDA, need_cuda
 from test_lossk_distillation import OBJECTIVES, _bf16, _heads, reference
 
+pytestmark = pytest.mark.cuda
+
 ld = algenta.linear_distillation
 
 

@@ -16,6 +16,8 @@ import algenta
 from algenta import LossError
 from algenta.lossk.cross_entropy import HalfBits
 
+pytestmark = pytest.mark.kernels
+
 OBJECTIVES = [("kl", 0.5), ("reverse_kl", 0.5), ("jsd", 0.0), ("jsd", 0.5), ("jsd", 1.0),
               ("jsd", 0.25)]
 
@@ -184,6 +186,7 @@ def test_matches_torch_on_materialized_logits():
     assert ti.grad is None  # the teacher is read, never differentiated
 
 
+@pytest.mark.smoke
 def test_hard_term_alone_is_the_cross_entropy():
     rng = np.random.default_rng(8)
     si, sw, ti, tw = _heads(rng, dtype=np.float32)
@@ -390,6 +393,7 @@ print(json.dumps({"extra": rss("VmHWM:") - base,
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self")
 def test_training_step_holds_the_gradients_and_one_chunk_of_each_head():
     pytest.importorskip("torch")

@@ -24,6 +24,8 @@ from algenta.lossk.cross_entropy import HalfBits
 
 from lossk_reference import bf16_gradient_bounds, reference_full
 
+pytestmark = pytest.mark.kernels
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 lce = algenta.linear_cross_entropy
 

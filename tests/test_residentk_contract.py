@@ -56,6 +56,7 @@ def test_errors_module_names_resident_codes():
 
 # ---- dims ------------------------------------------------------------------------------------
 
+@pytest.mark.smoke
 def test_dims_check_qwen3_06b_passes_without_hq_dhead_equal_dmodel():
     assert 16 * 128 != 1024
     assert rc.residentk_dims_check(1024, 16, 8, 128, 3072) == 600

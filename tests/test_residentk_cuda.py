@@ -52,6 +52,8 @@ from algenta.residentk.session import ResidentSession, random_weights
 from algenta.residentk.weights import Bf16Bits
 from conftest import EMULATED, need_cuda
 
+pytestmark = pytest.mark.cuda
+
 RC = _core.residentk
 
 

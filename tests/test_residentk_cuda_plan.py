@@ -324,6 +324,7 @@ def test_plan_refuses_scalars_and_context():
     assert plan("mha_tied", max_ctx=65537)["status"] == 602
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(COMPILED, reason="expectation of a build without a CUDA backend")
 def test_cpu_build_cuda_factory_refuses_604():
     s = SHAPES["mha_tied"]
@@ -337,6 +338,7 @@ def test_cpu_build_cuda_factory_refuses_604():
     assert _core.session.cuda_backend()["kind"] == "none" and not RC.resident_available()
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not COMPILED or RC.resident_available(),
                     reason="needs the ALGENTA_GPU=ON build on a host without a usable device")
 def test_gpu_build_without_device_refuses_605_before_allocating():

@@ -15,6 +15,8 @@ from algenta import ResidentUnavailableError, _core
 from algenta.residentk.session import ResidentSession
 from conftest import EMULATED, need_cuda
 
+pytestmark = pytest.mark.cuda
+
 # Widths of whole 32-element blocks, so every format's matvecs take their 16-byte loads (int8's
 # dp4a path among them; test_residentk_slots.py's widths take the element-wise loops for int8).
 DIMS = dict(d_model=64, h_q=4, h_kv=2, d_head=16, d_ff=128, n_layers=2, vocab=197)

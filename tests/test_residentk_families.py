@@ -16,6 +16,8 @@ import json
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.kernels
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
@@ -286,6 +288,7 @@ def test_family_fields_read_as_transformers_reads_them():
         "arch": "mistral", "sliding_window": 4096}  # MistralConfig's default
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_family_on_the_cuda_engine(case, root):
     """The CUDA engine (a device, or the emulator CI runs) computes each family as the CPU

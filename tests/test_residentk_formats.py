@@ -30,6 +30,8 @@ from algenta.residentk.weights import Bf16Bits
 from conftest import CUDA, ISAS
 from test_residentk_session import CONFIGS
 
+pytestmark = pytest.mark.kernels
+
 REL = {"bf16": 2e-2, "f16": 2e-3, "int8": 5e-2}
 BIG = dict(d_model=256, h_q=4, h_kv=2, d_head=64, d_ff=704, n_layers=4, vocab=2003,
            rms_eps=1e-6, rope_theta=1e6, tie_word_embeddings=True)
@@ -523,6 +525,7 @@ def test_unknown_format_and_dispatch_count():
         assert s.dispatches_per_token == _core.residentk.residentk_dispatch_budget(2)
 
 
+@pytest.mark.cuda
 def test_auto_device_takes_every_format():
     # Every format runs on both engines: "auto" picks the CUDA engine wherever it can run, as
     # for float32 (the CUDA engine's formats are tested against this one in

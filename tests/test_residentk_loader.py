@@ -305,6 +305,7 @@ def test_cli_generate_bad_input_exits_2_with_one_line(tmp_path, capsys):
         assert "Traceback" not in err and out == ""
 
 
+@pytest.mark.smoke
 def test_cli_generate_text_prompt_with_tokenizer_json(tmp_path, capsys):
     tokenizers = pytest.importorskip("tokenizers")
     make_ckpt(tmp_path)

@@ -21,6 +21,8 @@ from algenta.residentk.session import ResidentSession, random_weights
 from algenta.residentk.weights import Bf16Bits
 from conftest import ISAS
 
+pytestmark = pytest.mark.kernels
+
 RC = _core.residentk
 
 # Awkward on purpose: d_model not a multiple of any SIMD width, h_q*d_head != d_model, a prime
@@ -45,6 +47,7 @@ def _pair(name, seed=0):
     return cfg, ref.random_weights(cfg, seed)
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_golden_two_layer_prefill_steps_greedy(name, device):
     cfg, w = _pair(name, seed=7)
@@ -342,6 +345,7 @@ def test_temperatures_down_to_the_smallest_subnormal_sample_finite_probabilities
     assert e.value.status == 609
 
 
+@pytest.mark.cuda
 def test_cuda_device_refuses_with_604_or_605_where_unavailable():
     cfg, w = _pair("gqa2_untied")
     backend = _core.session.cuda_backend()
@@ -354,6 +358,7 @@ def test_cuda_device_refuses_with_604_or_605_where_unavailable():
     assert ResidentSession(cfg, w, device="auto").device == "cpu"
 
 
+@pytest.mark.cuda
 def test_no_device_605_names_the_cuda_error_and_versions():
     # The emulator can play a host without a device (ALGENTA_EMU_DEVICES=0): the refusal must
     # say what failed, with the driver's and the runtime's CUDA versions.

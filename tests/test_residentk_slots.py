@@ -17,6 +17,8 @@ import pytest
 from algenta import ResidentError
 from algenta.residentk.session import ResidentSession
 
+pytestmark = pytest.mark.kernels
+
 DIMS = dict(d_model=72, h_q=4, h_kv=2, d_head=16, d_ff=136, n_layers=2, vocab=197)
 
 

@@ -18,6 +18,8 @@ import pytest
 import qwen3_reference as ref
 from algenta.residentk.session import ResidentSession
 
+pytestmark = pytest.mark.kernels
+
 CFG = dict(d_model=96, h_q=3, h_kv=1, d_head=32, d_ff=200, n_layers=2, vocab=301, rms_eps=1e-6,
            rope_theta=10_000.0, tie_word_embeddings=True)
 W = ref.random_weights(CFG, 11)

@@ -94,6 +94,7 @@ def test_stop_ids_cancel_and_the_bounded_queue():
         sched.submit([1], 1)
 
 
+@pytest.mark.cuda
 def test_an_engine_failure_ends_the_running_jobs_and_the_scheduler_serves_on():
     # The CUDA emulator fails the n-th next CUDA call on request: a 608 inside a step must end
     # the jobs that were running with that error, leave the slot's cache consistent, and the
@@ -370,6 +371,7 @@ def test_a_client_leaving_mid_stream_frees_its_slot(live, monkeypatch):
     assert live.sched.stats["cancelled"] == before + 1 and len(jobs[0].generated) < 50
 
 
+@pytest.mark.smoke
 def test_openai_client(live):
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{live.port}/v1", api_key=KEY)

@@ -111,6 +111,7 @@ def test_all_ignored(reduction):
     assert not rgx.any() and not rgw.any()
 
 
+@pytest.mark.smoke
 def test_gradcheck_float64():
     g = torch.Generator().manual_seed(3)
     x = torch.randn(2, 3, 4, generator=g, dtype=torch.float64, requires_grad=True)
@@ -293,6 +294,7 @@ print(json.dumps({"extra": rss("VmHWM:") - base, "need": (N * D + V * D + N * V)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self")
 def test_training_step_holds_the_gradients_and_one_chunk_only():
     # The weight gradient is the forward's own buffer, scaled in place and handed to autograd:
@@ -397,6 +399,7 @@ def test_refusals_carry_status(case, status):
     assert e.value.status_name
 
 
+@pytest.mark.slow
 def test_import_algenta_does_not_import_torch():
     code = "import sys, algenta; assert 'torch' not in sys.modules; algenta.torch; " \
            "assert 'torch' in sys.modules"

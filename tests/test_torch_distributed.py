@@ -10,6 +10,9 @@ from datetime import timedelta
 
 import pytest
 
+# Spawns a process group of workers: seconds of start-up.
+pytestmark = pytest.mark.slow
+
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():

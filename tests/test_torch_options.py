@@ -246,6 +246,7 @@ def test_autocast_does_what_linear_then_cross_entropy_does():
         assert float((a - b_).abs().max()) < 5e-2 * max(1e-3, float(b_.abs().max()))
 
 
+@pytest.mark.slow
 def test_torch_compile_fullgraph_with_ignored_targets():
     # A compiled training step keeps the op in the graph (fullgraph: no graph break), and with
     # ignore_index in the targets its loss and gradients equal eager's (a peer's compiled path

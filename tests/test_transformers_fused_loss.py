@@ -213,6 +213,7 @@ def test_float64_num_items_in_batch_to_1e10():
     assert_grads_close(fused, stock, 1e-10)
 
 
+@pytest.mark.smoke
 def test_biased_head():
     stock = make("LlamaForCausalLM")
     with torch.no_grad():
