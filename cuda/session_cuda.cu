@@ -60,7 +60,7 @@
 // Numerics: float32 activations; RMSNorm sums squares in double and rounds the inverse once, as
 // the CPU engine; RoPE uses the same host-built table. Each weight format multiplies what the
 // CPU engine's does (bf16 activations for bf16 weights, Q8_0 x Q8_0 for int8: see
-// session_kernels.cuh). A 16-bit KV cache holds each key and value rounded once as it is written
+// session_matvec.cuh and session_stage.cuh). A 16-bit KV cache holds each key and value rounded once as it is written
 // (session_math::kv_narrow, the CPU engine's rule); attention widens them and accumulates in
 // float32. Dot products reduce in a different order
 // than the CPU engine (lanes, then a warp shuffle), so logits agree with it to float32 rounding
