@@ -24,6 +24,14 @@ namespace gpu {
                     std::string("CUDA call failed: ") + what + ": " + cudaGetErrorName(e) + " (" +
                         cudaGetErrorString(e) + ")");
 }
+// e checked: anything but success is call_failed(family, code, e, what).
+inline void check(Family family, int code, cudaError_t e, const char* what) {
+  if (e != cudaSuccess) call_failed(family, code, e, what);
+}
+// A refusal of the caller's request: StatusError(family, code) with the message.
+[[noreturn]] inline void refuse(Family family, int code, const std::string& msg) {
+  throw StatusError(family, code, msg);
+}
 
 // A device allocation freed on scope exit, so a refusal halfway through frees what was taken.
 // Never zeroed here: what must start at zero is cleared on the stream that uses it (a cudaMemset

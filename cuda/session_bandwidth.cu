@@ -11,21 +11,10 @@
 #include "algenta/session.hpp"
 #include "algenta/status_error.hpp"
 #include "common.cuh"
+#include "session_cuda_host.cuh"
 
 namespace algenta {
 namespace residentk {
-
-namespace {
-
-[[noreturn]] void refuse(int code, const std::string& msg) {
-  throw StatusError(Family::Resident, code, msg);
-}
-
-void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) gpu::call_failed(Family::Resident, RESIDENT_ERR_LAUNCH_FAILED, e, what);
-}
-
-}  // namespace
 
 double cuda_copy_bandwidth(int64_t bytes, int reps) {
   if (bytes < 1 || reps < 1) refuse(RESIDENT_ERR_EMPTY_DIMENSION, "bytes and reps must be >= 1");

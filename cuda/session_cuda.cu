@@ -60,7 +60,7 @@
 // Numerics: float32 activations; RMSNorm sums squares in double and rounds the inverse once, as
 // the CPU engine; RoPE uses the same host-built table. Each weight format multiplies what the
 // CPU engine's does (bf16 activations for bf16 weights, Q8_0 x Q8_0 for int8: see
-// session_kernels.cuh). A 16-bit KV cache holds each key and value rounded once as it is written
+// session_matvec.cuh and session_stage.cuh). A 16-bit KV cache holds each key and value rounded once as it is written
 // (session_math::kv_narrow, the CPU engine's rule); attention widens them and accumulates in
 // float32. Dot products reduce in a different order
 // than the CPU engine (lanes, then a warp shuffle), so logits agree with it to float32 rounding
@@ -80,6 +80,13 @@
 // covered there: device expf rounding, memory ordering between blocks beyond what the
 // emulator's sequentially consistent atomics give, timing. Those need a device run
 // (tests/test_residentk_cuda.py and perf/bench_decode_gpu.py, see README).
+//
+// Files: this one holds the engine class (opening: plan, checks, allocations, kernel loading,
+// graph capture; weight placement in the arena; the KV cache's prefix copy), its members
+// defined in session_cuda_decode.cuh (decode's rows, launch sequence and graphs) and
+// session_cuda_prefill.cuh (prefill on GEMMs), its host plumbing in session_cuda_host.cuh;
+// the kernels are session_kernels.cuh's, one stage a header. One translation unit: each kernel
+// template is instantiated, loaded (load_kernel) and launched in the same one.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -99,6 +106,7 @@
 #include "algenta/status_error.hpp"
 #include "lossk_tile.cuh"  // the tile GEMM on tensor cores, for the bf16 prefill
 #include "session_kernels.cuh"
+#include "session_cuda_host.cuh"
 
 namespace algenta {
 namespace residentk {
@@ -106,16 +114,6 @@ namespace residentk {
 namespace {
 
 using namespace cudaplan;
-
-[[noreturn]] void refuse(int code, const std::string& msg) {
-  throw StatusError(Family::Resident, code, msg);
-}
-
-// Any CUDA error -> 608 naming the call (gpu::call_failed clears the pending error).
-void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) gpu::call_failed(Family::Resident, RESIDENT_ERR_LAUNCH_FAILED, e, what);
-}
-#define CK(call) ck((call), #call)
 
 // ---- host side ------------------------------------------------------------------------------
 
@@ -130,58 +128,6 @@ static_assert(ATTN_THREADS == ATTN_WARPS * WARP && ATTN_WARPS <= 32,
               "k_attn_partial: whole warps; per-warp (m, l) pairs in the plan's smem size");
 static_assert(ROW_THREADS % WARP == 0 && ROW_THREADS <= 1024,
               "block reductions: whole warps, at most 32 of them");
-
-// A device allocation freed on scope exit (gpu::DeviceBuffer); a failed cudaMalloc is 608.
-struct DevMem : gpu::DeviceBuffer {
-  void alloc(int64_t bytes, const char* what) { ck(allocate(bytes), what); }
-};
-
-// Pinned host memory: copies from and to it are truly asynchronous (a pageable source makes the
-// runtime stage it and a pageable destination drains the stream), and they read or write it
-// when they run, not when they are enqueued: a slot is rewritten only after the stream that
-// reads it was synchronized.
-template <class T>
-struct Pinned {
-  T* p = nullptr;
-  Pinned() = default;
-  Pinned(const Pinned&) = delete;
-  Pinned& operator=(const Pinned&) = delete;
-  ~Pinned() {
-    if (p) cudaFreeHost(p);
-  }
-  void alloc(int64_t n, const char* what) {
-    ck(cudaMallocHost(reinterpret_cast<void**>(&p), size_t(n) * sizeof(T)), what);
-  }
-};
-
-// The session's non-blocking stream, destroyed with the session (also when opening throws).
-struct Stream {
-  cudaStream_t s = nullptr;
-  Stream() = default;
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  ~Stream() {
-    if (s) cudaStreamDestroy(s);
-  }
-  void create() { ck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"); }
-  operator cudaStream_t() const { return s; }
-};
-
-// Loads a kernel's module now (cudaFuncGetAttributes): with lazy loading, CUDA 12's default, a
-// kernel's first launch loads it, which must not happen inside a graph capture. A kernel with
-// dynamic shared memory also gets the opt-in above 48 KiB, set to the same value (all the
-// device allows beside its static arrays) by every session: the attribute is per function and
-// process-wide, and a smaller model opened later must not lower it under a larger open session.
-template <class F>
-void load_kernel(F* fn, const char* what, int optin_smem) {
-  const void* f = reinterpret_cast<const void*>(fn);
-  cudaFuncAttributes a{};
-  ck(cudaFuncGetAttributes(&a, f), what);
-  if (optin_smem > 0)
-    ck(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            optin_smem - int(a.sharedSizeBytes)),
-       what);
-}
 
 class CudaSession final : public SessionBase {
  public:
@@ -329,49 +275,12 @@ class CudaSession final : public SessionBase {
   }
   int64_t weight_chunk_elems() const override { return STAGING_FLOATS; }
 
-  // A session of one slot prefills blocks of tokens through GEMMs (fast for long prompts; a
-  // cell's sum is not formed in decode's order). A session of several prefills through decode's
-  // own row kernels, step_rows tokens a launch sequence, so a sequence's bits do not depend on
-  // how its prompt was split, on a prefix copied from another slot instead of recomputed, or on
-  // the rows beside it: what the scheduler's batch invariance rests on.
-  void run_prefill(int64_t slot, const int64_t* ids, int64_t n, float* logits) override {
-    use_device();
-    if (plan_.slots > 1) {
-      for (int64_t b = 0; b < n; b += plan_.step_rows) {
-        const int64_t m = std::min(plan_.step_rows, n - b);
-        for (int64_t r = 0; r < m; ++r) put_row(r, slot, ids[b + r], pos_[slot] + b + r);
-        const bool last = b + m == n;
-        run_rows(m, last && logits ? m - 1 : m);
-        if (last && logits)
-          CK(cudaMemcpyAsync(logits, A(plan_.logits), size_t(c_.vocab) * 4,
-                             cudaMemcpyDeviceToHost, stream_));
-        // The pinned rows are rewritten by the next group: finish this one first.
-        CK(cudaStreamSynchronize(stream_));
-      }
-      return;
-    }
-    for (int64_t b = 0; b < n; b += plan_.prefill_rows) {
-      const int64_t m = std::min(plan_.prefill_rows, n - b);
-      prefill_block(ids + b, m, pos_[0] + b, b + m == n ? logits : nullptr);
-    }
-  }
-
-  // B rows of distinct slots, step_rows a launch sequence, through the row kernels.
+  // Prefill (session_cuda_prefill.cuh), decode (session_cuda_decode.cuh).
+  void run_prefill(int64_t slot, const int64_t* ids, int64_t n, float* logits) override;
   void run_step_slots(const int64_t* slots, const int64_t* ids, int64_t B,
-                      float* logits) override {
-    if (plan_.slots == 1) return run_step(ids[0], logits);  // slot 0 alone: decode's graph
-    use_device();
-    int64_t launches = 0;
-    for (int64_t b = 0; b < B; b += plan_.step_rows) {
-      const int64_t m = std::min(plan_.step_rows, B - b);
-      for (int64_t r = 0; r < m; ++r) put_row(r, slots[b + r], ids[b + r], pos_[slots[b + r]]);
-      launches += run_rows(m, 0);
-      CK(cudaMemcpyAsync(logits + b * c_.vocab, A(plan_.logits), size_t(m * c_.vocab) * 4,
-                         cudaMemcpyDeviceToHost, stream_));
-      CK(cudaStreamSynchronize(stream_));
-    }
-    dispatches_ = launches;
-  }
+                      float* logits) override;
+  void run_step(int64_t id, float* logits) override;
+  int64_t run_step_greedy(int64_t id) override;
 
   // Positions [0, n) of src's region to dst's: each (layer, K or V, head) of a region is one run
   // of T positions of Dh elements, the first n of which are copied, bits as they are.
@@ -384,23 +293,6 @@ class CudaSession final : public SessionBase {
                          base + (src * plan_.kv_slot_stride + i * run) * eb,
                          size_t(n * c_.d_head * eb), cudaMemcpyDeviceToDevice, stream_));
     CK(cudaStreamSynchronize(stream_));
-  }
-
-  void run_step(int64_t id, float* logits) override {
-    use_device();
-    decode(id);
-    CK(cudaMemcpyAsync(logits, act_.f() + plan_.logits, size_t(c_.vocab) * 4,
-                       cudaMemcpyDeviceToHost, stream_));
-    CK(cudaStreamSynchronize(stream_));
-  }
-
-  int64_t run_step_greedy(int64_t id) override {
-    use_device();
-    decode(id);
-    CK(cudaMemcpyAsync(&host_.p[0], &ctl()->argmax, sizeof(int64_t), cudaMemcpyDeviceToHost,
-                       stream_));
-    CK(cudaStreamSynchronize(stream_));
-    return host_.p[0];
   }
 
  private:
@@ -549,31 +441,27 @@ class CudaSession final : public SessionBase {
     CK(cudaStreamSynchronize(stream_));
   }
 
-  // Pinned row r: token tok at position pos of slot, on the path a decode step there takes
-  // (splitk_plan of pos + 1 keys: what makes a row's attention the bits of a lone step);
-  // returns whether it splits.
-  bool put_row(int64_t r, int64_t slot, int64_t tok, int64_t pos) {
-    const SplitPlan sp = splitk_plan(pos + 1, plan_.sms, c_.h_q);
-    host_rows_.p[r] = StepRow{tok, pos, slot, sp.split ? sp.n_splits : 0};
-    return sp.split;
-  }
-  // The first n pinned rows into device memory. Every call that enqueues work synchronizes
-  // before returning, so the previous copy out of the pinned rows has completed.
-  void set_rows(int64_t n) {
-    CK(cudaMemcpyAsync(rows_.p, host_rows_.p, size_t(n) * sizeof(StepRow),
-                       cudaMemcpyHostToDevice, stream_));
-  }
-  // The M pinned rows (put_row) through decode's stages on the row kernels of width PASS_ROWS,
-  // the head for rows [head_from, M); returns the launches.
-  int64_t run_rows(int64_t M, int64_t head_from) {
-    bool deep = false;
-    for (int64_t r = 0; r < M; ++r) deep = deep || host_rows_.p[r].n_splits > 0;
-    set_rows(M);
-    return by_format([&](auto f) {
-      return enqueue_rows<decltype(f)::value, PASS_ROWS>(M, pass_rows_, deep, head_from);
-    });
-  }
+  // ---- decode: its rows, launch sequence and graphs (session_cuda_decode.cuh) ----------------
+  bool put_row(int64_t r, int64_t slot, int64_t tok, int64_t pos);
+  void set_rows(int64_t n);
+  int64_t run_rows(int64_t M, int64_t head_from);
+  void decode(int64_t id);
+  void capture(Graph& out, bool deep);
+  int64_t enqueue_decode(bool deep);
+  template <Dtype Fw, int R>
+  int64_t enqueue_rows(int64_t M, int nr, bool deep, int64_t head_from);
+  // the launches decode and prefill share
+  void norm_rope(const LayerOffsets& l, int64_t li, float* qkv, int64_t M, bool pdl);
+  void attention(int64_t li, const float* qkv, int64_t M, int64_t S_grid, float* out, bool pdl);
+  template <Dtype Fw, int R>
+  int64_t matvec_residual(const MatvecLaunch& mv, const MatOffsets& w, float* in, int64_t K,
+                          int64_t b_off, int64_t norm_off, int64_t M, int nr, bool pdl,
+                          const char* what);
+  int64_t out_norm(float* X, const float* Y, int64_t w_off, int64_t M, bool pdl);
+  template <Dtype Fw, int R>
+  int64_t head(const float* X, int64_t M, int nr, bool pdl);
 
+  // ---- prefill of a session of one slot, on GEMMs (session_cuda_prefill.cuh) -----------------
   // An activation matrix (M, K) as F's prefill GEMMs take it: its float32 values, and for int8
   // its codes (M, ldq) and block scales (M, ldq / 32).
   struct Act {
@@ -582,280 +470,16 @@ class CudaSession final : public SessionBase {
     const float* s = nullptr;
     int64_t ldq = 0;
   };
-  // X (M, K) as F's products consume it, once before the projections that read it, as the CPU
-  // engine's prefill: bf16 rounds X in place (k_round_bf16); int8 quantizes it into the plan's
-  // scratch (k_quantize_rows; X is left as it is); f32 and f16 take it as it is. The returned
-  // Act is valid until the next as_consumed.
   template <Dtype F>
-  Act as_consumed(float* X, int64_t M, int64_t K) {
-    if (F == Dtype::BF16) {
-      k_round_bf16<<<dim3(unsigned(ceil_div(K, ROW_THREADS)), unsigned(M)), ROW_THREADS, 0,
-                     stream_>>>(X, K);
-      launched("k_round_bf16");
-    }
-    if (F != Dtype::Int8) return Act{X};
-    const int64_t ldq = ceil_div(K, RESIDENT_INT8_BLOCK) * RESIDENT_INT8_BLOCK;  // <= plan_.q8_ld
-    int8_t* q = reinterpret_cast<int8_t*>(P(plan_.p_q8_codes));
-    float* s = P(plan_.p_q8_scales);
-    k_quantize_rows<<<dim3(unsigned(ceil_div(ldq / RESIDENT_INT8_BLOCK, ROW_THREADS)),
-                           unsigned(M)),
-                      ROW_THREADS, 0, stream_>>>(X, K, ldq, q, s);
-    launched("k_quantize_rows");
-    return Act{X, q, s, ldq};
-  }
-
-  // Y (M, N) (+)= X (M, K) W^T, tile chosen by residentk_prefill_gemm_use_narrow_tile(M), but
-  // for two formats: int8 multiplies X's blocks in integers at every M (k_gemm_q8, decode's
-  // products); bf16 on the wide tile multiplies on tensor cores: lossk's tile GEMM (bf16 wmma
-  // steps, float32 accumulators) on X's values, which as_consumed made bf16 (so staging them as
-  // bf16 is exact), and the resident bf16 rows: decode's products, summed in float32.
+  Act as_consumed(float* X, int64_t M, int64_t K);
   template <Dtype F>
-  void gemm(const Act& A, int64_t M, int64_t K, DevMat Wt, int64_t N, float* Y, bool accumulate) {
-    const float* X = A.x;
-    if (F == Dtype::Int8) {
-      k_gemm_q8<<<dim3(unsigned(ceil_div(N, GEMM_BN)), unsigned(ceil_div(M, GEMM_BM))),
-                  GEMM_THREADS, 0, stream_>>>(A.q, A.ldq, A.s, Wt, Y, M, N, K, accumulate);
-      launched("k_gemm_q8");
-      return;
-    }
-    const GemmGrid g = prefill_gemm_grid(M, N, plan_.sms);
-    if (F == Dtype::BF16 && !g.narrow) {
-      using Tile = Bf16PrefillTile;
-      lossk::TileArgs<float> p;
-      p.M = M, p.N = N, p.K = K;
-      p.A = X, p.lda = K;
-      p.B = Wt.w, p.ldb = K;
-      p.C = Y, p.ldc = N;
-      p.accumulate = accumulate;
-      constexpr int bytes = lossk::tile_bytes<Tile>();  // opted in at load (load_format_kernels)
-      const dim3 grid(unsigned(ceil_div(M, lossk::BM)), unsigned(ceil_div(N, lossk::BN)));
-      gpu::launch_label("prefill");
-      lossk::k_tile<Tile><<<grid, lossk::NT, bytes, stream_>>>(lossk::tile_args<Tile>(p));
-      gpu::launch_label(nullptr);
-      launched("k_tile(prefill)");
-      return;
-    }
-    if (g.narrow) {
-      k_gemm_narrow<F><<<unsigned(g.gx), MATVEC_THREADS, 0, stream_>>>(
-          X, Wt, Y, M, N, K, g.rows_per_block, accumulate);
-      launched("k_gemm_narrow");
-    } else {
-      k_gemm_wide<F><<<dim3(unsigned(g.gx), unsigned(g.gy)), GEMM_THREADS, 0, stream_>>>(
-          X, Wt, Y, M, N, K, accumulate);
-      launched("k_gemm_wide");
-    }
-  }
-
-  // The per-row q/k norm + RoPE + KV write and attention launches shared by decode (M = 1) and
-  // prefill.
-  // pdl: a decode step's programmatic dependent launch (gpu::launch); prefill launches plainly.
-  // Each of M rows' positions and slots come from rows_ (StepRow).
-  void norm_rope(const LayerOffsets& l, int64_t li, float* qkv, int64_t M, bool pdl) {
-    gpu::launch(pdl, "k_qk_norm_rope", k_qk_norm_rope_,
-                dim3(unsigned(c_.h_q + 2 * c_.h_kv), unsigned(M)),
-                dim3(unsigned(plan_.norm_rope_threads)), 0, stream_, qkv, plan_.q_rows,
-                W(l.qkv_b), W(l.q_norm), W(l.k_norm), rope_.f() + l.rope, rows(), c_.h_q,
-                c_.h_kv, c_.d_head, plan_.capacity, c_.rms_eps, plan_.kv_slot_stride,
-                kcache(li), vcache(li));
-    launched("k_qk_norm_rope");
-  }
-  // S_grid: 1 where no row splits, else the plan's maximum (each row's own S read on the device).
-  void attention(int64_t li, const float* qkv, int64_t M, int64_t S_grid, float* out, bool pdl) {
-    const int64_t window = plan_.layers[size_t(li)].slides ? c_.sliding_window : 0;
-    gpu::launch(pdl, "k_attn_partial", k_attn_partial_,
-                dim3(unsigned(c_.h_q), unsigned(S_grid), unsigned(M)), dim3(ATTN_THREADS),
-                size_t(plan_.attn_smem_bytes), stream_, qkv, plan_.q_rows, kcache(li),
-                vcache(li), rows(), plan_.kv_slot_stride, plan_.capacity, c_.h_q / c_.h_kv,
-                c_.d_head, attn_scale_, window, float(c_.attn_softcap), plan_.max_splits, out,
-                A(plan_.part_acc), A(plan_.part_ml));
-    launched("k_attn_partial");
-  }
-
-  // One decode token of slot 0 at P = pos_[0]: its row goes to device memory, then the step's
-  // kernels run, replayed from the graph of its path (standard or split-K;
-  // ALGENTA_CUDA_GRAPHS=0 launches them one by one instead). dispatches_ counts kernels.
-  void decode(int64_t id) {
-    const bool split = put_row(0, 0, id, pos_[0]);
-    set_rows(1);
-    if (use_graphs_) {
-      const Graph& g = split ? deep_ : standard_;
-      CK(cudaGraphLaunch(g.exec, stream_));
-      dispatches_ = g.kernels;
-    } else {
-      dispatches_ = enqueue_decode(split);
-    }
-  }
-
-  void capture(Graph& out, bool deep) {
-    CK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    int64_t kernels = 0;
-    try {
-      kernels = enqueue_decode(deep);
-    } catch (...) {
-      cudaGraph_t g = nullptr;
-      cudaStreamEndCapture(stream_, &g);  // leave the stream out of capture mode, then rethrow
-      if (g) cudaGraphDestroy(g);
-      cudaGetLastError();
-      throw;
-    }
-    cudaGraph_t g = nullptr;
-    CK(cudaStreamEndCapture(stream_, &g));
-    const cudaError_t err = cudaGraphInstantiate(&out.exec, g, 0);
-    cudaGraphDestroy(g);
-    ck(err, "cudaGraphInstantiate(decode step)");
-    out.kernels = kernels;
-  }
-
-  // Enqueues one decode step's kernels on stream_ (its row read on the device); returns how
-  // many. The split-K path sizes its grid to the plan's maximum split count.
-  int64_t enqueue_decode(bool deep) {
-    return by_format([&](auto f) { return enqueue_rows<decltype(f)::value, 1>(1, 1, deep, 0); });
-  }
-  // Decode's stages over the M rows in rows_ (of any slots and positions; their tokens,
-  // positions and paths read on the device), at most nr <= R of them a matvec block: decode's
-  // one row (R = nr = M = 1, the graphs) or a batched step / multi-slot prefill (R =
-  // PASS_ROWS). deep: some row splits its attention (the grid sized to the plan's maximum, and
-  // the merge). The head for rows [head_from, M), into logits' first rows. Returns the launches.
-  template <Dtype Fw, int R>
-  int64_t enqueue_rows(int64_t M, int nr, bool deep, int64_t head_from) {
-    const int64_t D = c_.d_model, F = c_.d_ff, Aw = plan_.attn_width;
-    const unsigned passes = unsigned(ceil_div(M, nr));
-    int64_t n = 0;
-    k_embed<Fw><<<dim3(unsigned(ceil_div(D, ROW_THREADS)), unsigned(M)), ROW_THREADS, 0,
-                   stream_>>>(mat(plan_.embed), rows(), A(plan_.x), D, embed_scale_);
-    launched("k_embed");
-    ++n;
-    // The first kernel launches plainly (before it in the stream: the rows' copy).
-    const bool p = pdl_;
-    const dim3 mv(MATVEC_THREADS);
-    for (int64_t li = 0; li < c_.n_layers; ++li) {
-      const LayerOffsets& l = plan_.layers[size_t(li)];
-      gpu::launch(p, "k_norm_qkv", k_norm_qkv<Fw, R>, dim3(unsigned(plan_.qkv_mv.grid), passes),
-                  mv, smem(D, nr), stream_, mat(l.wqkv), A(plan_.x), W(l.in_norm), D,
-                  plan_.q_rows, c_.rms_eps, plan_.qkv_mv.rows_per_block,
-                  int(plan_.qkv_mv.split), M, nr, A(plan_.qkv));
-      launched("k_norm_qkv");
-      ++n;
-      norm_rope(l, li, A(plan_.qkv), M, p);
-      ++n;
-      attention(li, A(plan_.qkv), M, deep ? plan_.max_splits : 1, A(plan_.attn), p);
-      ++n;
-      if (deep) {
-        gpu::launch(p, "k_attn_merge", k_attn_merge, dim3(unsigned(c_.h_q), unsigned(M)),
-                    dim3(ROW_THREADS), 0, stream_, A(plan_.part_acc), A(plan_.part_ml), rows(),
-                    plan_.max_splits, c_.d_head, A(plan_.attn));
-        launched("k_attn_merge");
-        ++n;
-      }
-      float* y = sandwich_ ? A(plan_.y) : nullptr;  // sublayer outputs through their norm
-      gpu::launch(p, "k_matvec_residual", k_matvec_residual<Fw, R>,
-                  dim3(unsigned(plan_.o_mv.grid), passes), mv, smem(Aw, nr), stream_, mat(l.wo),
-                  A(plan_.attn), Aw, D, plan_.o_mv.rows_per_block, int(plan_.o_mv.split),
-                  W(l.o_b), M, nr, y, A(plan_.x));
-      launched("k_matvec_residual(o_proj)");
-      ++n;
-      n += out_norm(A(plan_.x), y, l.attn_out_norm, M, p);
-      gpu::launch(p, "k_norm_gateup", k_norm_gateup<Fw, R>,
-                  dim3(unsigned(plan_.gateup_mv.grid), passes), mv, smem(D, nr), stream_,
-                  mat(l.wg), mat(l.wu), A(plan_.x), W(l.post_norm), D, F, c_.rms_eps,
-                  plan_.gateup_mv.rows_per_block, int(plan_.gateup_mv.split), W(l.g_b),
-                  W(l.u_b), gelu_, M, nr, A(plan_.act));
-      launched("k_norm_gateup");
-      ++n;
-      gpu::launch(p, "k_matvec_residual", k_matvec_residual<Fw, R>,
-                  dim3(unsigned(plan_.down_mv.grid), passes), mv, smem(F, nr), stream_, mat(l.wd),
-                  A(plan_.act), F, D, plan_.down_mv.rows_per_block, int(plan_.down_mv.split),
-                  W(l.d_b), M, nr, y, A(plan_.x));
-      launched("k_matvec_residual(down)");
-      ++n;
-      n += out_norm(A(plan_.x), y, l.mlp_out_norm, M, p);
-    }
-    if (head_from < M) n += head<Fw, R>(A(plan_.x) + head_from * D, M - head_from, nr, p);
-    return n;
-  }
-
-  // A sandwich family's X (M, D) += rmsnorm(Y) * w (norm at offset w_off); returns the launches
-  // (0 for a family without sandwich norms).
-  int64_t out_norm(float* X, const float* Y, int64_t w_off, int64_t M, bool pdl) {
-    if (!sandwich_) return 0;
-    gpu::launch(pdl, "k_out_norm_residual", k_out_norm_residual, dim3(unsigned(M)),
-                dim3(ROW_THREADS), 0, stream_, X, Y, W(w_off), c_.d_model, c_.rms_eps);
-    launched("k_out_norm_residual");
-    return 1;
-  }
-
-  // Prefill's X += Wt . act (M rows): straight into X where the family adds nothing, else
-  // through Y with the bias (k_bias_residual) and the sandwich norm (out_norm).
+  void gemm(const Act& A, int64_t M, int64_t K, DevMat Wt, int64_t N, float* Y, bool accumulate);
   template <Dtype Fw>
   void residual(const Act& a, int64_t M, int64_t K, DevMat Wt, int64_t b_off, int64_t norm_off,
-                float* X, float* Y) {
-    const int64_t D = c_.d_model;
-    if (b_off < 0 && !sandwich_) return gemm<Fw>(a, M, K, Wt, D, X, true);
-    gemm<Fw>(a, M, K, Wt, D, Y, false);
-    k_bias_residual<<<unsigned(ceil_div(M * D, ROW_THREADS)), ROW_THREADS, 0, stream_>>>(
-        X, Y, W(b_off), M, D, sandwich_);
-    launched("k_bias_residual");
-    out_norm(X, Y, norm_off, M, false);
-  }
-
-  // Final norm of the M rows of X (M, D), the head into logits (M, V), and with R == 1 (one
-  // row) its argmax (into the control block).
-  template <Dtype Fw, int R>
-  int64_t head(const float* X, int64_t M, int nr, bool pdl) {
-    const int64_t D = c_.d_model;
-    gpu::launch(pdl, "k_rmsnorm_rows", k_rmsnorm_rows, dim3(unsigned(M)), dim3(ROW_THREADS), 0,
-                stream_, X, W(plan_.final_norm), D, c_.rms_eps, A(plan_.xf));
-    launched("k_rmsnorm_rows(final)");
-    gpu::launch(pdl, "k_head_argmax", k_head_argmax<Fw, R>,
-                dim3(unsigned(plan_.head_mv.grid), unsigned(ceil_div(M, nr))),
-                dim3(MATVEC_THREADS), smem(D, nr), stream_, mat(plan_.head), A(plan_.xf), D,
-                c_.vocab, plan_.head_mv.rows_per_block, float(c_.final_softcap), M, nr,
-                A(plan_.logits), A(plan_.argmax_val), static_cast<int64_t*>(blk_idx_.p), ctl());
-    launched("k_head_argmax");
-    return 2;
-  }
-
-  // M tokens at positions p0..p0+M-1; the last one's logits when asked.
-  void prefill_block(const int64_t* ids, int64_t M, int64_t p0, float* logits) {
-    by_format([&](auto f) { prefill_block<decltype(f)::value>(ids, M, p0, logits); });
-  }
+                float* X, float* Y);
+  void prefill_block(const int64_t* ids, int64_t M, int64_t p0, float* logits);
   template <Dtype Fw>
-  void prefill_block(const int64_t* ids, int64_t M, int64_t p0, float* logits) {
-    const int64_t D = c_.d_model, F = c_.d_ff, Q = plan_.q_rows, Aw = plan_.attn_width;
-    for (int64_t r = 0; r < M; ++r) host_rows_.p[r] = StepRow{ids[r], p0 + r, 0, 0};
-    set_rows(M);
-    float *X = P(plan_.p_x), *Xn = P(plan_.p_xn), *QKV = P(plan_.p_qkv), *At = P(plan_.p_attn);
-    float *Gt = P(plan_.p_gate), *U = P(plan_.p_up), *Y = P(plan_.p_y);
-    k_embed<Fw><<<dim3(unsigned(ceil_div(D, ROW_THREADS)), unsigned(M)), ROW_THREADS, 0,
-                   stream_>>>(mat(plan_.embed), rows(), X, D, embed_scale_);
-    launched("k_embed(prefill)");
-    for (int64_t li = 0; li < c_.n_layers; ++li) {
-      const LayerOffsets& l = plan_.layers[size_t(li)];
-      k_rmsnorm_rows<<<unsigned(M), ROW_THREADS, 0, stream_>>>(X, W(l.in_norm), D, c_.rms_eps, Xn);
-      launched("k_rmsnorm_rows(input)");
-      gemm<Fw>(as_consumed<Fw>(Xn, M, D), M, D, mat(l.wqkv), Q, QKV, false);
-      norm_rope(l, li, QKV, M, false);
-      attention(li, QKV, M, 1, At, false);
-      residual<Fw>(as_consumed<Fw>(At, M, Aw), M, Aw, mat(l.wo), l.o_b, l.attn_out_norm, X, Y);
-      k_rmsnorm_rows<<<unsigned(M), ROW_THREADS, 0, stream_>>>(X, W(l.post_norm), D, c_.rms_eps,
-                                                               Xn);
-      launched("k_rmsnorm_rows(post)");
-      const Act xn = as_consumed<Fw>(Xn, M, D);
-      gemm<Fw>(xn, M, D, mat(l.wg), F, Gt, false);
-      gemm<Fw>(xn, M, D, mat(l.wu), F, U, false);
-      k_gate_act<<<unsigned(ceil_div(M * F, ROW_THREADS)), ROW_THREADS, 0, stream_>>>(
-          Gt, U, M * F, F, W(l.g_b), W(l.u_b), gelu_);
-      launched("k_gate_act");
-      residual<Fw>(as_consumed<Fw>(Gt, M, F), M, F, mat(l.wd), l.d_b, l.mlp_out_norm, X, Y);
-    }
-    if (logits) {
-      head<Fw, 1>(X + (M - 1) * D, 1, 1, false);
-      CK(cudaMemcpyAsync(logits, A(plan_.logits), size_t(c_.vocab) * 4, cudaMemcpyDeviceToHost,
-                         stream_));
-    }
-    // The pinned rows are reused by the next block: finish this one first.
-    CK(cudaStreamSynchronize(stream_));
-  }
+  void prefill_block(const int64_t* ids, int64_t M, int64_t p0, float* logits);
 
   int dev_ = 0;
   Plan plan_;
@@ -880,6 +504,14 @@ class CudaSession final : public SessionBase {
 };
 
 }  // namespace
+}  // namespace residentk
+}  // namespace algenta
+
+#include "session_cuda_decode.cuh"
+#include "session_cuda_prefill.cuh"
+
+namespace algenta {
+namespace residentk {
 
 std::unique_ptr<Session> make_cuda_session(const SessionConfig& cfg, int64_t max_ctx,
                                            int64_t slots) {

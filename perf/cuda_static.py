@@ -8,12 +8,13 @@ a token costs about 6 us, not the 2 us (or 0.25-1 us under PDL) assumed below, s
 takes 1.30 ms, not 0.31-0.59 ms. lossk's bf16 tiles: 6.8-7.9x slower than the issue-rate ceiling
 below, which models neither shared-memory bandwidth nor bank conflicts nor stalls. Read every
 estimate here as an upper bound that a device has shown loose. For each kernel of
-cuda/session_cuda.cu, cuda/lossk_cuda.cu and cuda/lossk_distill.cu
-compiled for sm_90 (and sm_80): registers, shared memory and spills (ptxas --resource-usage),
-the occupancy they allow, and the SASS of its main loop (cuobjdump -sass): instructions per
-tensor-core MMA (or per FMA), bytes per global load instruction, global loads a warp issues per
-iteration. Then, for sm_90, an estimate against the H200's limit, from the model below (the
-sm_80 rows show the SASS and occupancy at the same SM limits, no estimate).
+cuda/session_cuda.cu (the session's one translation unit: its kernels are session_kernels.cuh's
+stage headers), cuda/lossk_cuda.cu and cuda/lossk_distill.cu compiled for sm_90 (and sm_80):
+registers, shared memory and spills (ptxas --resource-usage), the occupancy they allow, and the SASS
+of its main loop (cuobjdump -sass): instructions per tensor-core MMA (or per FMA), bytes per global
+load instruction, global loads a warp issues per iteration. Then, for sm_90, an estimate against the
+H200's limit, from the model below (the sm_80 rows show the SASS and occupancy at the same SM
+limits, no estimate).
 
     python perf/cuda_static.py [--arch sm_90,sm_80] [--json]
 
@@ -388,8 +389,9 @@ def analyze(arch: str, tmp: str, sources=SOURCES) -> list:
     return rows
 
 
-# The kernels a decode step launches (session_cuda.cu, enqueue_decode), every one but k_embed as
-# a programmatic dependent launch; k_embed calls the wait too (a no-op when nothing precedes it).
+# The kernels a decode step launches (session_cuda_decode.cuh, enqueue_rows), every one but
+# k_embed as a programmatic dependent launch; k_embed calls the wait too (a no-op when nothing
+# precedes it).
 DECODE_KERNELS = ("k_embed", "k_norm_qkv", "k_qk_norm_rope", "k_attn_partial", "k_attn_merge",
                   "k_matvec_residual", "k_out_norm_residual", "k_norm_gateup", "k_rmsnorm_rows",
                   "k_head_argmax")
@@ -418,8 +420,8 @@ def pdl_discipline(arch: str, tmp: str, src: str = "cuda/session_cuda.cu") -> di
     return out
 
 
-# A decode step's nodes at the Qwen3-0.6B shape on the standard path (session_cuda.cu,
-# enqueue_decode): per layer the four matvecs and q/k norm + RoPE and attention; then the final
+# A decode step's nodes at the Qwen3-0.6B shape on the standard path (session_cuda_decode.cuh,
+# enqueue_rows): per layer the four matvecs and q/k norm + RoPE and attention; then the final
 # norm and the head; k_embed first. Every node but k_embed is a programmatic dependent launch.
 QWEN3 = dict(D=1024, Hq=16, Hkv=8, Dh=128, F=3072, L=28, V=151936)
 PDL_PREFETCH_BYTES = 16 * 1024  # common.cuh: what a PDL matvec block asks L2 for before waiting
