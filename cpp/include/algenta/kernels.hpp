@@ -1,8 +1,8 @@
-// Internal: the hot CPU kernels of both families, compiled once per instruction set
-// (kernels_isa.cpp for lossk's GEMMs and per-token math and the session's float and bf16 weight
-// panels, session_kernels.cpp for the session's int8 panels and KV-cache primitives, each with
-// ALGENTA_ISA_NS = isa_generic / isa_avx2 / isa_avx512 / isa_avx512bf16 / isa_amx) and chosen at run time by cpu_dispatch.cpp: one dispatch, so a new
-// instruction set is added in one place. Not part of any family's contract.
+// Internal: the hot CPU kernels of both families, compiled once per instruction set (one file a
+// job under cpp/src/kernels/, parts.hpp lists them, each with ALGENTA_ISA_NS = isa_generic /
+// isa_avx2 / isa_avx512 / isa_avx512bf16 / isa_amx; kernels/tables.cpp fills this header's tables)
+// and chosen at run time by cpu_dispatch.cpp: one dispatch, so a new instruction set is added in
+// one place. Not part of any family's contract.
 //
 // Exactness: every GEMM output cell is ONE multiply-add chain over k in increasing order,
 // started from 0 (accumulate=false) or from the cell's current value (accumulate=true). Partial
@@ -34,10 +34,11 @@ enum Half : int { HALF_BF16 = 0, HALF_F16 = 1 };
 // bfloat16 dot-product GEMMs (AVX512-BF16 vdpbf16ps, or AMX tdpbf16ps tiles), the fast path of
 // bfloat16 lossk inputs and the session's bf16 prefill; every pointer null in an instruction set
 // without them. Operands are packed as k-pairs of bf16 (uint32 each; the packed layouts are the
-// path's own: kernels_isa.cpp, kernels_amx.cpp), accumulation is float32, and each output cell is
-// one chain over groups of k_quantum values of k in increasing order (the instruction's k step:
-// 2 for vdpbf16ps, 32 for an AMX tile), started from 0 or continued from C: the same split
-// invariance as the float32 GEMMs, provided every split of K falls on a multiple of k_quantum.
+// path's own: kernels/x86/bf16dot.cpp, kernels/amx/amx.cpp), accumulation is float32, and each
+// output cell is one chain over groups of k_quantum values of k in increasing order (the
+// instruction's k step: 2 for vdpbf16ps, 32 for an AMX tile), started from 0 or continued from
+// C: the same split invariance as the float32 GEMMs, provided every split of K falls on a
+// multiple of k_quantum.
 struct Bf16DotOps {
   // A (M x K bf16) packed once, by disjoint row ranges [r0, r1), r0 and r1 multiples of
   // row_quantum() (r1 may be M): the last panel of a range is zero-padded, so two ranges must not
@@ -190,7 +191,7 @@ struct SessionOps {
   // Queries (several in prefill, one in decode) against one head's KV rows (n values each, in
   // cache format f: float32, or bf16 / f16 bits widened exactly): s[t * lds + j - j0] = q[t] .
   // row j, j in [j0, j1); out[t] (n) += p[t * ldp + j - j0] * row j, one multiply-add an element
-  // for j = j0, ..., j1 - 1 in order (session_kernels.cpp gives the score's order). A query's
+  // for j = j0, ..., j1 - 1 in order (kernels/attention.cpp gives the score's order). A query's
   // bits depend on nothing but its own data: not on nq, its place in the group, or j0.
   void (*kv_dots)(Dtype f, const float* const* q, int nq, const void* K, int64_t n, int64_t j0,
                   int64_t j1, float* s, int64_t lds);
@@ -208,7 +209,7 @@ struct SessionOps {
   // (session_math::softcap); out (n) = silu(g + gb) * (u + ub) and gelu_tanh(g + gb) * (u + ub),
   // biases may be null, out may be g (session_math::silu_mul, gelu_tanh_mul).
   void (*softcap)(float* z, int64_t n, float cap);
-  // s (n) <- softmax(s) in place: attention's weights (session_kernels.cpp says how it rounds)
+  // s (n) <- softmax(s) in place: attention's weights (kernels/attention.cpp says how it rounds)
   void (*softmax)(float* s, int64_t n);
   // x (n)'s squares summed in double, RMSNorm's (the same bits on every instruction set)
   double (*sum_sq)(const float* x, int64_t n);
@@ -228,7 +229,7 @@ struct IsaTable {
   const char* name;
   IsaOps<float> f32;
   IsaOps<double> f64;
-  const SessionOps* session;  // session_kernels.cpp of the same instruction set
+  const SessionOps* session;  // the session's kernels of the same instruction set
 };
 
 // The table for the best instruction set this host supports, or the one named by the

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "algenta/dtype.hpp"
+#include "algenta/exp_tanh.hpp"
 #include "algenta/half.hpp"
 #include "algenta/hd.hpp"
 
@@ -26,27 +27,6 @@ ALGENTA_HD float rms_inv(double ss, int64_t n, double eps) {
 }
 ALGENTA_HD float rms_apply(float x, float w, float inv) { return w * (x * inv); }
 
-// exp(x) for x <= 0, branch-free so a loop of it vectorizes (the C library's expf does not):
-// x = n ln2 + r with |r| <= ln2 / 2 (n rounded by the 1.5 * 2^23 trick, exact for |n| < 2^22),
-// exp(r) by its degree-7 Taylor polynomial (truncation under 6e-9 relative), 2^n built in the
-// exponent bits. Within 1.1e-7 relative of exp (measured over every 97th float in (-87, 0]);
-// below -87 it returns exp(-87) instead of a smaller value (the callers add it to 1).
-ALGENTA_HD float exp_nonpos(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  const float big = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float n = (x * 1.44269504088896341f + big) - big;
-  const float r = (x - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;  // ln2, hi + lo
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  return p * half::f32_from_bits(uint32_t(int32_t(n) + 127) << 23);
-}
-
 // silu(g) * u, the gate of the MLP, in float: g / (1 + exp(-g)) * u as transformers writes it,
 // with exp taken by exp_nonpos of -|g| so a loop of it vectorizes (libm's expf, a call per
 // element, was 4% of a 128-token prefill). For g < 0 the same quotient is (g e) / (1 + e) with
@@ -56,20 +36,18 @@ ALGENTA_HD float exp_nonpos(float x) {
 // is smaller still.
 ALGENTA_HD float silu_mul(float g, float u) {
   const bool neg = g < 0.0f;
-  const float e = exp_nonpos(neg ? g : -g);
+  const float e = expm::exp_nonpos(neg ? g : -g);
   return (neg ? g * e : g) / (1.0f + e) * u;
 }
 
-// tanh(x) as (1 - e) / (1 + e) with e = exp(-2|x|), the sign put back: branch-free (a soft cap
-// runs over a whole vocabulary every token, the GELU gate over d_ff every layer) and the same
-// function on both engines. Within 9.4e-8 of tanh absolutely (float's own tanhf: 1.04e-7; both
-// measured over every 97th float of |x| < 40), so relative error grows only as |x| -> 0;
-// exactly +-1 past |x| = 9.
+// tanh(x) as (1 - e) / (1 + e) with e = exp(-2|x|) by exp_nonpos, the sign put back
+// (exp_tanh.hpp): branch-free (a soft cap runs over a whole vocabulary every token, the GELU gate
+// over d_ff every layer) and the same function on both engines. Within 9.4e-8 of tanh absolutely
+// (float's own tanhf: 1.04e-7; both measured over every 97th float of |x| < 40), so relative
+// error grows only as |x| -> 0; exactly +-1 past |x| = 9.
 ALGENTA_HD float tanh_approx(float x) {
   const float a = x < 0.0f ? -x : x;
-  const float e = exp_nonpos(-2.0f * a);
-  const float t = (1.0f - e) / (1.0f + e);
-  return x < 0.0f ? -t : t;
+  return expm::tanh_of_exp<float>(x, expm::exp_nonpos(-2.0f * a));
 }
 
 // gelu(g) * u with gelu's tanh approximation (transformers' gelu_pytorch_tanh, Gemma's gate),

@@ -27,13 +27,14 @@
 #include <cstring>
 
 #include "algenta/kernels.hpp"
-#include "x86_transpose.hpp"
+#include "../parts.hpp"
+#include "../simd.hpp"
 
 #ifndef ALGENTA_ISA_NS
 #error "compile with -DALGENTA_ISA_NS=isa_<name>"
 #endif
 #if !defined(__AMX_BF16__) || !defined(__AMX_TILE__)
-#error "kernels_amx.cpp is compiled for the amx instruction set only"
+#error "amx/amx.cpp is compiled for the amx instruction set only"
 #endif
 
 namespace algenta {
@@ -55,7 +56,7 @@ inline int64_t tiles_of(int64_t k) { return (k + TK - 1) / TK; }
 inline int64_t panels_of(int64_t n) { return (n + 15) / 16; }
 
 // uint32 of scratch a call uses: one A block, one B block, one 32 x 32 float edge tile, plus
-// alignment slack (the amx table's gemm_ws_elems() is at least this, kernels_isa.cpp).
+// alignment slack (the amx table's gemm_ws_elems() is at least this, gemm.cpp).
 constexpr int64_t WS_U32 = MCB * (KCB / 2) + (KCB / 2) * NCB + 32 * 32 + 3 * 16;
 
 struct alignas(64) TileConfig {
@@ -77,10 +78,6 @@ struct Tiles {
   Tiles(const Tiles&) = delete;
   Tiles& operator=(const Tiles&) = delete;
 };
-
-inline uint32_t* align64(uint32_t* p) {
-  return reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63));
-}
 
 // 16 bf16 at p, lanes past n zero (masked: nothing past them is read).
 inline __m256i load16(const uint16_t* p, int64_t n) {
@@ -313,7 +310,7 @@ void gemm_core(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t rsa, 
 
 }  // namespace
 
-// The amx table's Bf16DotOps (kernels_isa.cpp); the contract is kernels.hpp's.
+// The amx table's Bf16DotOps (tables.cpp); the contract is kernels.hpp's.
 int64_t amx_packed_a_elems(int64_t M, int64_t K) { return panels_of(M) * tiles_of(K) * TT + 16; }
 
 void amx_pack_a_rows(int64_t M, int64_t K, int64_t r0, int64_t r1, const uint16_t* A, int64_t rsa,
