@@ -13,6 +13,7 @@
 #include "session_args.hpp"
 
 namespace py = pybind11;
+using algenta::residentk::ModelShape;
 using algenta::residentk::Session;
 using algenta::residentk::SessionConfig;
 
@@ -39,6 +40,24 @@ py::array_t<float> prefill_slot(Session& x, int64_t slot, const I64& ids) {
     py::gil_scoped_release nogil;
     x.prefill_slot(slot, p, n, o);
   }
+  return out;
+}
+
+std::unique_ptr<Session> cpu_session(const ModelShape& m, double rms_eps, double rope_theta,
+                                     bool tied, int64_t max_ctx, const std::string& weights,
+                                     const std::string& kv, int64_t slots,
+                                     const py::dict& family) {
+  return algenta::residentk::open_session(algenta::residentk::make_cpu_session, m, rms_eps,
+                                          rope_theta, tied, max_ctx, weights, kv, slots, family);
+}
+
+py::list tensor_table(const ModelShape& m, bool tied, const py::dict& family) {
+  const SessionConfig c = algenta::residentk::session_config(m, 1e-6, 1e6, tied, "f32", "f32",
+                                                             family);
+  py::list out;
+  for (const auto& t : algenta::residentk::model_tensors(c))
+    out.append(py::make_tuple(t.name, py::tuple(py::cast(t.shape)), t.layer,
+                              algenta::residentk::field_name(t.field)));
   return out;
 }
 
@@ -126,42 +145,16 @@ void bind_session(py::module_& m) {
       .def("copy_prefix", &Session::copy_prefix, py::arg("src"), py::arg("dst"), py::arg("n"),
            py::call_guard<py::gil_scoped_release>());
 
-  s.def(
-      "cpu_session",
-      [](int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
-         int64_t n_layers, int64_t vocab, double rms_eps, double rope_theta, bool tied,
-         int64_t max_ctx, const std::string& weights, const std::string& kv, int64_t slots,
-         const py::dict& family) {
-        SessionConfig c = algenta::residentk::session_config(
-            d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, rms_eps, rope_theta, tied, weights,
-            kv);
-        algenta::residentk::apply_family(c, family);
-        py::gil_scoped_release nogil;
-        return algenta::residentk::make_cpu_session(c, max_ctx, slots);
-      },
-      py::arg("d_model"), py::arg("h_q"), py::arg("h_kv"), py::arg("d_head"), py::arg("d_ff"),
-      py::arg("n_layers"), py::arg("vocab"), py::arg("rms_eps"), py::arg("rope_theta"),
+  algenta::residentk::def_flat_shape(
+      s, "cpu_session", &cpu_session, py::arg("rms_eps"), py::arg("rope_theta"),
       py::arg("tie_word_embeddings"), py::arg("max_ctx"), py::arg("weights") = "f32",
       py::arg("kv") = "f32", py::arg("slots") = 1, py::arg("family") = py::dict(),
-      "A CPU session of `slots` sequences holding its weight matrices in `weights` ('f32', 'bf16', 'f16', 'int8') "
-      "and its KV cache in `kv` ('f32', 'bf16', 'f16'); weights are set afterwards with "
-      "set_weight.");
+      "A CPU session of `slots` sequences holding its weight matrices in `weights` ('f32', "
+      "'bf16', 'f16', 'int8') and its KV cache in `kv` ('f32', 'bf16', 'f16'); weights are set "
+      "afterwards with set_weight.");
 
-  s.def(
-      "tensor_table",
-      [](int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
-         int64_t n_layers, int64_t vocab, bool tied, const py::dict& family) {
-        SessionConfig c = algenta::residentk::session_config(
-            d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, 1e-6, 1e6, tied);
-        algenta::residentk::apply_family(c, family);
-        py::list out;
-        for (const auto& t : algenta::residentk::model_tensors(c))
-          out.append(py::make_tuple(t.name, py::tuple(py::cast(t.shape)), t.layer,
-                                    algenta::residentk::field_name(t.field)));
-        return out;
-      },
-      py::arg("d_model"), py::arg("h_q"), py::arg("h_kv"), py::arg("d_head"), py::arg("d_ff"),
-      py::arg("n_layers"), py::arg("vocab"), py::arg("tie_word_embeddings"),
+  algenta::residentk::def_flat_shape(
+      s, "tensor_table", &tensor_table, py::arg("tie_word_embeddings"),
       py::arg("family") = py::dict(),
       "(name, shape, layer, field) of every tensor a session with this config holds, in "
       "checkpoint order: the engines' own table.");

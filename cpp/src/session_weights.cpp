@@ -172,8 +172,7 @@ std::string family_refusal(const SessionConfig& c, int* code) {
 int session_open_status(const SessionConfig& c, int64_t max_ctx, int64_t* capacity,
                         std::string* why) {
   std::string w;
-  int st = residentk_shape_check(c.d_model, c.h_q, c.h_kv, c.d_head, c.d_ff, c.n_layers,
-                                 c.vocab, &w);
+  int st = residentk_shape_check(c, &w);
   if (st != RESIDENT_OK) {
     if (why) *why = "model shape refused: " + w;
     return st;

@@ -42,14 +42,9 @@ enum class Arch : int { Qwen3, Llama, Qwen2, Mistral, Gemma2, Gemma3 };
 // or Llama 3's banded rule (low frequencies divided, high kept, a smooth ramp between).
 enum class RopeType : int { Default, Linear, Llama3 };
 
-struct SessionConfig {
-  int64_t d_model = 0;   // D
-  int64_t h_q = 0;       // Hq
-  int64_t h_kv = 0;      // Hkv, divides Hq
-  int64_t d_head = 0;    // Dh, a power of two; Hq*Dh need not equal D
-  int64_t d_ff = 0;      // F
-  int64_t n_layers = 0;  // L
-  int64_t vocab = 0;     // V
+// A session's model: its shape (the ModelShape record every check and sizing reads, so a
+// config is passed to them as it is), then what the shape does not say.
+struct SessionConfig : ModelShape {
   double rms_eps = 1e-6;
   double rope_theta = 1e6;
   bool tie_word_embeddings = true;  // the head reuses model.embed_tokens.weight
