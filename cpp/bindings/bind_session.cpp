@@ -8,11 +8,11 @@
 #include "algenta/session.hpp"
 #include "algenta/session_weights.hpp"
 #include "algenta/status_error.hpp"
-#include "dtype_args.hpp"
-#include "family_args.hpp"
 #include "session_args.hpp"
 
 namespace py = pybind11;
+using namespace pybind11::literals;
+using algenta::residentk::ModelShape;
 using algenta::residentk::Session;
 using algenta::residentk::SessionConfig;
 
@@ -26,19 +26,56 @@ using algenta::Dtype;
   throw algenta::StatusError(algenta::Family::Resident, code, msg);
 }
 
+// A 1-D int64 array's elements; an array of any other rank is not a sequence (601, `what`).
+const int64_t* sequence(const I64& a, const char* what) {
+  if (a.ndim() != 1) refuse(algenta::residentk::RESIDENT_ERR_EMPTY_DIMENSION, what);
+  return a.data();
+}
+
 // ids appended to one slot -> the last one's logits (vocab)
 py::array_t<float> prefill_slot(Session& x, int64_t slot, const I64& ids) {
-  if (ids.ndim() != 1)
-    refuse(algenta::residentk::RESIDENT_ERR_EMPTY_DIMENSION,
-           "prefill takes a 1-D sequence of token ids");
+  const int64_t* p = sequence(ids, "prefill takes a 1-D sequence of token ids");
   py::array_t<float> out(x.config().vocab);
   float* o = out.mutable_data();
-  const int64_t* p = ids.data();
   const int64_t n = ids.shape(0);
   {
     py::gil_scoped_release nogil;
     x.prefill_slot(slot, p, n, o);
   }
+  return out;
+}
+
+// One step of several slots -> logits (B, vocab), which the core allocates once it has checked
+// the request (B is the caller's: a refused step allocates nothing); the array takes them over.
+py::array_t<float> step_slots(Session& x, const I64& slots, const I64& ids) {
+  const char* what = "step_slots takes two 1-D sequences: slots and token ids";
+  const int64_t *ps = sequence(slots, what), *pi = sequence(ids, what);
+  const int64_t B = slots.shape(0), V = x.config().vocab;
+  std::unique_ptr<float[]> rows;
+  {
+    py::gil_scoped_release nogil;
+    rows = x.step_slots(ps, B, pi, ids.shape(0));
+  }
+  float* p = rows.release();
+  py::capsule owner(p, [](void* q) { delete[] static_cast<float*>(q); });
+  return py::array_t<float>({B, V}, p, owner);
+}
+
+std::unique_ptr<Session> cpu_session(const ModelShape& m, double rms_eps, double rope_theta,
+                                     bool tied, int64_t max_ctx, const std::string& weights,
+                                     const std::string& kv, int64_t slots,
+                                     const py::dict& family) {
+  return algenta::residentk::open_session(algenta::residentk::make_cpu_session, m, rms_eps,
+                                          rope_theta, tied, max_ctx, weights, kv, slots, family);
+}
+
+py::list tensor_table(const ModelShape& m, bool tied, const py::dict& family) {
+  const SessionConfig c = algenta::residentk::session_config(m, 1e-6, 1e6, tied, "f32", "f32",
+                                                             family);
+  py::list out;
+  for (const auto& t : algenta::residentk::model_tensors(c))
+    out.append(py::make_tuple(t.name, py::tuple(py::cast(t.shape)), t.layer,
+                              algenta::residentk::field_name(t.field)));
   return out;
 }
 
@@ -74,7 +111,8 @@ void bind_session(py::module_& m) {
            py::arg("name"), py::arg("array"), py::arg("source") = "f32",
            "Set a tensor from its f32, f16 or bf16 (uint16 bit patterns) elements, widened "
            "exactly to float32 and checked finite.")
-      .def("missing_weights", &Session::missing_weights)
+      .def("missing_weights", &Session::missing_weights,
+           py::call_guard<py::gil_scoped_release>())
       .def("weight_shape", &Session::weight_shape, py::arg("name"))
       .def("prefill", [](Session& x, const I64& ids) { return prefill_slot(x, 0, ids); },
            py::arg("ids"))
@@ -89,79 +127,42 @@ void bind_session(py::module_& m) {
              return out;
            },
            py::arg("id"))
-      .def("step_greedy",
-           [](Session& x, int64_t id) {
-             py::gil_scoped_release nogil;
-             return x.step_greedy(id);
-           },
-           py::arg("id"),
+      .def("step_greedy", &Session::step_greedy, py::arg("id"),
+           py::call_guard<py::gil_scoped_release>(),
            "step(id), returning only the argmax of its logits (numpy.argmax's order).")
-      .def("reset", &Session::reset)
+      .def("check_tokens",
+           [](const Session& x, const I64& ids, const std::string& what) {
+             x.check_tokens(sequence(ids, "check_tokens takes a 1-D sequence of token ids"),
+                            ids.shape(0), what.c_str());
+           },
+           py::arg("ids"), py::arg("what"),
+           "Refuse (601) the first id outside the vocabulary, as prefill would, changing nothing.")
+      .def("reset", &Session::reset, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("slots", &Session::slots)
       .def("slot_position", &Session::slot_position, py::arg("slot"))
       .def("prefill_slot", &prefill_slot, py::arg("slot"), py::arg("ids"))
-      .def("step_slots",
-           [](Session& x, const I64& slots, const I64& ids) {
-             if (slots.ndim() != 1 || ids.ndim() != 1 || slots.shape(0) != ids.shape(0))
-               refuse(algenta::residentk::RESIDENT_ERR_EMPTY_DIMENSION,
-                      "step_slots takes two 1-D sequences of one length: slots and token ids");
-             const int64_t B = slots.shape(0);
-             if (B < 1 || B > x.slots())  // before the (B, V) allocation
-               refuse(algenta::residentk::RESIDENT_ERR_EMPTY_DIMENSION,
-                      "step_slots takes 1 to " + std::to_string(x.slots()) +
-                          " sequences (the session's slots), got " + std::to_string(B));
-             py::array_t<float> out({B, x.config().vocab});
-             float* o = out.mutable_data();
-             const int64_t *ps = slots.data(), *pi = ids.data();
-             {
-               py::gil_scoped_release nogil;
-               x.step_slots(ps, pi, B, o);
-             }
-             return out;
-           },
-           py::arg("slots"), py::arg("ids"),
+      .def("step_slots", &step_slots, py::arg("slots"), py::arg("ids"),
            "One decode step of several slots at once -> logits (B, vocab), row b for slots[b].")
       .def("truncate_slot", &Session::truncate_slot, py::arg("slot"), py::arg("n"),
            py::call_guard<py::gil_scoped_release>())
       .def("copy_prefix", &Session::copy_prefix, py::arg("src"), py::arg("dst"), py::arg("n"),
-           py::call_guard<py::gil_scoped_release>());
+           py::call_guard<py::gil_scoped_release>())
+      // The session's one lock, held across a caller's calls (waited on without the GIL, so
+      // its holder may run Python in between); seal refuses the holder's own writes meanwhile.
+      .def("lock", &Session::lock, py::call_guard<py::gil_scoped_release>())
+      .def("unlock", &Session::unlock)
+      .def("seal", &Session::seal, py::arg("why"));
 
-  s.def(
-      "cpu_session",
-      [](int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
-         int64_t n_layers, int64_t vocab, double rms_eps, double rope_theta, bool tied,
-         int64_t max_ctx, const std::string& weights, const std::string& kv, int64_t slots,
-         const py::dict& family) {
-        SessionConfig c = algenta::residentk::session_config(
-            d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, rms_eps, rope_theta, tied, weights,
-            kv);
-        algenta::residentk::apply_family(c, family);
-        py::gil_scoped_release nogil;
-        return algenta::residentk::make_cpu_session(c, max_ctx, slots);
-      },
-      py::arg("d_model"), py::arg("h_q"), py::arg("h_kv"), py::arg("d_head"), py::arg("d_ff"),
-      py::arg("n_layers"), py::arg("vocab"), py::arg("rms_eps"), py::arg("rope_theta"),
+  algenta::residentk::def_flat_shape(
+      s, "cpu_session", &cpu_session, py::arg("rms_eps"), py::arg("rope_theta"),
       py::arg("tie_word_embeddings"), py::arg("max_ctx"), py::arg("weights") = "f32",
       py::arg("kv") = "f32", py::arg("slots") = 1, py::arg("family") = py::dict(),
-      "A CPU session of `slots` sequences holding its weight matrices in `weights` ('f32', 'bf16', 'f16', 'int8') "
-      "and its KV cache in `kv` ('f32', 'bf16', 'f16'); weights are set afterwards with "
-      "set_weight.");
+      "A CPU session of `slots` sequences holding its weight matrices in `weights` ('f32', "
+      "'bf16', 'f16', 'int8') and its KV cache in `kv` ('f32', 'bf16', 'f16'); weights are set "
+      "afterwards with set_weight.");
 
-  s.def(
-      "tensor_table",
-      [](int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
-         int64_t n_layers, int64_t vocab, bool tied, const py::dict& family) {
-        SessionConfig c = algenta::residentk::session_config(
-            d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, 1e-6, 1e6, tied);
-        algenta::residentk::apply_family(c, family);
-        py::list out;
-        for (const auto& t : algenta::residentk::model_tensors(c))
-          out.append(py::make_tuple(t.name, py::tuple(py::cast(t.shape)), t.layer,
-                                    algenta::residentk::field_name(t.field)));
-        return out;
-      },
-      py::arg("d_model"), py::arg("h_q"), py::arg("h_kv"), py::arg("d_head"), py::arg("d_ff"),
-      py::arg("n_layers"), py::arg("vocab"), py::arg("tie_word_embeddings"),
+  algenta::residentk::def_flat_shape(
+      s, "tensor_table", &tensor_table, py::arg("tie_word_embeddings"),
       py::arg("family") = py::dict(),
       "(name, shape, layer, field) of every tensor a session with this config holds, in "
       "checkpoint order: the engines' own table.");
@@ -180,19 +181,13 @@ void bind_session(py::module_& m) {
 
   {
     py::list archs;
-    for (const auto& a : algenta::residentk::arch_specs()) {
-      py::dict d;
-      d["name"] = a.name;
-      d["hf_class"] = a.hf_class;
-      d["qk_norm"] = a.qk_norm;
-      d["qkv_bias"] = a.qkv_bias;
-      d["norm_plus_one"] = a.norm_plus_one;
-      d["embed_scaled"] = a.embed_scaled;
-      d["sandwich"] = a.sandwich;
-      d["act"] = a.act == algenta::residentk::Act::Silu ? "silu" : "gelu_pytorch_tanh";
-      d["mlp_norm"] = a.mlp_norm;
-      archs.append(d);
-    }
+    for (const auto& a : algenta::residentk::arch_specs())
+      archs.append(py::dict(
+          "name"_a = a.name, "hf_class"_a = a.hf_class, "qk_norm"_a = a.qk_norm,
+          "qkv_bias"_a = a.qkv_bias, "norm_plus_one"_a = a.norm_plus_one,
+          "embed_scaled"_a = a.embed_scaled, "sandwich"_a = a.sandwich,
+          "act"_a = a.act == algenta::residentk::Act::Silu ? "silu" : "gelu_pytorch_tanh",
+          "mlp_norm"_a = a.mlp_norm));
     s.attr("ARCHS") = archs;
   }
 
@@ -217,14 +212,10 @@ void bind_session(py::module_& m) {
       },
       "What multiplies the CPU session's weights in each format on the active instruction set.");
 
-  s.def(
-      "cpu_read_bandwidth",
-      [](int64_t bytes, int reps) {
-        py::gil_scoped_release nogil;
-        return algenta::residentk::cpu_read_bandwidth(bytes, reps);
-      },
-      py::arg("bytes"), py::arg("reps") = 5,
-      "Best all-core streaming read bandwidth (bytes/s) over reps passes of a bytes-sized buffer.");
+  s.def("cpu_read_bandwidth", &algenta::residentk::cpu_read_bandwidth, py::arg("bytes"),
+        py::arg("reps") = 5, py::call_guard<py::gil_scoped_release>(),
+        "Best all-core streaming read bandwidth (bytes/s) over reps passes of a bytes-sized "
+        "buffer.");
 
   s.def(
       "cpu_int8_products",

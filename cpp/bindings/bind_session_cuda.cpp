@@ -9,10 +9,11 @@
 #include "algenta/residentk.hpp"
 #include "algenta/session.hpp"
 #include "algenta/session_cuda_plan.hpp"
-#include "family_args.hpp"
 #include "session_args.hpp"
 
 namespace py = pybind11;
+using namespace pybind11::literals;
+using algenta::residentk::ModelShape;
 using algenta::residentk::Session;
 using algenta::residentk::SessionConfig;
 namespace cp = algenta::residentk::cudaplan;
@@ -20,18 +21,70 @@ namespace cp = algenta::residentk::cudaplan;
 namespace {
 
 py::dict matvec_dict(const cp::MatvecLaunch& m) {
-  py::dict d;
-  d["rows"] = m.rows;
-  d["rows_per_block"] = m.rows_per_block;
-  d["grid"] = m.grid;
-  d["split"] = m.split;
-  return d;
+  return py::dict("rows"_a = m.rows, "rows_per_block"_a = m.rows_per_block, "grid"_a = m.grid,
+                  "split"_a = m.split);
 }
 
 py::dict mat_dict(const cp::MatOffsets& m) {
-  py::dict d;
-  d["data"] = m.data;
-  d["scales"] = m.scales;
+  return py::dict("data"_a = m.data, "scales"_a = m.scales);
+}
+
+std::unique_ptr<Session> cuda_session(const ModelShape& m, double rms_eps, double rope_theta,
+                                      bool tied, int64_t max_ctx, const std::string& weights,
+                                      const std::string& kv, const py::dict& family,
+                                      int64_t slots) {
+  return algenta::residentk::open_session(algenta::residentk::make_cuda_session, m, rms_eps,
+                                          rope_theta, tied, max_ctx, weights, kv, slots, family);
+}
+
+// Every buffer size, offset and launch shape of make_plan as a dict, or its refusal.
+py::dict plan(const ModelShape& m, double rms_eps, double rope_theta, bool tied, int64_t max_ctx,
+              int64_t sms, const std::string& weights, const std::string& kv, int64_t slots) {
+  const SessionConfig c =
+      algenta::residentk::session_config(m, rms_eps, rope_theta, tied, weights, kv);
+  const cp::Plan pl = cp::make_plan(c, max_ctx, sms, slots);
+  py::dict d("status"_a = pl.status, "why"_a = pl.why);
+  if (pl.status != algenta::residentk::RESIDENT_OK) return d;
+  const char* scalars[] = {"sms", "capacity", "q_rows", "attn_width", "elem_bytes",
+                           "final_norm", "weight_bytes", "kv_elems", "kv_layer_stride",
+                           "rope_floats", "x", "xf", "qkv", "attn", "act", "logits",
+                           "part_acc", "part_ml", "argmax_val", "act_floats", "max_splits",
+                           "prefill_rows", "p_x", "p_xn", "p_qkv", "p_attn", "p_gate",
+                           "p_up", "prefill_floats", "staged_floats", "attn_smem_bytes",
+                           "norm_rope_threads", "staged_bytes", "kv_elem_bytes", "q8_ld",
+                           "p_q8_codes", "p_q8_scales", "slots", "kv_slot_stride",
+                           "step_rows", "row_entries", "y"};
+  const int64_t vals[] = {pl.sms, pl.capacity, pl.q_rows, pl.attn_width, pl.elem_bytes,
+                          pl.final_norm, pl.weight_bytes, pl.kv_elems, pl.kv_layer_stride,
+                          pl.rope_floats, pl.x, pl.xf, pl.qkv, pl.attn, pl.act, pl.logits,
+                          pl.part_acc, pl.part_ml, pl.argmax_val, pl.act_floats,
+                          pl.max_splits, pl.prefill_rows, pl.p_x, pl.p_xn, pl.p_qkv,
+                          pl.p_attn, pl.p_gate, pl.p_up, pl.prefill_floats,
+                          pl.staged_floats, pl.attn_smem_bytes, pl.norm_rope_threads,
+                          pl.staged_bytes, pl.kv_elem_bytes, pl.q8_ld, pl.p_q8_codes,
+                          pl.p_q8_scales, pl.slots, pl.kv_slot_stride, pl.step_rows,
+                          pl.row_entries, pl.y};
+  static_assert(sizeof(scalars) / sizeof(scalars[0]) == sizeof(vals) / sizeof(vals[0]),
+                "every plan field named once");
+  for (size_t i = 0; i < sizeof(vals) / sizeof(vals[0]); ++i) d[scalars[i]] = vals[i];
+  d["embed"] = mat_dict(pl.embed);
+  d["head"] = mat_dict(pl.head);
+  py::list layers;
+  for (const cp::LayerOffsets& l : pl.layers)
+    layers.append(py::dict("in_norm"_a = l.in_norm, "wqkv"_a = mat_dict(l.wqkv),
+                           "q_norm"_a = l.q_norm, "k_norm"_a = l.k_norm, "wo"_a = mat_dict(l.wo),
+                           "post_norm"_a = l.post_norm, "wg"_a = mat_dict(l.wg),
+                           "wu"_a = mat_dict(l.wu), "wd"_a = mat_dict(l.wd)));
+  d["layers"] = layers;
+  for (const auto& mv : {std::make_pair("qkv_mv", &pl.qkv_mv), std::make_pair("o_mv", &pl.o_mv),
+                         std::make_pair("gateup_mv", &pl.gateup_mv),
+                         std::make_pair("down_mv", &pl.down_mv),
+                         std::make_pair("head_mv", &pl.head_mv)})
+    d[mv.first] = matvec_dict(*mv.second);
+  py::list launches;  // decode_launches at n_keys = 1..capacity would be long; sample it
+  for (int64_t n : {int64_t(1), int64_t(31), int64_t(32), int64_t(1000), pl.capacity})
+    launches.append(py::make_tuple(n, cp::decode_launches(pl, c, n)));
+  d["decode_launches"] = launches;
   return d;
 }
 
@@ -42,33 +95,15 @@ void bind_session_cuda(py::module_& s) {
       "cuda_backend",
       [] {
         const algenta::residentk::CudaBackend& b = algenta::residentk::cuda_backend();
-        py::dict d;
-        d["kind"] = b.kind;
-        d["usable"] = b.usable;
-        d["device_name"] = b.device_name;
-        d["why"] = b.why;
-        d["driver_version"] = b.driver_version;
-        d["runtime_version"] = b.runtime_version;
-        return d;
+        return py::dict("kind"_a = b.kind, "usable"_a = b.usable, "device_name"_a = b.device_name,
+                        "why"_a = b.why, "driver_version"_a = b.driver_version,
+                        "runtime_version"_a = b.runtime_version);
       },
       "Which CUDA backend this build has ('device', 'emulator' or 'none'), whether it can run "
       "here, and why not.");
 
-  s.def(
-      "cuda_session",
-      [](int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
-         int64_t n_layers, int64_t vocab, double rms_eps, double rope_theta, bool tied,
-         int64_t max_ctx, const std::string& weights, const std::string& kv,
-         const py::dict& family, int64_t slots) {
-        SessionConfig c =
-            algenta::residentk::session_config(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab,
-                                              rms_eps, rope_theta, tied, weights, kv);
-        algenta::residentk::apply_family(c, family);
-        py::gil_scoped_release nogil;
-        return algenta::residentk::make_cuda_session(c, max_ctx, slots);
-      },
-      py::arg("d_model"), py::arg("h_q"), py::arg("h_kv"), py::arg("d_head"), py::arg("d_ff"),
-      py::arg("n_layers"), py::arg("vocab"), py::arg("rms_eps"), py::arg("rope_theta"),
+  algenta::residentk::def_flat_shape(
+      s, "cuda_session", &cuda_session, py::arg("rms_eps"), py::arg("rope_theta"),
       py::arg("tie_word_embeddings"), py::arg("max_ctx"), py::arg("weights") = "f32",
       py::arg("kv") = "f32", py::arg("family") = py::dict(), py::arg("slots") = 1,
       "A CUDA session holding its weight matrices in `weights` and its KV cache in `kv` (the CPU "
@@ -109,28 +144,22 @@ void bind_session_cuda(py::module_& s) {
       "(warp instructions, 32-byte sectors touched, ideal sectors, bytes needed). None in any "
       "other build.");
 
-  s.def(
-      "cuda_copy_bandwidth",
-      [](int64_t bytes, int reps) {
-        py::gil_scoped_release nogil;
-        return algenta::residentk::cuda_copy_bandwidth(bytes, reps);
-      },
-      py::arg("bytes"), py::arg("reps") = 10,
-      "Best device-to-device copy bandwidth (bytes/s, read + write) of the current CUDA device.");
+  s.def("cuda_copy_bandwidth", &algenta::residentk::cuda_copy_bandwidth, py::arg("bytes"),
+        py::arg("reps") = 10, py::call_guard<py::gil_scoped_release>(),
+        "Best device-to-device copy bandwidth (bytes/s, read + write) of the current CUDA "
+        "device.");
 
   py::module_ p = s.def_submodule("cuda_plan", "host-side launch plan of the CUDA session");
-  p.attr("MATVEC_THREADS") = cp::MATVEC_THREADS;
-  p.attr("MATVEC_LOADS") = cp::MATVEC_LOADS;
-  p.attr("MATVEC_WARPS") = cp::MATVEC_WARPS;
-  p.attr("MATVEC_BLOCKS_PER_SM") = cp::MATVEC_BLOCKS_PER_SM;
-  p.attr("ATTN_THREADS") = cp::ATTN_THREADS;
-  p.attr("ATTN_WARPS") = cp::ATTN_WARPS;
-  p.attr("ALIGN_FLOATS") = cp::ALIGN_FLOATS;
-  p.attr("ALIGN_BYTES") = cp::ALIGN_BYTES;
-  p.attr("PREFILL_BLOCK") = cp::PREFILL_BLOCK;
-  p.attr("GEMM_BM") = cp::GEMM_BM;
-  p.attr("GEMM_BN") = cp::GEMM_BN;
-  p.attr("FALLBACK_SMS") = cp::FALLBACK_SMS;
+  {
+    using namespace cp;
+    algenta::residentk::set_constants(
+        p, {ALGENTA_CONSTANT(MATVEC_THREADS), ALGENTA_CONSTANT(MATVEC_LOADS),
+            ALGENTA_CONSTANT(MATVEC_WARPS), ALGENTA_CONSTANT(MATVEC_BLOCKS_PER_SM),
+            ALGENTA_CONSTANT(ATTN_THREADS), ALGENTA_CONSTANT(ATTN_WARPS),
+            ALGENTA_CONSTANT(ALIGN_FLOATS), ALGENTA_CONSTANT(ALIGN_BYTES),
+            ALGENTA_CONSTANT(PREFILL_BLOCK), ALGENTA_CONSTANT(GEMM_BM), ALGENTA_CONSTANT(GEMM_BN),
+            ALGENTA_CONSTANT(FALLBACK_SMS)});
+  }
 
   p.def("matvec_launch",
         [](int64_t rows, int64_t sms) { return matvec_dict(cp::matvec_launch(rows, sms)); },
@@ -158,11 +187,8 @@ void bind_session_cuda(py::module_& s) {
   p.def("splitk_plan",
         [](int64_t n_keys, int64_t sms, int64_t h_q) {
           const cp::SplitPlan sp = cp::splitk_plan(n_keys, sms, h_q);
-          py::dict d;
-          d["split"] = sp.split;
-          d["n_splits"] = sp.n_splits;
-          d["launches"] = sp.launches;
-          return d;
+          return py::dict("split"_a = sp.split, "n_splits"_a = sp.n_splits,
+                          "launches"_a = sp.launches);
         },
         py::arg("n_keys"), py::arg("sms"), py::arg("h_q"));
   p.def("splitk_range",
@@ -175,80 +201,12 @@ void bind_session_cuda(py::module_& s) {
   p.def("prefill_gemm_grid",
         [](int64_t m, int64_t n, int64_t sms) {
           const cp::GemmGrid g = cp::prefill_gemm_grid(m, n, sms);
-          py::dict d;
-          d["narrow"] = g.narrow;
-          d["gx"] = g.gx;
-          d["gy"] = g.gy;
-          d["rows_per_block"] = g.rows_per_block;
-          return d;
+          return py::dict("narrow"_a = g.narrow, "gx"_a = g.gx, "gy"_a = g.gy,
+                          "rows_per_block"_a = g.rows_per_block);
         },
         py::arg("m_rows"), py::arg("n_cols"), py::arg("sms"));
-  p.def(
-      "make_plan",
-      [](int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
-         int64_t n_layers, int64_t vocab, double rms_eps, double rope_theta, bool tied,
-         int64_t max_ctx, int64_t sms, const std::string& weights, const std::string& kv,
-         int64_t slots) {
-        const SessionConfig c =
-            algenta::residentk::session_config(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab,
-                                              rms_eps, rope_theta, tied, weights, kv);
-        const cp::Plan pl = cp::make_plan(c, max_ctx, sms, slots);
-        py::dict d;
-        d["status"] = pl.status;
-        d["why"] = pl.why;
-        if (pl.status != algenta::residentk::RESIDENT_OK) return d;
-        const char* scalars[] = {"sms", "capacity", "q_rows", "attn_width", "elem_bytes",
-                                 "final_norm", "weight_bytes", "kv_elems", "kv_layer_stride",
-                                 "rope_floats", "x", "xf", "qkv", "attn", "act", "logits",
-                                 "part_acc", "part_ml", "argmax_val", "act_floats", "max_splits",
-                                 "prefill_rows", "p_x", "p_xn", "p_qkv", "p_attn", "p_gate",
-                                 "p_up", "prefill_floats", "staged_floats", "attn_smem_bytes",
-                                 "norm_rope_threads", "staged_bytes", "kv_elem_bytes", "q8_ld",
-                                 "p_q8_codes", "p_q8_scales", "slots", "kv_slot_stride",
-                                 "step_rows", "row_entries", "y"};
-        const int64_t vals[] = {pl.sms, pl.capacity, pl.q_rows, pl.attn_width, pl.elem_bytes,
-                                pl.final_norm, pl.weight_bytes, pl.kv_elems, pl.kv_layer_stride,
-                                pl.rope_floats, pl.x, pl.xf, pl.qkv, pl.attn, pl.act, pl.logits,
-                                pl.part_acc, pl.part_ml, pl.argmax_val, pl.act_floats,
-                                pl.max_splits, pl.prefill_rows, pl.p_x, pl.p_xn, pl.p_qkv,
-                                pl.p_attn, pl.p_gate, pl.p_up, pl.prefill_floats,
-                                pl.staged_floats, pl.attn_smem_bytes, pl.norm_rope_threads,
-                                pl.staged_bytes, pl.kv_elem_bytes, pl.q8_ld, pl.p_q8_codes,
-                                pl.p_q8_scales, pl.slots, pl.kv_slot_stride, pl.step_rows,
-                                pl.row_entries, pl.y};
-        static_assert(sizeof(scalars) / sizeof(scalars[0]) == sizeof(vals) / sizeof(vals[0]),
-                      "every plan field named once");
-        for (size_t i = 0; i < sizeof(vals) / sizeof(vals[0]); ++i) d[scalars[i]] = vals[i];
-        d["embed"] = mat_dict(pl.embed);
-        d["head"] = mat_dict(pl.head);
-        py::list layers;
-        for (const cp::LayerOffsets& l : pl.layers) {
-          py::dict ld;
-          ld["in_norm"] = l.in_norm;
-          ld["wqkv"] = mat_dict(l.wqkv);
-          ld["q_norm"] = l.q_norm;
-          ld["k_norm"] = l.k_norm;
-          ld["wo"] = mat_dict(l.wo);
-          ld["post_norm"] = l.post_norm;
-          ld["wg"] = mat_dict(l.wg);
-          ld["wu"] = mat_dict(l.wu);
-          ld["wd"] = mat_dict(l.wd);
-          layers.append(ld);
-        }
-        d["layers"] = layers;
-        d["qkv_mv"] = matvec_dict(pl.qkv_mv);
-        d["o_mv"] = matvec_dict(pl.o_mv);
-        d["gateup_mv"] = matvec_dict(pl.gateup_mv);
-        d["down_mv"] = matvec_dict(pl.down_mv);
-        d["head_mv"] = matvec_dict(pl.head_mv);
-        py::list launches;  // decode_launches at n_keys = 1..capacity would be long; sample it
-        for (int64_t n : {int64_t(1), int64_t(31), int64_t(32), int64_t(1000), pl.capacity})
-          launches.append(py::make_tuple(n, cp::decode_launches(pl, c, n)));
-        d["decode_launches"] = launches;
-        return d;
-      },
-      py::arg("d_model"), py::arg("h_q"), py::arg("h_kv"), py::arg("d_head"), py::arg("d_ff"),
-      py::arg("n_layers"), py::arg("vocab"), py::arg("rms_eps"), py::arg("rope_theta"),
+  algenta::residentk::def_flat_shape(
+      p, "make_plan", &plan, py::arg("rms_eps"), py::arg("rope_theta"),
       py::arg("tie_word_embeddings"), py::arg("max_ctx"), py::arg("sms"),
       py::arg("weights") = "f32", py::arg("kv") = "f32", py::arg("slots") = 1,
       "Every buffer size, offset and launch shape the CUDA session would use (a dict), or the "

@@ -33,7 +33,8 @@ std::unique_ptr<Session> make_cuda_session(const SessionConfig& cfg, int64_t max
                                            int64_t slots) {
   session_open_check(cfg, max_ctx);  // the host's refusals come first, as in a CUDA build
   session_slots_check(slots);
-  throw StatusError(Family::Resident, RESIDENT_ERR_NO_KERNELS, std::string("device='cuda': ") + kWhy);
+  throw StatusError(Family::Resident, RESIDENT_ERR_NO_KERNELS,
+                    std::string("device='cuda': ") + kWhy);
 }
 
 bool cuda_emulator_fail_after(int64_t) { return false; }
@@ -56,62 +57,49 @@ namespace {
                     std::string(fn) + ": device='cuda': " + kWhy);
 }
 template <class T>
-void shape_first(const FusedArgs<T>& a) {
+int shape_status(const FusedArgs<T>& a, std::string* why) {
+  return fused_linear_ce_check_shape(a, why);
+}
+template <class T>
+int shape_status(const DistillArgs<T>& a, std::string* why) {
+  return fused_linear_distill_check_shape(a, why);
+}
+// The shape refusal a CUDA build makes first, then no backend (589).
+template <class Args>
+[[noreturn]] void refuse(const Args& a, const char* fn) {
   std::string why;
-  const int st = fused_linear_ce_check_shape(a, &why);
+  const int st = shape_status(a, &why);
   if (st != LOSS_OK) throw StatusError(Family::Loss, st, why);
+  no_backend(fn);
 }
 }  // namespace
 
-template <class T>
-int64_t fused_linear_ce_cuda_workspace(const FusedArgs<T>& a, const FusedCudaOut<T>&) {
-  shape_first(a);
-  no_backend("fused_linear_ce");
-}
-template <class T>
-void fused_linear_ce_cuda(const FusedArgs<T>& a, FusedCudaOut<T>&, void*, int64_t, void*) {
-  shape_first(a);
-  no_backend("fused_linear_ce");
-}
-template <class T>
-void fused_linear_ce_cuda_host(const FusedArgs<T>& a, FusedOut<T>&) {
-  shape_first(a);
-  no_backend("fused_linear_ce");
-}
-template int64_t fused_linear_ce_cuda_workspace<float>(const FusedArgs<float>&, const FusedCudaOut<float>&);
-template int64_t fused_linear_ce_cuda_workspace<double>(const FusedArgs<double>&, const FusedCudaOut<double>&);
-template void fused_linear_ce_cuda<float>(const FusedArgs<float>&, FusedCudaOut<float>&, void*, int64_t, void*);
-template void fused_linear_ce_cuda<double>(const FusedArgs<double>&, FusedCudaOut<double>&, void*, int64_t, void*);
-template void fused_linear_ce_cuda_host<float>(const FusedArgs<float>&, FusedOut<float>&);
-template void fused_linear_ce_cuda_host<double>(const FusedArgs<double>&, FusedOut<double>&);
+// Each fused op's three CUDA entry points (workspace size, device buffers, host buffers) refuse
+// alike, for float and double.
+#define ALGENTA_NO_CUDA_OP(op, Args, Out, CudaOut)                                             \
+  template <class T>                                                                          \
+  int64_t op##_cuda_workspace(const Args<T>& a, const CudaOut<T>&) {                          \
+    refuse(a, #op);                                                                           \
+  }                                                                                           \
+  template <class T>                                                                          \
+  void op##_cuda(const Args<T>& a, CudaOut<T>&, void*, int64_t, void*) {                      \
+    refuse(a, #op);                                                                           \
+  }                                                                                           \
+  template <class T>                                                                          \
+  void op##_cuda_host(const Args<T>& a, Out<T>&) {                                            \
+    refuse(a, #op);                                                                           \
+  }                                                                                           \
+  template int64_t op##_cuda_workspace<float>(const Args<float>&, const CudaOut<float>&);    \
+  template int64_t op##_cuda_workspace<double>(const Args<double>&, const CudaOut<double>&); \
+  template void op##_cuda<float>(const Args<float>&, CudaOut<float>&, void*, int64_t, void*); \
+  template void op##_cuda<double>(const Args<double>&, CudaOut<double>&, void*, int64_t,     \
+                                  void*);                                                     \
+  template void op##_cuda_host<float>(const Args<float>&, Out<float>&);                       \
+  template void op##_cuda_host<double>(const Args<double>&, Out<double>&);
 
-template <class T>
-void distill_shape_first(const DistillArgs<T>& a) {
-  std::string why;
-  const int st = fused_linear_distill_check_shape(a, &why);
-  if (st != LOSS_OK) throw StatusError(Family::Loss, st, why);
-}
-template <class T>
-int64_t fused_linear_distill_cuda_workspace(const DistillArgs<T>& a, const DistillCudaOut<T>&) {
-  distill_shape_first(a);
-  no_backend("fused_linear_distill");
-}
-template <class T>
-void fused_linear_distill_cuda(const DistillArgs<T>& a, DistillCudaOut<T>&, void*, int64_t, void*) {
-  distill_shape_first(a);
-  no_backend("fused_linear_distill");
-}
-template <class T>
-void fused_linear_distill_cuda_host(const DistillArgs<T>& a, DistillOut<T>&) {
-  distill_shape_first(a);
-  no_backend("fused_linear_distill");
-}
-template int64_t fused_linear_distill_cuda_workspace<float>(const DistillArgs<float>&, const DistillCudaOut<float>&);
-template int64_t fused_linear_distill_cuda_workspace<double>(const DistillArgs<double>&, const DistillCudaOut<double>&);
-template void fused_linear_distill_cuda<float>(const DistillArgs<float>&, DistillCudaOut<float>&, void*, int64_t, void*);
-template void fused_linear_distill_cuda<double>(const DistillArgs<double>&, DistillCudaOut<double>&, void*, int64_t, void*);
-template void fused_linear_distill_cuda_host<float>(const DistillArgs<float>&, DistillOut<float>&);
-template void fused_linear_distill_cuda_host<double>(const DistillArgs<double>&, DistillOut<double>&);
+ALGENTA_NO_CUDA_OP(fused_linear_ce, FusedArgs, FusedOut, FusedCudaOut)
+ALGENTA_NO_CUDA_OP(fused_linear_distill, DistillArgs, DistillOut, DistillCudaOut)
+#undef ALGENTA_NO_CUDA_OP
 
 void ce_from_logits_cuda(const double*, const int64_t*, int64_t, int64_t, double*, double*, void*) {
   no_backend("ce_from_logits");

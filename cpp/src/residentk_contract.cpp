@@ -48,35 +48,43 @@ const char* residentk_status_name(int64_t code) {
   }
 }
 
-static int shape_check_impl(const Dim* dims, int n, int64_t d_model, int64_t h_q, int64_t h_kv,
-                            int64_t d_head, int64_t d_ff, std::string* why, bool check_tier) {
+// The checks of residentk_shape_check over the first n_dims of the shape's dimensions, in the
+// record's order: 5 (the layer's, residentk_dims_check) or 7 (the whole model).
+static int shape_check_impl(const ModelShape& m, int n_dims, std::string* why, bool check_tier) {
+  const Dim dims[] = {{"d_model", m.d_model, RESIDENT_MAX_D_MODEL},
+                      {"h_q", m.h_q, RESIDENT_MAX_HEADS},
+                      {"h_kv", m.h_kv, RESIDENT_MAX_HEADS},
+                      {"d_head", m.d_head, RESIDENT_MAX_D_HEAD},
+                      {"d_ff", m.d_ff, RESIDENT_MAX_D_FF},
+                      {"n_layers", m.n_layers, RESIDENT_MAX_LAYERS},
+                      {"vocab", m.vocab, RESIDENT_MAX_VOCAB}};
   // Every emptiness before any ceiling, so the code does not depend on argument order.
-  for (int i = 0; i < n; ++i)
+  for (int i = 0; i < n_dims; ++i)
     if (dims[i].value < 1) {
       say(why, std::string(dims[i].name) + " is " + num(dims[i].value) + "; it must be >= 1");
       return RESIDENT_ERR_EMPTY_DIMENSION;
     }
-  for (int i = 0; i < n; ++i)
+  for (int i = 0; i < n_dims; ++i)
     if (dims[i].value > dims[i].ceiling) {
       say(why, std::string(dims[i].name) + " " + num(dims[i].value) + " exceeds its ceiling " +
                    num(dims[i].ceiling));
       return RESIDENT_ERR_DIMENSION_TOO_LARGE;
     }
-  if (h_q % h_kv != 0) {
-    say(why, "h_q " + num(h_q) + " is not a multiple of h_kv " + num(h_kv) +
+  if (m.h_q % m.h_kv != 0) {
+    say(why, "h_q " + num(m.h_q) + " is not a multiple of h_kv " + num(m.h_kv) +
                  " (grouped-query attention needs an integer group size)");
     return RESIDENT_ERR_HEAD_GEOMETRY;
   }
-  if (!is_pow2(d_head)) {
-    say(why, "d_head " + num(d_head) +
+  if (!is_pow2(m.d_head)) {
+    say(why, "d_head " + num(m.d_head) +
                  " is not a power of two (the RoPE/SDPA reduction halves its stride)");
     return RESIDENT_ERR_HEAD_GEOMETRY;
   }
   // Within the ceilings h_q * d_head <= 2^20: no overflow.
-  const int64_t qdim = h_q * d_head;
-  int64_t staged = d_model;
+  const int64_t qdim = m.h_q * m.d_head;
+  int64_t staged = m.d_model;
   const char* which = "d_model";
-  if (d_ff > staged) staged = d_ff, which = "d_ff";
+  if (m.d_ff > staged) staged = m.d_ff, which = "d_ff";
   if (qdim > staged) staged = qdim, which = "h_q*d_head";
   if (check_tier && staged > RESIDENT_MAX_STAGED_FLOATS) {
     // Name the tier that would hold it, rounded up to a KiB, unless no device has that much.
@@ -94,30 +102,10 @@ static int shape_check_impl(const Dim* dims, int n, int64_t d_model, int64_t h_q
   return RESIDENT_OK;
 }
 
-int residentk_dims_check(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff) {
-  const Dim dims[] = {{"d_model", d_model, RESIDENT_MAX_D_MODEL},
-                      {"h_q", h_q, RESIDENT_MAX_HEADS},
-                      {"h_kv", h_kv, RESIDENT_MAX_HEADS},
-                      {"d_head", d_head, RESIDENT_MAX_D_HEAD},
-                      {"d_ff", d_ff, RESIDENT_MAX_D_FF}};
-  return shape_check_impl(dims, 5, d_model, h_q, h_kv, d_head, d_ff, nullptr, true);
-}
+int residentk_dims_check(const ModelShape& m) { return shape_check_impl(m, 5, nullptr, true); }
 
-static int shape_check7(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
-                        int64_t n_layers, int64_t vocab, std::string* why, bool check_tier) {
-  const Dim dims[] = {{"d_model", d_model, RESIDENT_MAX_D_MODEL},
-                      {"h_q", h_q, RESIDENT_MAX_HEADS},
-                      {"h_kv", h_kv, RESIDENT_MAX_HEADS},
-                      {"d_head", d_head, RESIDENT_MAX_D_HEAD},
-                      {"d_ff", d_ff, RESIDENT_MAX_D_FF},
-                      {"n_layers", n_layers, RESIDENT_MAX_LAYERS},
-                      {"vocab", vocab, RESIDENT_MAX_VOCAB}};
-  return shape_check_impl(dims, 7, d_model, h_q, h_kv, d_head, d_ff, why, check_tier);
-}
-
-int residentk_shape_check(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
-                          int64_t n_layers, int64_t vocab, std::string* why) {
-  return shape_check7(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, why, true);
+int residentk_shape_check(const ModelShape& m, std::string* why) {
+  return shape_check_impl(m, 7, why, true);
 }
 
 int residentk_context_check(int64_t n_prompt, int64_t n_new, int64_t max_ctx) {
@@ -153,32 +141,16 @@ int64_t residentk_dispatch_budget_deep(int64_t n_layers) {
   return 1 + n_layers * 7 + 2;
 }
 
-// The name of f within one of the format lists (weights, KV), "?" when it is not in it; and the
-// parse of a name within it.
+// The name of f within one of the format lists (weights, KV), "?" when it is not in it.
 template <size_t N>
 static const char* name_in(Dtype f, const Dtype (&set)[N]) {
   for (Dtype g : set)
     if (f == g) return dtype_name(f);
   return "?";
 }
-template <size_t N>
-static bool parse_in(const std::string& name, const Dtype (&set)[N], Dtype* out) {
-  for (Dtype f : set)
-    if (name == dtype_name(f)) {
-      *out = f;
-      return true;
-    }
-  return false;
-}
 
 const char* residentk_weight_format_name(Dtype f) { return name_in(f, kWeightFormats); }
-bool residentk_parse_weight_format(const std::string& name, Dtype* out) {
-  return parse_in(name, kWeightFormats, out);
-}
 const char* residentk_kv_format_name(Dtype f) { return name_in(f, kKvFormats); }
-bool residentk_parse_kv_format(const std::string& name, Dtype* out) {
-  return parse_in(name, kKvFormats, out);
-}
 
 int64_t residentk_matrix_bytes(int64_t rows, int64_t cols, Dtype f) {
   if (rows < 1 || cols < 1) return 0;
@@ -197,25 +169,24 @@ int64_t residentk_matrix_bytes(int64_t rows, int64_t cols, Dtype f) {
   return 0;
 }
 
-ResidentFootprint residentk_footprint(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
-                                      int64_t d_ff, int64_t n_layers, int64_t vocab,
-                                      int64_t max_ctx, bool tied, int64_t tp, std::string* why,
-                                      bool check_tier, Dtype format, Dtype kv_format) {
+ResidentFootprint residentk_footprint(const ModelShape& m, int64_t max_ctx, const FootprintOpts& o,
+                                      std::string* why) {
   ResidentFootprint f;
-  f.status = shape_check7(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, why, check_tier);
+  f.status = shape_check_impl(m, 7, why, o.check_tier);
   if (f.status != RESIDENT_OK) return f;
   if (max_ctx < 1 || max_ctx > RESIDENT_MAX_CONTEXT) {
     f.status = max_ctx < 1 ? RESIDENT_ERR_EMPTY_DIMENSION : RESIDENT_ERR_DIMENSION_TOO_LARGE;
     say(why, "max_ctx " + num(max_ctx) + " is outside [1, " + num(RESIDENT_MAX_CONTEXT) + "]");
     return f;
   }
-  if (tp < 1 || h_q % tp != 0 || h_kv % tp != 0 || d_ff % tp != 0) {
+  const int64_t tp = o.tp, d_model = m.d_model, d_head = m.d_head, n_layers = m.n_layers;
+  if (tp < 1 || m.h_q % tp != 0 || m.h_kv % tp != 0 || m.d_ff % tp != 0) {
     f.status = RESIDENT_ERR_HEAD_GEOMETRY;
-    say(why, "tensor-parallel degree " + num(tp) + " must divide h_q " + num(h_q) + ", h_kv " +
-                 num(h_kv) + " and d_ff " + num(d_ff));
+    say(why, "tensor-parallel degree " + num(tp) + " must divide h_q " + num(m.h_q) + ", h_kv " +
+                 num(m.h_kv) + " and d_ff " + num(m.d_ff));
     return f;
   }
-  const int64_t hq = h_q / tp, hkv = h_kv / tp, ff = d_ff / tp;
+  const int64_t hq = m.h_q / tp, hkv = m.h_kv / tp, ff = m.d_ff / tp;
   // Within the ceilings no term exceeds 2^50; the checked products are the belt to those braces.
   int64_t q = 0, kv = 0, per_layer = 0, t = 0;
   bool ok = mul(d_model, hq, &q) && mul(q, d_head, &q)             // q and o: D x Hq*Dh each
@@ -224,19 +195,22 @@ ResidentFootprint residentk_footprint(int64_t d_model, int64_t h_q, int64_t h_kv
             mul(n_layers, per_layer, &f.attn);
   ok = ok && mul(d_model, ff, &t) && mul(t, 3, &t) && mul(n_layers, t, &f.mlp);
   ok = ok && add(2 * d_model, 2 * d_head, &t) && mul(n_layers, t, &t) && add(t, d_model, &f.norms);
-  ok = ok && mul(vocab, d_model, &f.embed);
-  f.lm_head = tied ? 0 : f.embed;
+  ok = ok && mul(m.vocab, d_model, &f.embed);
+  f.lm_head = o.tied ? 0 : f.embed;
   ok = ok && add(f.attn, f.mlp, &t) && add(t, f.norms, &t) && add(t, f.embed, &t) &&
        add(t, f.lm_head, &f.weights);
   ok = ok && mul(n_layers, 2, &t) && mul(t, hkv, &t) && mul(t, d_head, &f.kv_per_pos) &&
        mul(f.kv_per_pos, max_ctx, &f.kv_cache) && add(f.weights, f.kv_cache, &f.total);
   // Bytes, matrix by matrix (int8's scales depend on each matrix's row length).
-  const auto mb = [&](int64_t rows, int64_t cols) { return residentk_matrix_bytes(rows, cols, format); };
+  const auto mb = [&](int64_t rows, int64_t cols) {
+    return residentk_matrix_bytes(rows, cols, o.format);
+  };
   const int64_t layer_bytes = mb(hq * d_head, d_model) + 2 * mb(hkv * d_head, d_model) +
                               mb(d_model, hq * d_head) + 2 * mb(ff, d_model) + mb(d_model, ff);
-  ok = ok && mul(n_layers, layer_bytes, &t) && add(t, mb(vocab, d_model) * (tied ? 1 : 2), &t) &&
+  ok = ok && mul(n_layers, layer_bytes, &t) &&
+       add(t, mb(m.vocab, d_model) * (o.tied ? 1 : 2), &t) &&
        mul(f.norms, 4, &per_layer) && add(t, per_layer, &f.weight_bytes) &&
-       mul(f.kv_cache, dtype_info(kv_format).bytes, &f.kv_bytes) &&
+       mul(f.kv_cache, dtype_info(o.kv_format).bytes, &f.kv_bytes) &&
        add(f.weight_bytes, f.kv_bytes, &f.total_bytes);
   if (!ok) {  // unreachable within the ceilings; refuse rather than report a wrapped size
     f = ResidentFootprint();
@@ -246,23 +220,18 @@ ResidentFootprint residentk_footprint(int64_t d_model, int64_t h_q, int64_t h_kv
   return f;
 }
 
-int64_t residentk_weight_elems(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
-                               int64_t d_ff, int64_t n_layers, int64_t vocab, int64_t max_ctx,
-                               bool tied) {
-  const ResidentFootprint f =
-      residentk_footprint(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, max_ctx, tied, 1);
+int64_t residentk_weight_elems(const ModelShape& m, int64_t max_ctx, bool tied) {
+  FootprintOpts o;
+  o.tied = tied;
+  const ResidentFootprint f = residentk_footprint(m, max_ctx, o);
   return f.status == RESIDENT_OK ? f.total : 0;
 }
 
-int64_t residentk_max_ctx_fitting(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
-                                  int64_t d_ff, int64_t n_layers, int64_t vocab, bool tied,
-                                  int64_t tp, int64_t budget_bytes, bool check_tier,
-                                  Dtype format, Dtype kv_format) {
+int64_t residentk_max_ctx_fitting(const ModelShape& m, int64_t budget_bytes,
+                                  const FootprintOpts& o) {
   if (budget_bytes < 1) return 0;
   for (int64_t cap = RESIDENT_MAX_CONTEXT; cap >= RESIDENT_DEFAULT_CONTEXT; cap /= 2) {
-    const ResidentFootprint f = residentk_footprint(d_model, h_q, h_kv, d_head, d_ff, n_layers,
-                                                    vocab, cap, tied, tp, nullptr, check_tier,
-                                                    format, kv_format);
+    const ResidentFootprint f = residentk_footprint(m, cap, o);
     if (f.status != RESIDENT_OK) return 0;
     if (f.total_bytes <= budget_bytes) return cap;
   }

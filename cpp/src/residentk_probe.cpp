@@ -11,13 +11,12 @@ bool resident_gpu_kernels_compiled() { return cuda_backend().kind != "none"; }
 
 bool resident_available() { return cuda_backend().usable; }
 
-ResidentProbe resident_session_probe(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
-                                     int64_t d_ff, int64_t n_layers, int64_t vocab) {
+ResidentProbe resident_session_probe(const ModelShape& m) {
   ResidentProbe p;
   p.kernels_compiled = resident_gpu_kernels_compiled();
-  p.dispatch_budget = residentk_dispatch_budget(n_layers);
-  p.resident_f32_elems = residentk_weight_elems(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab);
-  const int shape = residentk_shape_check(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab);
+  p.dispatch_budget = residentk_dispatch_budget(m.n_layers);
+  p.resident_f32_elems = residentk_weight_elems(m);
+  const int shape = residentk_shape_check(m);
   // A refused shape is answered without touching the driver: no hardware could have helped.
   p.device_present = shape == RESIDENT_OK && resident_available();
   if (shape != RESIDENT_OK)

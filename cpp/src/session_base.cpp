@@ -1,8 +1,9 @@
-// SessionBase: the refusals, the registry and the position every engine shares (see
+// SessionBase: the refusals, the registry, the position and the lock every engine shares (see
 // session_base.hpp).
 #include "algenta/session_base.hpp"
 
 #include <limits>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -30,6 +31,33 @@ int64_t session_slots_check(int64_t slots) {
   return slots;
 }
 
+void SessionLock::lock() {
+  const std::thread::id me = std::this_thread::get_id();
+  std::unique_lock<std::mutex> l(m_);
+  if (depth_ > 0 && owner_ == me) {
+    ++depth_;
+    return;
+  }
+  free_.wait(l, [this] { return depth_ == 0; });
+  owner_ = me;
+  depth_ = 1;
+}
+
+void SessionLock::unlock() {
+  std::unique_lock<std::mutex> l(m_);
+  if (depth_ == 0 || owner_ != std::this_thread::get_id())
+    throw std::logic_error("unlock: this thread does not hold the session");
+  if (--depth_ > 0) return;
+  owner_ = std::thread::id();
+  l.unlock();
+  free_.notify_one();
+}
+
+int64_t SessionLock::held() const {
+  const std::lock_guard<std::mutex> l(m_);
+  return depth_ > 0 && owner_ == std::this_thread::get_id() ? depth_ : 0;
+}
+
 SessionBase::SessionBase(const SessionConfig& c, int64_t max_ctx, int64_t slots)
     : c_(c),
       max_ctx_(max_ctx),
@@ -47,9 +75,29 @@ SessionBase::SessionBase(const SessionConfig& c, int64_t max_ctx, int64_t slots)
 
 int64_t SessionBase::weight_chunk_elems() const { return int64_t(1) << 20; }
 
+void SessionBase::acquire(const char* what) const {
+  mu_.lock();
+  if (sealed_.empty()) return;
+  const std::string why = sealed_;
+  mu_.unlock();
+  throw SessionSealed(std::string(what) + "() " + why);
+}
+
+void SessionBase::lock() { acquire("lock"); }
+
+void SessionBase::unlock() {
+  if (mu_.held() == 1) sealed_.clear();  // the holder's last release: nothing stays sealed
+  mu_.unlock();
+}
+
+void SessionBase::seal(const std::string& why) {
+  if (mu_.held() == 0) throw std::logic_error("seal: this thread does not hold the session");
+  sealed_ = why;
+}
+
 void SessionBase::set_weight(const std::string& name, const std::vector<int64_t>& shape,
                              const void* data, Dtype type) {
-  const std::lock_guard<std::mutex> lock(mu_);
+  const Writing w(*this, "set_weight");
   weights_.set(
       name, shape, data, type, weight_chunk_elems(),
       [this](const TensorSpec& t, int64_t r0, int64_t r1) { return stage_weight(t, r0, r1); },
@@ -61,7 +109,7 @@ std::vector<int64_t> SessionBase::weight_shape(const std::string& name) const {
 }
 
 std::vector<std::string> SessionBase::missing_weights() const {
-  const std::lock_guard<std::mutex> lock(mu_);
+  const std::lock_guard<SessionLock> lock(mu_);
   return weights_.missing();
 }
 
@@ -75,10 +123,15 @@ void SessionBase::check_call(int64_t slot, int64_t n) const {
                std::to_string(cap_) + " of this session's KV cache");
 }
 
-void SessionBase::check_id(int64_t id) const {
+void SessionBase::check_id(int64_t id, const char* what) const {
   if (id < 0 || id >= c_.vocab)
-    refuse(RESIDENT_ERR_EMPTY_DIMENSION, "token id " + std::to_string(id) + " outside [0, " +
+    refuse(RESIDENT_ERR_EMPTY_DIMENSION, std::string(what) + ": token id " + std::to_string(id) +
+                                             " is outside the vocabulary [0, " +
                                              std::to_string(c_.vocab) + ")");
+}
+
+void SessionBase::check_tokens(const int64_t* ids, int64_t n, const char* what) const {
+  for (int64_t i = 0; i < n; ++i) check_id(ids[i], what);
 }
 
 void SessionBase::check_slot(int64_t slot, const char* what) const {
@@ -97,36 +150,43 @@ void SessionBase::prefill(const int64_t* ids, int64_t n, float* logits) {
 }
 
 void SessionBase::prefill_slot(int64_t slot, const int64_t* ids, int64_t n, float* logits) {
-  const std::lock_guard<std::mutex> lock(mu_);
+  const Writing w(*this, "prefill");
   check_slot(slot, "prefill");
   if (n < 1) refuse(RESIDENT_ERR_EMPTY_DIMENSION, "prefill needs at least one token");
   check_call(slot, n);
-  for (int64_t i = 0; i < n; ++i) check_id(ids[i]);
+  check_tokens(ids, n, "prefill");
   run_prefill(slot, ids, n, logits);
   pos_[slot] += n;
 }
 
 void SessionBase::step(int64_t id, float* logits) {
-  const std::lock_guard<std::mutex> lock(mu_);
+  const Writing w(*this, "step");
   check_call(0, 1);
-  check_id(id);
+  check_id(id, "step");
   run_step(id, logits);
   ++pos_[0];
 }
 
 int64_t SessionBase::step_greedy(int64_t id) {
-  const std::lock_guard<std::mutex> lock(mu_);
+  const Writing w(*this, "step_greedy");
   check_call(0, 1);
-  check_id(id);
+  check_id(id, "step_greedy");
   const int64_t t = run_step_greedy(id);
   ++pos_[0];
   return t;
 }
 
-void SessionBase::step_slots(const int64_t* slots, const int64_t* ids, int64_t B,
-                             float* logits) {
-  const std::lock_guard<std::mutex> lock(mu_);
-  if (B < 1 || B > slots_)
+std::unique_ptr<float[]> SessionBase::step_slots(const int64_t* slots, int64_t n_slots,
+                                                 const int64_t* ids, int64_t n_ids) {
+  const Writing w(*this, "step_slots");
+  if (n_slots != n_ids)
+    refuse(RESIDENT_ERR_EMPTY_DIMENSION, "step_slots: " + std::to_string(n_slots) +
+                                             " slots but " + std::to_string(n_ids) +
+                                             " token ids");
+  const int64_t B = n_slots;
+  if (B < 1)
+    refuse(RESIDENT_ERR_EMPTY_DIMENSION, "step_slots needs at least one slot");
+  if (B > slots_)
     refuse(RESIDENT_ERR_EMPTY_DIMENSION, "step_slots takes 1 to " + std::to_string(slots_) +
                                              " sequences (the session's slots), got " +
                                              std::to_string(B));
@@ -138,10 +198,13 @@ void SessionBase::step_slots(const int64_t* slots, const int64_t* ids, int64_t B
       refuse(RESIDENT_ERR_EMPTY_DIMENSION,
              "step_slots: slot " + std::to_string(slots[b]) + " named twice in one step");
     check_call(slots[b], 1);
-    check_id(ids[b]);
+    check_id(ids[b], "step_slots");
   }
-  run_step_slots(slots, ids, B, logits);
+  // B <= slots_ <= RESIDENT_MAX_SLOTS and V <= RESIDENT_MAX_VOCAB: at most 2^32 floats.
+  std::unique_ptr<float[]> logits(new float[size_t(B) * size_t(c_.vocab)]);
+  run_step_slots(slots, ids, B, logits.get());
   for (int64_t b = 0; b < B; ++b) ++pos_[slots[b]];
+  return logits;
 }
 
 void SessionBase::run_step_slots(const int64_t* slots, const int64_t* ids, int64_t B,
@@ -152,7 +215,7 @@ void SessionBase::run_step_slots(const int64_t* slots, const int64_t* ids, int64
 }
 
 void SessionBase::truncate_slot(int64_t slot, int64_t n) {
-  const std::lock_guard<std::mutex> lock(mu_);
+  const Writing w(*this, "truncate_slot");
   check_slot(slot, "truncate");
   if (n < 0 || n > pos_[slot])
     refuse(RESIDENT_ERR_EMPTY_DIMENSION, "truncate: slot " + std::to_string(slot) + " holds " +
@@ -162,7 +225,7 @@ void SessionBase::truncate_slot(int64_t slot, int64_t n) {
 }
 
 void SessionBase::copy_prefix(int64_t src, int64_t dst, int64_t n) {
-  const std::lock_guard<std::mutex> lock(mu_);
+  const Writing w(*this, "copy_prefix");
   check_slot(src, "copy_prefix");
   check_slot(dst, "copy_prefix");
   if (src == dst)
@@ -182,7 +245,7 @@ void SessionBase::run_copy_prefix(int64_t, int64_t, int64_t) {
 }
 
 void SessionBase::reset() {
-  const std::lock_guard<std::mutex> lock(mu_);
+  const Writing w(*this, "reset");
   run_reset();
   pos_[0] = 0;
 }

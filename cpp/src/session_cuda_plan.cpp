@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
+#include <utility>
 
 #include "algenta/residentk.hpp"
 #include "algenta/session_weights.hpp"
@@ -174,19 +176,17 @@ Plan make_plan(const SessionConfig& c, int64_t max_ctx, int64_t sms, int64_t slo
     at += align_up(n);
     return o;
   };
+  // Buffers of `rows` rows each, in the order given: (where its offset goes, its row's floats).
+  using RowBuffer = std::pair<int64_t*, int64_t>;
+  auto take_rows = [&take](int64_t rows, std::initializer_list<RowBuffer> buffers) {
+    for (const RowBuffer& b : buffers) *b.first = take(rows * b.second);
+  };
   p.max_splits = residentk_splitk_max_n_splits(sms, Hq);
   p.step_rows = std::min(slots, STEP_ROWS);
-  const int64_t R = p.step_rows;
   at = 0;
-  p.x = take(R * D);
-  p.y = take(R * D);
-  p.xf = take(R * D);
-  p.qkv = take(R * Q);
-  p.attn = take(R * A);
-  p.act = take(R * F);
-  p.logits = take(R * V);
-  p.part_acc = take(R * Hq * p.max_splits * Dh);
-  p.part_ml = take(R * Hq * p.max_splits * 2);
+  take_rows(p.step_rows, {{&p.x, D}, {&p.y, D}, {&p.xf, D}, {&p.qkv, Q}, {&p.attn, A},
+                          {&p.act, F}, {&p.logits, V}, {&p.part_acc, Hq * p.max_splits * Dh},
+                          {&p.part_ml, Hq * p.max_splits * 2}});
   p.argmax_val = take(p.head_mv.grid);
   p.act_floats = at;
 
@@ -194,13 +194,8 @@ Plan make_plan(const SessionConfig& c, int64_t max_ctx, int64_t sms, int64_t slo
   p.prefill_rows = std::min(PREFILL_BLOCK, T);
   const int64_t M = p.prefill_rows;
   at = 0;
-  p.p_x = take(M * D);
-  p.p_y = take(M * D);
-  p.p_xn = take(M * D);
-  p.p_qkv = take(M * Q);
-  p.p_attn = take(M * A);
-  p.p_gate = take(M * F);
-  p.p_up = take(M * F);
+  take_rows(M, {{&p.p_x, D}, {&p.p_y, D}, {&p.p_xn, D}, {&p.p_qkv, Q}, {&p.p_attn, A},
+                {&p.p_gate, F}, {&p.p_up, F}});
   if (c.weights == Dtype::Int8) {
     p.q8_ld = ceil_div(std::max({D, A, F}), RESIDENT_INT8_BLOCK) * RESIDENT_INT8_BLOCK;
     p.p_q8_codes = take(ceil_div(M * p.q8_ld, 4));

@@ -172,8 +172,7 @@ std::string family_refusal(const SessionConfig& c, int* code) {
 int session_open_status(const SessionConfig& c, int64_t max_ctx, int64_t* capacity,
                         std::string* why) {
   std::string w;
-  int st = residentk_shape_check(c.d_model, c.h_q, c.h_kv, c.d_head, c.d_ff, c.n_layers,
-                                 c.vocab, &w);
+  int st = residentk_shape_check(c, &w);
   if (st != RESIDENT_OK) {
     if (why) *why = "model shape refused: " + w;
     return st;
@@ -252,6 +251,16 @@ int64_t greedy_argmax(const float* z, int64_t n) {
   return best;
 }
 
+// Widens n 16-bit elements (bf16 or f16 bits) from s + 2 * i0, read bytewise.
+template <float (*widen)(uint16_t)>
+static void widen16(const unsigned char* s, int64_t i0, int64_t n, float* dst) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, s + 2 * (i0 + i), 2);
+    dst[i] = widen(h);
+  }
+}
+
 int64_t widen_checked(const void* src, Dtype t, int64_t i0, int64_t n, float* dst) {
   const unsigned char* s = static_cast<const unsigned char*>(src);
   switch (t) {
@@ -259,18 +268,10 @@ int64_t widen_checked(const void* src, Dtype t, int64_t i0, int64_t n, float* ds
       std::memcpy(dst, s + 4 * i0, size_t(n) * 4);
       break;
     case Dtype::BF16:  // widening is exact (half.hpp)
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t b;
-        std::memcpy(&b, s + 2 * (i0 + i), 2);
-        dst[i] = half::bf16_to_f32(b);
-      }
+      widen16<half::bf16_to_f32>(s, i0, n, dst);
       break;
     case Dtype::F16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, s + 2 * (i0 + i), 2);
-        dst[i] = half::f16_to_f32(h);
-      }
+      widen16<half::f16_to_f32>(s, i0, n, dst);
       break;
     case Dtype::F64:
     case Dtype::Int8:  // not source types (the set_weight binding takes f32, bf16, f16 only)

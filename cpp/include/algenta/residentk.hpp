@@ -92,18 +92,32 @@ constexpr int64_t RESIDENT_SPLITK_ANCHOR_HI_KEYS = 1000;
 // 5 rows, 110.1 vs 91.6 tok/s; wide wins at 256 rows, 1165 vs 783.3 tok/s).
 constexpr int64_t RESIDENT_PREFILL_NARROW_BELOW_ROWS = 32;
 
+// ---- the model shape ---------------------------------------------------------------------
+// The seven sizes every check, sizing and plan below reads, as one record (a session's
+// SessionConfig is one, session.hpp). The seed's flat Python API spells them as seven arguments
+// in this order; the bindings build the record from them in one place (session_args.hpp).
+struct ModelShape {
+  int64_t d_model = 0;   // D
+  int64_t h_q = 0;       // Hq
+  int64_t h_kv = 0;      // Hkv, divides Hq
+  int64_t d_head = 0;    // Dh, a power of two; Hq*Dh need not equal D
+  int64_t d_ff = 0;      // F
+  int64_t n_layers = 0;  // L
+  int64_t vocab = 0;     // V
+};
+
 // ---- pure checks (never throw, never allocate) -------------------------------------------
 const char* residentk_status_name(int64_t code);
 
 // 601 a dimension < 1; 602 past its ceiling; 603 Hq % Hkv != 0 or Dh not a power of two; 602 the
-// largest staged vector max(D, F, Hq*Dh) over RESIDENT_MAX_STAGED_FLOATS; else 600.
+// largest staged vector max(D, F, Hq*Dh) over RESIDENT_MAX_STAGED_FLOATS; else 600. Over the
+// layer's five dimensions only: n_layers and vocab are not looked at.
 // Hq * Dh == D is not assumed (Qwen3-0.6B has 2048 vs 1024).
-int residentk_dims_check(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff);
+int residentk_dims_check(const ModelShape& m);
 // The same checks over a whole model (L and V too, in the same order: every emptiness before
 // any ceiling, ceilings before geometry, geometry before the shared-memory tier). The reason
 // goes to *why when given.
-int residentk_shape_check(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head, int64_t d_ff,
-                          int64_t n_layers, int64_t vocab, std::string* why = nullptr);
+int residentk_shape_check(const ModelShape& m, std::string* why = nullptr);
 // 601 n_prompt < 1, n_new < 0 or max_ctx < 1; 602 max_ctx > RESIDENT_MAX_CONTEXT; 606 when
 // n_prompt + n_new > max_ctx; else 600.
 int residentk_context_check(int64_t n_prompt, int64_t n_new, int64_t max_ctx);
@@ -116,9 +130,8 @@ int64_t residentk_dispatch_budget(int64_t n_layers);
 int64_t residentk_dispatch_budget_deep(int64_t n_layers);
 // Total resident float32 elements: weights (see ResidentFootprint) plus the KV cache at max_ctx.
 // 0 for a shape residentk_shape_check refuses or a max_ctx outside [1, RESIDENT_MAX_CONTEXT].
-int64_t residentk_weight_elems(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
-                               int64_t d_ff, int64_t n_layers, int64_t vocab,
-                               int64_t max_ctx = RESIDENT_DEFAULT_CONTEXT, bool tied = true);
+int64_t residentk_weight_elems(const ModelShape& m, int64_t max_ctx = RESIDENT_DEFAULT_CONTEXT,
+                               bool tied = true);
 // eps and the attention scale both finite and > 0.
 bool residentk_scalars_ok(double eps, double scale);
 
@@ -146,9 +159,8 @@ int64_t resident_bucket_ctx(int64_t max_ctx);
 // The formats are Dtype's f32, bf16, f16 and int8 (dtype.hpp); f64 is none.
 constexpr Dtype kWeightFormats[] = {Dtype::F32, Dtype::BF16, Dtype::F16, Dtype::Int8};
 constexpr int64_t RESIDENT_INT8_BLOCK = 32;
-const char* residentk_weight_format_name(Dtype f);  // "f32", "bf16", "f16", "int8"
-// false for a name that is none of those (the short names only, as the APIs spell them)
-bool residentk_parse_weight_format(const std::string& name, Dtype* out);
+// "f32", "bf16", "f16", "int8"; "?" for any other
+const char* residentk_weight_format_name(Dtype f);
 
 // ---- KV cache formats --------------------------------------------------------------------------
 // How a session holds its KV cache: float32, or each key and value rounded to bfloat16 or float16
@@ -156,7 +168,6 @@ bool residentk_parse_weight_format(const std::string& name, Dtype* out);
 // float32. The element counts (residentk_cache_elements) are the same in every format.
 constexpr Dtype kKvFormats[] = {Dtype::F32, Dtype::BF16, Dtype::F16};
 const char* residentk_kv_format_name(Dtype f);  // "f32", "bf16", "f16"; "?" for any other
-bool residentk_parse_kv_format(const std::string& name, Dtype* out);
 // Bytes of one (rows, cols) matrix held in format f: 4, 2, 2 bytes an element, or for int8 one
 // byte an element plus 4 per block (rows * ceil(cols / 32) blocks). 0 for rows or cols < 1.
 int64_t residentk_matrix_bytes(int64_t rows, int64_t cols, Dtype f);
@@ -181,21 +192,24 @@ struct ResidentFootprint {
   int64_t kv_bytes = 0;     // kv_cache times the KV format's element size (4 or 2)
   int64_t total_bytes = 0;  // weight_bytes + kv_bytes
 };
+// How a footprint is asked for, beyond the shape and the capacity.
+struct FootprintOpts {
+  bool tied = true;              // the head reuses the embedding (counted once)
+  int64_t tp = 1;                // tensor-parallel degree: Hq, Hkv and F divided by it
+  bool check_tier = true;        // false skips only the shared-memory tier check
+  Dtype format = Dtype::F32;     // the weight format the bytes are counted in
+  Dtype kv_format = Dtype::F32;  // the KV cache format
+};
 // status: residentk_shape_check's; then 602 for max_ctx past the ceiling (601 below 1); 603 for
-// tp < 1 or a tp that does not divide Hq, Hkv and F. check_tier = false skips only the
-// shared-memory tier check, to size a shape for a rebuild with a larger tier.
-ResidentFootprint residentk_footprint(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
-                                      int64_t d_ff, int64_t n_layers, int64_t vocab,
-                                      int64_t max_ctx, bool tied, int64_t tp,
-                                      std::string* why = nullptr, bool check_tier = true,
-                                      Dtype format = Dtype::F32, Dtype kv_format = Dtype::F32);
+// tp < 1 or a tp that does not divide Hq, Hkv and F. check_tier = false sizes a shape for a
+// rebuild with a larger tier.
+ResidentFootprint residentk_footprint(const ModelShape& m, int64_t max_ctx,
+                                      const FootprintOpts& o = {}, std::string* why = nullptr);
 // Largest power-of-two capacity (a resident_bucket_ctx value, 512..65536) whose per-GPU
-// footprint (total_bytes in `format`) fits budget_bytes; 0 when not even 512 positions fit or the
-// shape is refused (check_tier as in residentk_footprint).
-int64_t residentk_max_ctx_fitting(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
-                                  int64_t d_ff, int64_t n_layers, int64_t vocab, bool tied,
-                                  int64_t tp, int64_t budget_bytes, bool check_tier = true,
-                                  Dtype format = Dtype::F32, Dtype kv_format = Dtype::F32);
+// footprint (total_bytes in o.format) fits budget_bytes; 0 when not even 512 positions fit or
+// the shape is refused.
+int64_t residentk_max_ctx_fitting(const ModelShape& m, int64_t budget_bytes,
+                                  const FootprintOpts& o = {});
 
 // ---- probe ----------------------------------------------------------------------------------
 // A build fact: true in a build with a CUDA backend (ALGENTA_GPU, or ALGENTA_CUDA_EMU whose
@@ -220,8 +234,7 @@ struct ResidentProbe {
 // (kernels, no usable device), else 600. dispatch_budget depends on n_layers alone and is
 // reported whenever n_layers is valid; resident_f32_elems (at RESIDENT_DEFAULT_CONTEXT, tied
 // embeddings) is 0 for a refused shape.
-ResidentProbe resident_session_probe(int64_t d_model, int64_t h_q, int64_t h_kv, int64_t d_head,
-                                     int64_t d_ff, int64_t n_layers, int64_t vocab);
+ResidentProbe resident_session_probe(const ModelShape& m);
 
 }  // namespace residentk
 }  // namespace algenta

@@ -14,11 +14,13 @@
 // the families of SessionConfig::arch exactly as HuggingFace transformers computes it (see
 // session_cpu.cpp for the stage list, session_weights.hpp for what each family changes).
 //
-// A session may be shared between threads: calls that write (set_weight, prefill, step,
-// step_greedy, reset) are serialized by the implementation, and the property reads never block.
-// Serializing single calls does not make a sequence of them (reset, prefill, steps) one thread's:
-// ResidentSession holds the session for a whole generate and for a caller's hold() block.
-//
+// A session may be shared between threads. It has one lock: every call that writes (set_weight,
+// prefill, step, step_greedy, reset, the slot calls) holds it for its duration, so calls are
+// serialized, never interleaved, and the property reads never take it. Serializing single calls
+// does not make a sequence of them (reset, prefill, steps) one thread's: lock() holds the same
+// lock across a caller's calls (ResidentSession takes it for a whole generate and a hold()
+// block). Every check of a request is made here, once, where it runs: the bindings and the
+// Python faces only convert types.
 // Weights are handed over one tensor at a time by their HuggingFace names
 // (`model.layers.3.self_attn.q_proj.weight`, ...) so a loader can stream a checkpoint with peak
 // memory about one model, and every tensor's shape is checked against the config before a byte
@@ -27,6 +29,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -42,14 +45,9 @@ enum class Arch : int { Qwen3, Llama, Qwen2, Mistral, Gemma2, Gemma3 };
 // or Llama 3's banded rule (low frequencies divided, high kept, a smooth ramp between).
 enum class RopeType : int { Default, Linear, Llama3 };
 
-struct SessionConfig {
-  int64_t d_model = 0;   // D
-  int64_t h_q = 0;       // Hq
-  int64_t h_kv = 0;      // Hkv, divides Hq
-  int64_t d_head = 0;    // Dh, a power of two; Hq*Dh need not equal D
-  int64_t d_ff = 0;      // F
-  int64_t n_layers = 0;  // L
-  int64_t vocab = 0;     // V
+// A session's model: its shape (the ModelShape record every check and sizing reads, so a
+// config is passed to them as it is), then what the shape does not say.
+struct SessionConfig : ModelShape {
   double rms_eps = 1e-6;
   double rope_theta = 1e6;
   bool tie_word_embeddings = true;  // the head reuses model.embed_tokens.weight
@@ -93,6 +91,12 @@ struct SessionConfig {
 
 // A tensor arrives as f32, bf16 or f16 (what checkpoints store; dtype.hpp).
 
+// The refusal of a call the lock's holder makes while it has sealed the session (Session::seal):
+// a usage error of the program, not a refused input (Python's RuntimeError).
+struct SessionSealed : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 class Session {
  public:
   virtual ~Session() = default;
@@ -130,6 +134,10 @@ class Session {
   // a NaN counting as larger than any number, exactly as numpy.argmax). A backend may form it
   // where the logits are (the CUDA engine copies back one id instead of V logits).
   virtual int64_t step_greedy(int64_t id) = 0;
+  // The token check prefill and the steps make (601 naming `what` and the first id outside
+  // [0, V)), for a caller that must refuse a request before it changes anything (a generation
+  // that rewinds first, a scheduler's queue). Never blocks.
+  virtual void check_tokens(const int64_t* ids, int64_t n, const char* what) const = 0;
   // Rewind to position 0. The cache is not freed or reallocated; stale slots past P are never
   // read because attention only ever looks at positions < P.
   virtual void reset() = 0;
@@ -143,17 +151,34 @@ class Session {
   // prefill() on one slot.
   virtual void prefill_slot(int64_t slot, const int64_t* ids, int64_t n, float* logits) = 0;
   // One decode step of B sequences at once, the weights read once for all of them: slot
-  // slots[b] appends ids[b]; logits (B, V), row b for slots[b]. A sequence's logits are
+  // slots[b] appends ids[b]; returns logits (B, V), row b for slots[b], allocated only once
+  // every refusal has passed (B is the caller's, so a refused request allocates nothing).
+  // n_slots and n_ids must both be B, 1 <= B <= slots() (601). A sequence's logits are
   // bit-identical to what step() on that slot alone would give (batch invariance): each
   // engine's products compute each cell by one multiply-add sequence whatever the row count
   // (the CPU's panels; the CUDA engine's row kernels, session_kernels.cuh).
-  virtual void step_slots(const int64_t* slots, const int64_t* ids, int64_t B, float* logits) = 0;
+  virtual std::unique_ptr<float[]> step_slots(const int64_t* slots, int64_t n_slots,
+                                              const int64_t* ids, int64_t n_ids) = 0;
   // Rewind one slot to position n (0 <= n <= its position): the first n tokens stay cached.
   virtual void truncate_slot(int64_t slot, int64_t n) = 0;
   // Slot dst's cache becomes the first n positions of slot src's (n <= src's position, src !=
   // dst) and its position n: a prompt sharing a cached prefix skips recomputing it. The bits
   // copied are the bits prefill would have written, so what follows is unchanged.
   virtual void copy_prefix(int64_t src, int64_t dst, int64_t n) = 0;
+
+  // ---- holding the session -----------------------------------------------------------------
+  // lock() takes the session's one lock for a sequence of calls: every other thread's calls
+  // wait until the matching unlock(), the holder's own calls pass (it is reentrant). unlock()
+  // by a thread that does not hold it throws std::logic_error. A binding waits on it with the
+  // GIL released, so a holder running Python between its calls never waits on a waiter.
+  virtual void lock() = 0;
+  virtual void unlock() = 0;
+  // While the holder has sealed the session (why non-empty), its own calls that write, and
+  // lock(), throw SessionSealed: "<call>() <why>". A callback the holder runs in the middle of a
+  // sequence (a generation's on_token) may read the session, never rewrite what the sequence
+  // is decoding from. "" unseals; the last unlock() does too. Only the holder may seal
+  // (std::logic_error otherwise).
+  virtual void seal(const std::string& why) = 0;
 };
 
 // The CPU engine (OpenMP; weights in any Dtype). Throws StatusError(Resident, 601-603/609) on a config the

@@ -1,14 +1,17 @@
 // The half of a session that does not depend on where it computes, written once for every
 // engine: the open check, the weight registry, the position, the refusals every call makes
-// before any work, and the serialization of writers. An engine derives from SessionBase and
-// implements the run_* hooks (its compute) and stage_weight/commit_weight (where a tensor's
-// float32 rows go).
+// before any work (the only place a session request is checked: the bindings and the Python
+// faces convert types and nothing else), and the session's one lock. An engine derives from
+// SessionBase and implements the run_* hooks (its compute) and stage_weight/commit_weight (where
+// a tensor's float32 rows go).
 #pragma once
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "algenta/session.hpp"
@@ -19,6 +22,24 @@ namespace residentk {
 
 // Refuses slots outside [1, RESIDENT_MAX_SLOTS] (601 / 602), else returns it.
 int64_t session_slots_check(int64_t slots);
+
+// A session's one lock: reentrant for the thread that holds it (a caller's sequence of calls,
+// each of which takes it again), every other thread waits. Not a std::recursive_mutex because
+// unlock() and seal() must tell the holder from any other thread (std::logic_error, where a
+// recursive mutex would have undefined behaviour).
+class SessionLock {
+ public:
+  void lock();
+  void unlock();
+  // How often the calling thread holds it (0: it does not).
+  int64_t held() const;
+
+ private:
+  mutable std::mutex m_;
+  std::condition_variable free_;
+  std::thread::id owner_;
+  int64_t depth_ = 0;
+};
 
 class SessionBase : public Session {
  public:
@@ -38,12 +59,18 @@ class SessionBase : public Session {
   void prefill(const int64_t* ids, int64_t n, float* logits) override;
   void step(int64_t id, float* logits) override;
   int64_t step_greedy(int64_t id) override;
+  void check_tokens(const int64_t* ids, int64_t n, const char* what) const override;
   void reset() override;
 
   void prefill_slot(int64_t slot, const int64_t* ids, int64_t n, float* logits) override;
-  void step_slots(const int64_t* slots, const int64_t* ids, int64_t B, float* logits) override;
+  std::unique_ptr<float[]> step_slots(const int64_t* slots, int64_t n_slots, const int64_t* ids,
+                                      int64_t n_ids) override;
   void truncate_slot(int64_t slot, int64_t n) override;
   void copy_prefix(int64_t src, int64_t dst, int64_t n) override;
+
+  void lock() override;
+  void unlock() override;
+  void seal(const std::string& why) override;
 
  protected:
   // Runs session_open_check (throws its refusal) before the engine allocates anything, and
@@ -75,15 +102,30 @@ class SessionBase : public Session {
   // Every call that writes the cache, the weights or the scratch holds mu_: threads sharing one
   // session are serialized (the bindings release the GIL), never interleaved inside a step.
   // The positions and the stage count are atomics so the property reads need no lock.
-  mutable std::mutex mu_;
+  mutable SessionLock mu_;
   std::unique_ptr<std::atomic<int64_t>[]> pos_;  // (slots) each slot's position
   std::atomic<int64_t> dispatches_{0};
   WeightRegistry weights_;
 
  private:
+  // Takes mu_; refuses (SessionSealed, naming `what`) while its holder has sealed the session.
+  void acquire(const char* what) const;
+  // Holds mu_ for one call that writes (acquire).
+  class Writing {
+   public:
+    Writing(const SessionBase& s, const char* what) : s_(s) { s.acquire(what); }
+    ~Writing() { s_.mu_.unlock(); }
+    Writing(const Writing&) = delete;
+    Writing& operator=(const Writing&) = delete;
+
+   private:
+    const SessionBase& s_;
+  };
   void check_call(int64_t slot, int64_t n) const;  // 607 weights missing, 606 past capacity
-  void check_id(int64_t id) const;                 // 601 outside [0, V)
+  void check_id(int64_t id, const char* what) const;      // 601 outside [0, V)
   void check_slot(int64_t slot, const char* what) const;  // 601 outside [0, slots)
+  // Why the holder sealed the session ("" when it has not); read and written by the holder only.
+  std::string sealed_;
 };
 
 }  // namespace residentk

@@ -39,7 +39,7 @@ import numpy as np
 
 from .. import _core
 from ..errors import ResidentError
-from .session import ResidentSession, _sampler, _token_ids
+from .session import ResidentSession, _sampler
 
 _c = _core.residentk
 
@@ -146,7 +146,7 @@ class Scheduler:
         plus max_tokens past the session's max_ctx (606, both numbers named), a bad sampling
         argument, a closed scheduler (RuntimeError), a full queue (QueueFull)."""
         s = self.session
-        ids = _token_ids(prompt_ids, s.config.vocab, "prompt_ids")
+        ids = s._prompt(prompt_ids, "prompt_ids")  # converted and checked against the vocabulary
         if ids.size == 0:
             raise ResidentError("the prompt is empty: at least one token is needed", 601)
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral):

@@ -124,6 +124,13 @@ def _shape(d_model, h_q, h_kv, d_head, d_ff) -> tuple:
             _i64(d_head, "d_head"), _i64(d_ff, "d_ff"))
 
 
+def _model(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab) -> tuple:
+    """The seed's seven flat integers of a model shape, converted; the binding makes them the
+    core's one ModelShape record."""
+    return (*_shape(d_model, h_q, h_kv, d_head, d_ff), _i64(n_layers, "n_layers"),
+            _i64(vocab, "vocab"))
+
+
 def residentk_status_name(code) -> str:
     """Name of a residentk status code; ``"resident_code_out_of_range"`` for anything that is
     not one of 600-609."""
@@ -156,8 +163,7 @@ def residentk_shape_check(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab) -> 
 
 def residentk_shape_reason(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab) -> tuple:
     """``(status, reason)`` of :func:`residentk_shape_check`; the reason is ``""`` for 600."""
-    st, why = _c.residentk_shape_check(*_shape(d_model, h_q, h_kv, d_head, d_ff),
-                                       _i64(n_layers, "n_layers"), _i64(vocab, "vocab"))
+    st, why = _c.residentk_shape_check(*_model(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab))
     return int(st), str(why)
 
 
@@ -198,8 +204,7 @@ def residentk_weight_elems(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, ma
     ``[1, RESIDENT_MAX_CONTEXT]``. Qwen3-0.6B at 512 positions: 625,410,048."""
     if not isinstance(tied, bool):
         raise TypeError(f"tied must be a bool, got {type(tied).__name__}")
-    return _c.residentk_weight_elems(*_shape(d_model, h_q, h_kv, d_head, d_ff),
-                                     _i64(n_layers, "n_layers"), _i64(vocab, "vocab"),
+    return _c.residentk_weight_elems(*_model(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab),
                                      _i64(max_ctx, "max_ctx"), tied)
 
 
@@ -230,8 +235,7 @@ def residentk_footprint(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab, max_c
     ``norms``, and their sum to the weight and total terms."""
     if not isinstance(tied, bool) or not isinstance(check_tier, bool):
         raise TypeError("tied and check_tier must be bools")
-    fp = dict(_c.residentk_footprint(*_shape(d_model, h_q, h_kv, d_head, d_ff),
-                                     _i64(n_layers, "n_layers"), _i64(vocab, "vocab"),
+    fp = dict(_c.residentk_footprint(*_model(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab),
                                      _i64(max_ctx, "max_ctx"), tied, _i64(tp, "tp"), check_tier,
                                      _format(format), _kv_format(kv_format)))
     if family and fp["status"] == RESIDENT_OK:
@@ -262,9 +266,9 @@ def residentk_max_ctx_fitting(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab,
     shorter row's int8 scale costs more than the byte it saves)."""
     if not isinstance(tied, bool) or not isinstance(check_tier, bool):
         raise TypeError("tied and check_tier must be bools")
-    return _c.residentk_max_ctx_fitting(*_shape(d_model, h_q, h_kv, d_head, d_ff),
-                                        _i64(n_layers, "n_layers"), _i64(vocab, "vocab"), tied,
-                                        _i64(tp, "tp"), _i64(budget_bytes, "budget_bytes"),
+    return _c.residentk_max_ctx_fitting(*_model(d_model, h_q, h_kv, d_head, d_ff, n_layers,
+                                               vocab),
+                                        tied, _i64(tp, "tp"), _i64(budget_bytes, "budget_bytes"),
                                         check_tier, _format(format), _kv_format(kv_format))
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from .. import _core
 from .._records import record_type
-from .contract import _i64, _shape
+from .contract import _model
 
 _c = _core.residentk
 
@@ -55,8 +55,7 @@ def resident_session_probe(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab) ->
     >>> resident_session_probe(1024, 16, 8, 128, 3072, 28, 151936)   # default (CPU) build
     {'kernels_compiled': False, 'device_present': False, 'session_possible': False, 'dispatch_budget': 171, 'resident_f32_elems': 625410048, 'status': 604}
     """
-    r = _c.resident_session_probe(*_shape(d_model, h_q, h_kv, d_head, d_ff),
-                                  _i64(n_layers, "n_layers"), _i64(vocab, "vocab"))
+    r = _c.resident_session_probe(*_model(d_model, h_q, h_kv, d_head, d_ff, n_layers, vocab))
     return ResidentProbe(
         kernels_compiled=bool(r["kernels_compiled"]), device_present=bool(r["device_present"]),
         session_possible=bool(r["session_possible"]), dispatch_budget=int(r["dispatch_budget"]),

@@ -23,14 +23,13 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
-import threading
 from collections.abc import Mapping
 
 import numpy as np
 
 from .. import _core
-from .._convert import as_i64_clamped
-from ..errors import ResidentError, ResidentUnavailableError
+from .._convert import I64_MAX, I64_MIN, as_i64_clamped
+from ..errors import ResidentError
 from .config import CONFIG_KEYS, ResidentConfig, make_config  # noqa: F401 (re-exported)
 from .contract import RESIDENT_KV_FORMATS, RESIDENT_WEIGHT_FORMATS, residentk_footprint
 from .weights import engine_tensor, expected_shapes, random_weights  # noqa: F401 (re-exported)
@@ -44,48 +43,49 @@ WEIGHT_FORMATS = RESIDENT_WEIGHT_FORMATS  # the core's names, in its order
 KV_FORMATS = RESIDENT_KV_FORMATS
 
 
-def _resolve_device(device: str) -> str:
-    if device not in ("cpu", "cuda", "auto"):
-        raise ResidentError(f"device must be 'cpu', 'cuda' or 'auto', got {device!r}", 601)
-    backend = _core.session.cuda_backend()
-    if device == "auto":  # every weight format runs on either engine
-        return "cuda" if backend["usable"] else "cpu"
-    if device == "cuda" and not backend["usable"]:
-        if backend["kind"] == "none":
-            raise ResidentUnavailableError(f"device='cuda': {backend['why']}", 604)
-        raise ResidentUnavailableError(
-            f"device='cuda': the CUDA backend is built in but this host has no usable CUDA "
-            f"device ({backend['why']}); use device='cpu'", 605)
-    return device
-
-
 def _open_engine(cfg: ResidentConfig, max_ctx: int, device: str, weights: str = "f32",
                  kv: str = "f32", slots: int = 1):
+    """The engine of ``device``, its arguments converted: the core checks every value (the shape,
+    the scalars, max_ctx, slots, the format names) and refuses device='cuda' where it cannot run
+    (604 without a CUDA backend, 605 without a usable device)."""
+    if device not in ("cpu", "cuda", "auto"):  # which factory to call: the one choice made here
+        raise ResidentError(f"device must be 'cpu', 'cuda' or 'auto', got {device!r}", 601)
+    if device == "auto":  # every weight format runs on either engine
+        device = "cuda" if _core.session.cuda_backend()["usable"] else "cpu"
     # A max_ctx past int64 is clamped to int64's end: the core refuses it as too large (602).
     max_ctx = as_i64_clamped(max_ctx, "max_ctx")
-    if isinstance(slots, bool) or not isinstance(slots, numbers.Integral):
-        raise TypeError(f"slots must be an int, got {type(slots).__name__}")
     slots = as_i64_clamped(slots, "slots")
-    if not isinstance(weights, str) or weights not in WEIGHT_FORMATS:  # the core's 601 too
-        raise ResidentError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}", 601)
-    if not isinstance(kv, str) or kv not in KV_FORMATS:
-        raise ResidentError(f"kv must be one of {KV_FORMATS}, got {kv!r}", 601)
+    # A format is a name; anything else names no format, and the core refuses it as one (601).
+    weights, kv = (f if isinstance(f, str) else repr(f) for f in (weights, kv))
     dims = (cfg.d_model, cfg.h_q, cfg.h_kv, cfg.d_head, cfg.d_ff, cfg.n_layers, cfg.vocab,
             cfg.rms_eps, cfg.rope_theta, cfg.tie_word_embeddings, max_ctx)
-    if _resolve_device(device) == "cpu":
-        return _core.session.cpu_session(*dims, weights=weights, kv=kv, slots=slots,
-                                         family=dict(cfg.family))
-    return _core.session.cuda_session(*dims, weights=weights, kv=kv, family=dict(cfg.family),
-                                      slots=slots)
+    factory = _core.session.cpu_session if device == "cpu" else _core.session.cuda_session
+    return factory(*dims, weights=weights, kv=kv, slots=slots, family=dict(cfg.family))
+
+
+def _index(value, what: str) -> int:
+    """A slot or a position count: an int (TypeError otherwise), clamped to int64, whose value
+    the core checks."""
+    return as_i64_clamped(value, what)
 
 
 def _out_of_vocab(what: str, token, vocab: int) -> ResidentError:
     return ResidentError(f"{what}: token id {token} is outside the vocabulary [0, {vocab})", 601)
 
 
+def _token(token_id, vocab: int, what: str) -> int:
+    """One token id as an int64 for the core, which checks it against the vocabulary. An id past
+    int64 has no int64 form: refused here (601), as the caller wrote it, never clamped."""
+    if isinstance(token_id, bool) or not isinstance(token_id, numbers.Integral):
+        raise TypeError(f"{what} must be an int, got {type(token_id).__name__}")
+    if not I64_MIN <= token_id <= I64_MAX:
+        raise _out_of_vocab(what, int(token_id), vocab)
+    return int(token_id)
+
+
 def _token_ids(ids, vocab: int, what: str) -> np.ndarray:
-    """ids as C-contiguous int64, every one checked against [0, vocab) in its own type first,
-    so an id past int64 is reported as the caller wrote it, never wrapped."""
+    """ids as C-contiguous int64 for the core, which checks each against the vocabulary; an id
+    past int64 is refused here (601) as the caller wrote it, never wrapped (see _token)."""
     try:
         a = np.asarray(ids)
     except ValueError:  # a ragged nest of lists
@@ -97,20 +97,20 @@ def _token_ids(ids, vocab: int, what: str) -> np.ndarray:
     if a.size == 0:
         return np.zeros(0, np.int64)
     if a.dtype == object:  # Python ints past uint64 (or not ints at all)
-        vals = a.tolist()
-        if not all(isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
-                   for v in vals):
-            raise TypeError(f"{what} must be a 1-D sequence of integer token ids")
-        for v in vals:
-            if not 0 <= v < vocab:
-                raise _out_of_vocab(what, int(v), vocab)
-        return np.array(vals, dtype=np.int64)
+        return np.array([_token(v, vocab, what) for v in a.tolist()], dtype=np.int64)
     if a.dtype.kind not in "iu":
         raise TypeError(f"{what} must be a 1-D sequence of integer token ids, got dtype {a.dtype}")
-    bad = (a < 0) | (a >= vocab)
-    if bad.any():
-        raise _out_of_vocab(what, int(a[bad][0]), vocab)
+    if a.dtype.kind == "u" and a.dtype.itemsize == 8:
+        past = a > I64_MAX
+        if past.any():
+            raise _out_of_vocab(what, int(a[past][0]), vocab)
     return np.ascontiguousarray(a, dtype=np.int64)
+
+
+# What a write from generate()'s on_token is refused with (the core's SessionSealed, a
+# RuntimeError: "<call>() " and this).
+_ON_TOKEN = ("called from generate()'s on_token on the same session: it would rewrite the KV "
+             "cache that generate is decoding from")
 
 
 def _sampler(temperature, top_k, top_p, seed, vocab):
@@ -227,11 +227,6 @@ class ResidentSession:
         self._device = self._engine.device
         self._weights = weights
         self._kv = kv
-        # One sequence lives in the KV cache, so an operation of several engine calls
-        # (generate, or a caller's own prefill + steps under hold()) must own the session from
-        # its first call to its last: the engine serializes single calls only.
-        self._lock = threading.RLock()
-        self._decoding = False  # inside generate(), on the thread holding the lock
         pairs = tensors.items() if isinstance(tensors, Mapping) else tensors
         # A stream of pairs cannot be looked ahead in: with a tied config, the first of the
         # embedding table and a shipped head is kept (a reference) to compare with the second.
@@ -340,52 +335,31 @@ class ResidentSession:
         the session for its whole run by itself; every call blocks while another thread holds
         it. Reentrant: the holding thread may call any method inside the block (except from
         ``generate``'s ``on_token``, which is refused: it would rewrite the cache that run is
-        decoding from)."""
-        with self._lock:
-            self._check_not_decoding("hold")
+        decoding from). The lock is the engine's own, the one every call takes."""
+        eng = self._engine
+        eng.lock()  # waits with the GIL released
+        try:
             yield self
-
-    def _check_not_decoding(self, what: str) -> None:
-        # Only the thread that holds the lock can get here while _decoding is set: its own
-        # on_token callback, calling back into the run it is inside of.
-        if self._decoding:
-            raise RuntimeError(f"{what}() called from generate()'s on_token on the same session: "
-                               "it would rewrite the KV cache that generate is decoding from")
+        finally:
+            eng.unlock()
 
     # -- decoding -----------------------------------------------------------------------------
-    def _slot(self, slot, what: str) -> int:
-        if isinstance(slot, bool) or not isinstance(slot, numbers.Integral):
-            raise TypeError(f"{what}: slot must be an int, got {type(slot).__name__}")
-        if not 0 <= slot < self.slots:
-            raise ResidentError(f"{what}: slot {slot} outside [0, {self.slots})", 601)
-        return int(slot)
-
-    def _token(self, token_id, what: str) -> int:
-        if isinstance(token_id, bool) or not isinstance(token_id, numbers.Integral):
-            raise TypeError(f"{what} must be an int, got {type(token_id).__name__}")
-        if not 0 <= token_id < self._config.vocab:
-            raise _out_of_vocab(what, int(token_id), self._config.vocab)
-        return int(token_id)
-
+    # Each call converts its arguments' types and hands them to the engine, which checks every
+    # value (slots, token ids, lengths, positions, capacity) before any work.
     def prefill(self, token_ids, *, slot: int = 0) -> np.ndarray:
         """Append token_ids at the slot's position; the last one's logits, float32 [vocab]."""
-        slot = self._slot(slot, "prefill")
-        ids = _token_ids(token_ids, self._config.vocab, "prefill token_ids")
-        if ids.size == 0:
-            raise ResidentError("prefill needs at least one token", 601)
-        with self._lock:
-            self._check_not_decoding("prefill")
-            return self._engine.prefill_slot(slot, ids)
+        return self._engine.prefill_slot(
+            _index(slot, "prefill: slot"),
+            _token_ids(token_ids, self._config.vocab, "prefill token_ids"))
 
     def step(self, token_id, *, slot: int = 0) -> np.ndarray:
         """Append one token to the slot; its logits, float32 [vocab]. 606 past capacity."""
-        slot = self._slot(slot, "step")
-        token_id = self._token(token_id, "step token_id")
-        with self._lock:
-            self._check_not_decoding("step")
-            if slot == 0:
-                return self._engine.step(token_id)
-            return self._engine.step_slots(np.array([slot]), np.array([token_id]))[0]
+        slot = _index(slot, "step: slot")
+        token_id = _token(token_id, self._config.vocab, "step token_id")
+        if slot == 0:
+            return self._engine.step(token_id)
+        return self._engine.step_slots(np.array([slot], np.int64),
+                                       np.array([token_id], np.int64))[0]
 
     def step_batch(self, slots, token_ids) -> np.ndarray:
         """One decode step of several sequences: slot ``slots[b]`` appends ``token_ids[b]``;
@@ -393,57 +367,42 @@ class ResidentSession:
         row is bit-identical to what ``step(token_ids[b], slot=slots[b])`` alone would give.
         A slot named twice, or outside [0, slots), is refused (601) before any work; 606 when
         any of them is full."""
-        sl = [self._slot(x, "step_batch") for x in slots]
-        if not sl:
-            raise ResidentError("step_batch needs at least one slot", 601)
-        if len(set(sl)) != len(sl):
-            raise ResidentError("step_batch: a slot named twice in one step", 601)
-        ids = [self._token(t, "step_batch token_id") for t in token_ids]
-        if len(ids) != len(sl):
-            raise ResidentError(f"step_batch: {len(sl)} slots but {len(ids)} token ids", 601)
-        with self._lock:
-            self._check_not_decoding("step_batch")
-            return self._engine.step_slots(np.array(sl, np.int64), np.array(ids, np.int64))
+        sl = np.array([_index(x, "step_batch: slot") for x in slots], np.int64)
+        ids = np.array([_token(t, self._config.vocab, "step_batch token_id") for t in token_ids],
+                       np.int64)
+        return self._engine.step_slots(sl, ids)
 
     def slot_position(self, slot: int) -> int:
         """Tokens in the slot's KV cache."""
-        return self._engine.slot_position(self._slot(slot, "slot_position"))
+        return self._engine.slot_position(_index(slot, "slot_position: slot"))
 
     def truncate(self, n: int, *, slot: int = 0) -> None:
         """Rewind the slot to position n, keeping its first n tokens cached (601 past its
         position)."""
-        slot = self._slot(slot, "truncate")
-        n = self._token_count(n, "truncate")
-        with self._lock:
-            self._check_not_decoding("truncate")
-            self._engine.truncate_slot(slot, n)
+        self._engine.truncate_slot(_index(slot, "truncate: slot"), _index(n, "truncate: n"))
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
         """Slot dst takes the first n cached positions of slot src (their exact bits) and is
         left at position n: a prompt that starts with a prefix another slot holds skips its
         prefill. 601 when n exceeds src's position or src == dst."""
-        src = self._slot(src, "copy_prefix")
-        dst = self._slot(dst, "copy_prefix")
-        n = self._token_count(n, "copy_prefix")
-        with self._lock:
-            self._check_not_decoding("copy_prefix")
-            self._engine.copy_prefix(src, dst, n)
-
-    @staticmethod
-    def _token_count(n, what: str) -> int:
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-            raise TypeError(f"{what}: n must be an int, got {type(n).__name__}")
-        return as_i64_clamped(n, "n")
+        self._engine.copy_prefix(_index(src, "copy_prefix: src"), _index(dst, "copy_prefix: dst"),
+                                 _index(n, "copy_prefix: n"))
 
     def reset(self, *, slot: int = 0) -> None:
         """Rewind the slot to position 0; the KV cache is kept, not reallocated."""
-        slot = self._slot(slot, "reset")
-        with self._lock:
-            self._check_not_decoding("reset")
-            if slot == 0:
-                self._engine.reset()
-            else:
-                self._engine.truncate_slot(slot, 0)
+        slot = _index(slot, "reset: slot")
+        if slot == 0:
+            self._engine.reset()
+        else:
+            self._engine.truncate_slot(slot, 0)
+
+    def _prompt(self, prompt_ids, what: str) -> np.ndarray:
+        """prompt_ids converted, and checked against the vocabulary by the engine's own check
+        before anything changes: for a request whose first engine call comes later (generate
+        rewinds first; a scheduler queues it)."""
+        ids = _token_ids(prompt_ids, self._config.vocab, what)
+        self._engine.check_tokens(ids, what)
+        return ids
 
     def generate(self, prompt_ids, n_new, *, temperature=0.0, top_k=None, top_p=None, seed=None,
                  stop_ids=(), on_token=None) -> list:
@@ -458,7 +417,7 @@ class ResidentSession:
         The whole run holds the session (see hold()): threads sharing one session each get
         their own sequence, one run after another, never tokens decoded from another's cache.
         """
-        ids = _token_ids(prompt_ids, self._config.vocab, "prompt_ids")
+        ids = self._prompt(prompt_ids, "prompt_ids")
         if ids.size == 0:
             raise ResidentError("prompt_ids is empty: generate needs at least one prompt token",
                                 601)
@@ -476,17 +435,22 @@ class ResidentSession:
         stop = {int(s) for s in stop_ids}
         if on_token is not None and not callable(on_token):
             raise TypeError("on_token must be callable")
-        with self._lock:
-            self._check_not_decoding("generate")
-            self._decoding = True
-            try:
-                return self._decode(ids, int(n_new), pick, float(temperature) == 0.0, stop,
-                                    on_token)
-            finally:
-                self._decoding = False
+        with self.hold():
+            return self._decode(ids, int(n_new), pick, float(temperature) == 0.0, stop,
+                                on_token)
 
     def _decode(self, ids, n_new, pick, greedy, stop, on_token) -> list:
         eng = self._engine
+
+        def emit(t):
+            # on_token runs while this run holds the session: sealed, the engine refuses its
+            # writes (and hold, generate) instead of letting them rewrite the cache decoded from.
+            eng.seal(_ON_TOKEN)
+            try:
+                on_token(t)
+            finally:
+                eng.seal("")
+
         eng.reset()
         out = []
         if n_new == 0:
@@ -499,7 +463,7 @@ class ResidentSession:
             t = pick(logits) if nxt is None else nxt
             out.append(t)
             if on_token is not None:
-                on_token(t)
+                emit(t)
             if t in stop or i + 1 == n_new:
                 break
             if greedy:
