@@ -56,15 +56,14 @@ __global__ void __launch_bounds__(RT) k_distill_prepare(const int64_t* targets, 
 
 template <class T>
 struct RowArgs {
+  DistillOptions opt;  // the call's options (lossk.hpp)
   T* zs;               // (c, V) the student's logits, overwritten by d_logits with gradients
   const T* zt;         // (c, V) the teacher's
   int64_t t0, V;
   const uint8_t* valid;
   const int64_t* targets;  // or null
-  Objective obj;
-  double beta, lb, l1b, temp, sw, hw;
-  Reduction red;
-  double grad_scale;
+  Objective obj;       // opt.objective as computed (math::effective_objective)
+  double lb, l1b;      // log(beta), log(1 - beta) for JSD
   const T* grad_output;
   const double* prep;
   bool with_grad;
@@ -85,7 +84,7 @@ __global__ void __launch_bounds__(DT) k_distill_row(RowArgs<T> a) {
       for (int64_t v = threadIdx.x; v < V; v += DT) st(zs + v, T(0));
     return;
   }
-  const double temp = a.temp;
+  const double temp = a.opt.temperature, beta = a.opt.beta;
   double ms = -INFINITY, mt = -INFINITY;
   for (int64_t v = threadIdx.x; v < V; v += DT) {
     ms = fmax(ms, double(ld(zs + v)));
@@ -119,7 +118,7 @@ __global__ void __launch_bounds__(DT) k_distill_row(RowArgs<T> a) {
     const double lp = (zv - ms) / temp - lss, lq = (tv - mt) / temp - lst;
     const double p = exp((zv - ms) / temp) * fs;
     const math::DivElem e =
-        math::div_elem(a.obj, a.beta, a.lb, a.l1b, lp, lq, p, exp((tv - mt) / temp) * ft);
+        math::div_elem(a.obj, beta, a.lb, a.l1b, lp, lq, p, exp((tv - mt) / temp) * ft);
     dsum += e.term;
     hsum += p * e.h;
   }
@@ -128,9 +127,9 @@ __global__ void __launch_bounds__(DT) k_distill_row(RowArgs<T> a) {
   if (threadIdx.x == 0) a.div[t] = dsum, a.ce[t] = ct;
   if (!a.with_grad) return;
   const double n = a.prep[0];
-  const double sc = math::reduction_scales(a.red, true, a.grad_scale, n, n,
+  const double sc = math::reduction_scales(a.opt.reduction, true, a.opt.grad_scale, n, n,
                                            a.grad_output ? double(a.grad_output[t]) : 1.0, 1.0).ce;
-  const double ks = sc * a.sw / temp, kh = sc * a.hw;
+  const double ks = sc * a.opt.soft_weight / temp, kh = sc * a.opt.hard_weight;
   for (int64_t v = threadIdx.x; v < V; v += DT) {
     const double zv = double(ld(zs + v)), tv = double(ld(zt + v));
     double g = 0.0;
@@ -138,8 +137,8 @@ __global__ void __launch_bounds__(DT) k_distill_row(RowArgs<T> a) {
       const double lp = (zv - ms) / temp - lss, lq = (tv - mt) / temp - lst;
       const double p = exp((zv - ms) / temp) * fs, q = exp((tv - mt) / temp) * ft;
       const double h =
-          a.obj == Objective::KL ? 0.0 : math::div_elem(a.obj, a.beta, a.lb, a.l1b, lp, lq, p, q).h;
-      g = ks * math::div_grad(a.obj, a.beta, p, q, h, hsum);
+          a.obj == Objective::KL ? 0.0 : math::div_elem(a.obj, beta, a.lb, a.l1b, lp, lq, p, q).h;
+      g = ks * math::div_grad(a.obj, beta, p, q, h, hsum);
     }
     if (kh != 0.0) g += kh * (exp(own_e1 ? zv - ms : (zv - ms) / temp) * (own_e1 ? f1 : fs)) -
                         (v == y ? kh : 0.0);
@@ -192,27 +191,24 @@ __global__ void __launch_bounds__(RT) k_distill_finish(const double* div, const 
 
 template <class T>
 struct DistillScratch {
-  int* flags;                      // 7 flags
-  unsigned long long* first_bad;
+  DataFlags data;                  // the data checks' flags
   double* prep;                    // 1
   uint8_t *valid, *none;           // N each (none: all zero, the tile's "no target" rows)
   double *div, *ce;                // N each
   double* ztarget;                 // C (the tile writes none: every row is "not counted")
   BlockStatD* stats;               // C * nvb (the tile's statistics, unused)
   T *zs, *zt;                      // C * V each
-  T *dw_acc, *db_acc;              // half gradients' accumulators
+  HalfGradAcc<T> acc;              // half gradients' accumulators
   double* sums;                    // 10, when the caller passes none
   int64_t bytes;
 };
 
 template <class T>
 DistillScratch<T> carve(const DistillArgs<T>& a, const DistillCudaOut<T>& out, void* base) {
-  const int64_t N = a.n_tok, V = a.vocab, C = device_chunk_for(a.elem, a.chunk, a.n_tok);
-  const bool half_g = is_half(out.grad_elem);
+  const int64_t N = a.n_tok, V = a.vocab, C = device_chunk_for(a.elem, a.opt.chunk, a.n_tok);
   Carver cv(base);
   DistillScratch<T> s;
-  s.flags = cv.take<int>(7);
-  s.first_bad = cv.take<unsigned long long>(1);
+  s.data = DataFlags::take(cv);
   s.prep = cv.take<double>(1);
   s.valid = cv.take<uint8_t>(N);
   s.none = cv.take<uint8_t>(N);
@@ -222,46 +218,10 @@ DistillScratch<T> carve(const DistillArgs<T>& a, const DistillCudaOut<T>& out, v
   s.stats = cv.take<BlockStatD>(C * ceil_div(V, BN));
   s.zs = cv.take<T>(C * V);
   s.zt = cv.take<T>(C * V);
-  s.dw_acc = out.d_weight && half_g ? cv.take<T>(V * a.d_model) : nullptr;
-  s.db_acc = out.d_bias && half_g ? cv.take<T>(V) : nullptr;
+  s.acc = HalfGradAcc<T>::take(cv, out, V, a.d_model);
   s.sums = cv.take<double>(10);
   s.bytes = cv.off;
   return s;
-}
-
-template <class T>
-void check_data(const DistillArgs<T>& a, const DistillScratch<T>& s, cudaStream_t st) {
-  const int64_t N = a.n_tok, V = a.vocab;
-  CK(cudaMemsetAsync(s.flags, 0, 7 * sizeof(int), st));
-  CK(cudaMemsetAsync(s.first_bad, 0xff, sizeof(unsigned long long), st));
-  auto finite = [&](const void* p, int64_t n, Dtype e, int flag) {
-    launch_check_finite(p, n, e, s.flags + flag, st);
-  };
-  finite(a.grad_output, N, sizeof(T) == 8 ? Dtype::F64 : Dtype::F32, 0);
-  finite(a.hidden, N * a.d_model, a.elem, 1);
-  finite(a.weight, V * a.d_model, a.elem, 2);
-  finite(a.bias, V, a.elem, 3);
-  finite(a.t_hidden, N * a.t_d_model, a.t_elem, 4);
-  finite(a.t_weight, V * a.t_d_model, a.t_elem, 5);
-  finite(a.t_bias, V, a.t_elem, 6);
-  if (a.targets) {
-    k_check_targets<<<grid_for(N, 256), 256, 0, st>>>(a.targets, N, 0, 0, a.has_ignore,
-                                                      a.ignore_index, V, s.first_bad);
-    CK(cudaGetLastError());
-  }
-  int flags[7];
-  unsigned long long first = 0;
-  CK(cudaMemcpyAsync(flags, s.flags, sizeof flags, cudaMemcpyDeviceToHost, st));
-  CK(cudaMemcpyAsync(&first, s.first_bad, sizeof first, cudaMemcpyDeviceToHost, st));
-  CK(cudaStreamSynchronize(st));
-  static const char* const what[7] = {
-      "grad_output contains NaN or infinity", "student_input contains NaN or infinity",
-      "student_weight contains NaN or infinity", "student_bias contains NaN or infinity",
-      "teacher_input contains NaN or infinity", "teacher_weight contains NaN or infinity",
-      "teacher_bias contains NaN or infinity"};
-  for (int i = 0; i < 7; ++i)  // fused_linear_distill_check's order
-    if (flags[i]) refuse(LOSS_ERR_NON_FINITE, what[i]);
-  refuse_first_target(a.targets, first, 0, V, a.has_ignore, st);
 }
 
 }  // namespace
@@ -275,35 +235,27 @@ template <class T>
 void fused_linear_distill_cuda(const DistillArgs<T>& a, DistillCudaOut<T>& out, void* workspace,
                                int64_t workspace_bytes, void* stream) {
   std::string why;
-  const int st = fused_linear_distill_check_shape(a, &why);
-  if (st != LOSS_OK) refuse(st, why);
-  if (a.shard)
-    refuse(LOSS_ERR_LENGTH_MISMATCH, "the vocab-parallel form computes on the CPU backend only");
-  require_device("fused_linear_distill");
+  int st = fused_linear_distill_check_shape(a, &why);
+  if (st == LOSS_OK && a.shard)
+    st = LOSS_ERR_LENGTH_MISMATCH, why = "the vocab-parallel form computes on the CPU backend only";
+  enter("fused_linear_distill", st, why);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const DistillOptions& o = a.opt;
   const int64_t N = a.n_tok, D = a.d_model, V = a.vocab;
-  const int64_t C = device_chunk_for(a.elem, a.chunk, a.n_tok), nvb = ceil_div(V, BN);
+  const int64_t C = device_chunk_for(a.elem, o.chunk, N), nvb = ceil_div(V, BN);
   const DistillScratch<T> sc = carve(a, out, workspace);
-  if (!workspace || workspace_bytes < sc.bytes)
-    refuse(LOSS_ERR_LENGTH_MISMATCH, "the workspace has " + std::to_string(workspace_bytes) +
-                                         " bytes, this call needs " + std::to_string(sc.bytes));
-  const bool want_dh = out.d_hidden, want_dw = out.d_weight, want_db = out.d_bias;
-  const bool grad = want_dh || want_dw || want_db;
-  const bool half_g = is_half(out.grad_elem);
-  if (half_g && !is_half(a.elem))
-    refuse(LOSS_ERR_LENGTH_MISMATCH, "half-precision gradients need half-precision inputs");
-  if ((out.loss || out.div || out.ce) && a.reduction == Reduction::None)
+  const Grads<T> gr = begin_call(workspace, workspace_bytes, sc.bytes, a.elem, out, sc.acc);
+  if ((out.loss || out.div || out.ce) && o.reduction == Reduction::None)
     refuse(LOSS_ERR_LENGTH_MISMATCH, "reduction none has per-token losses only (loss_tok)");
-  check_data(a, sc, s);
+  sc.data.refuse_bad(finite_inputs(a), static_cast<const T*>(nullptr),
+                     {a.targets, N, 0, 0, o.has_ignore, o.ignore_index, V}, s);
 
-  k_distill_prepare<<<1, RT, 0, s>>>(a.targets, N, a.has_ignore, a.ignore_index, sc.valid,
+  k_distill_prepare<<<1, RT, 0, s>>>(a.targets, N, o.has_ignore, o.ignore_index, sc.valid,
                                      sc.prep);
   CK(cudaGetLastError());
   CK(cudaMemsetAsync(sc.none, 0, size_t(N), s));
-  T* dw = want_dw ? (half_g ? sc.dw_acc : static_cast<T*>(out.d_weight)) : nullptr;
-  T* db = want_db ? (half_g ? sc.db_acc : static_cast<T*>(out.d_bias)) : nullptr;
-  if (db) CK(cudaMemsetAsync(db, 0, sizeof(T) * size_t(V), s));
-  const Objective obj = math::effective_objective(a.objective, a.beta);
+  start_grads(gr, V, s);
+  const Objective obj = math::effective_objective(o.objective, o.beta);
   const unsigned char* H = static_cast<const unsigned char*>(a.hidden);
   const unsigned char* TH = static_cast<const unsigned char*>(a.t_hidden);
   const size_t esz = elem_bytes(a.elem), tesz = elem_bytes(a.t_elem);
@@ -325,71 +277,54 @@ void fused_linear_distill_cuda(const DistillArgs<T>& a, DistillCudaOut<T>& out, 
       launch_forward(head ? a.t_elem : a.elem, f, s);
     }
     RowArgs<T> r;
+    r.opt = o;
     r.zs = sc.zs, r.zt = sc.zt, r.t0 = t0, r.V = V, r.valid = sc.valid, r.targets = a.targets;
-    r.obj = obj, r.beta = a.beta;
-    r.lb = obj == Objective::JSD ? std::log(a.beta) : 0.0;
-    r.l1b = obj == Objective::JSD ? std::log1p(-a.beta) : 0.0;
-    r.temp = a.temperature, r.sw = a.soft_weight, r.hw = a.hard_weight;
-    r.red = a.reduction, r.grad_scale = a.grad_scale, r.grad_output = a.grad_output;
-    r.prep = sc.prep, r.with_grad = grad, r.div = sc.div, r.ce = sc.ce;
+    r.obj = obj;
+    r.lb = obj == Objective::JSD ? std::log(o.beta) : 0.0;
+    r.l1b = obj == Objective::JSD ? std::log1p(-o.beta) : 0.0;
+    r.grad_output = a.grad_output;
+    r.prep = sc.prep, r.with_grad = gr.any, r.div = sc.div, r.ce = sc.ce;
     k_distill_row<T><<<unsigned(c), DT, 0, s>>>(r);
     CK(cudaGetLastError());
-    if (!grad) continue;
-    launch_backward(a.elem, sc.zs, t0, c, V, D, a.weight, H, out.d_hidden, out.grad_elem, dw,
-                    db, s);
+    if (!gr.any) continue;
+    launch_backward(a.elem, sc.zs, t0, c, V, D, a.weight, H, out, gr, s);
   }
-  k_distill_finish<T><<<1, RT, 0, s>>>(sc.div, sc.ce, sc.valid, N, a.soft_weight, a.hard_weight,
-                                       a.reduction, out.sums ? out.sums : sc.sums, out.loss,
+  k_distill_finish<T><<<1, RT, 0, s>>>(sc.div, sc.ce, sc.valid, N, o.soft_weight, o.hard_weight,
+                                       o.reduction, out.sums ? out.sums : sc.sums, out.loss,
                                        out.div, out.ce, out.loss_tok, out.div_tok, out.ce_tok);
   CK(cudaGetLastError());
-  if (half_g) {
-    if (want_dw) narrow(sc.dw_acc, out.d_weight, V * D, out.grad_elem, s);
-    if (want_db) narrow(sc.db_acc, out.d_bias, V, out.grad_elem, s);
-  }
+  end_call(out, gr, V, D, s);
 }
 
 template <class T>
 void fused_linear_distill_cuda_host(const DistillArgs<T>& a, DistillOut<T>& out) {
   require_device("fused_linear_distill");
   const int64_t N = a.n_tok, D = a.d_model, Dt = a.t_d_model, V = a.vocab;
-  const size_t esz = elem_bytes(a.elem), tesz = elem_bytes(a.t_elem), tsz = sizeof(T);
+  const size_t esz = elem_bytes(a.elem), tesz = elem_bytes(a.t_elem), nt = size_t(N) * sizeof(T);
+  HostCall call;
   DistillArgs<T> d = a;
-  DevBuf hidden(a.hidden, size_t(N * D) * esz), weight(a.weight, size_t(V * D) * esz);
-  DevBuf t_hidden(a.t_hidden, size_t(N * Dt) * tesz), t_weight(a.t_weight, size_t(V * Dt) * tesz);
-  DevBuf bias, t_bias, targets, go;
-  d.hidden = hidden.p, d.weight = weight.p, d.t_hidden = t_hidden.p, d.t_weight = t_weight.p;
-  if (a.bias) bias = DevBuf(a.bias, size_t(V) * esz), d.bias = bias.p;
-  if (a.t_bias) t_bias = DevBuf(a.t_bias, size_t(V) * tesz), d.t_bias = t_bias.p;
-  if (a.targets) targets = DevBuf(a.targets, size_t(N) * sizeof(int64_t)), d.targets = targets.as<int64_t>();
-  if (a.grad_output) go = DevBuf(a.grad_output, size_t(N) * tsz), d.grad_output = go.as<T>();
+  call.in(d.hidden, size_t(N * D) * esz);
+  call.in(d.weight, size_t(V * D) * esz);
+  call.in(d.t_hidden, size_t(N * Dt) * tesz);
+  call.in(d.t_weight, size_t(V * Dt) * tesz);
+  call.in(d.bias, size_t(V) * esz);
+  call.in(d.t_bias, size_t(V) * tesz);
+  call.in(d.targets, size_t(N) * sizeof(int64_t));
+  call.in(d.grad_output, nt);
 
   DistillCudaOut<T> o;
-  o.grad_elem = out.grad_elem;
-  const size_t gsz = elem_bytes(out.grad_elem);
-  DevBuf sums(10 * sizeof(double)), lt, dt, ct, dh, dw, db;
-  o.sums = sums.as<double>();
-  if (out.loss_tok) lt = DevBuf(size_t(N) * tsz), o.loss_tok = lt.as<T>();
-  if (out.div_tok) dt = DevBuf(size_t(N) * tsz), o.div_tok = dt.as<T>();
-  if (out.ce_tok) ct = DevBuf(size_t(N) * tsz), o.ce_tok = ct.as<T>();
-  if (out.d_hidden) dh = DevBuf(size_t(N * D) * gsz), o.d_hidden = dh.p;
-  if (out.d_weight) dw = DevBuf(size_t(V * D) * gsz), o.d_weight = dw.p;
-  if (out.d_bias) db = DevBuf(size_t(V) * gsz), o.d_bias = db.p;
-  const int64_t ws_bytes = fused_linear_distill_cuda_workspace(d, o);
-  DevBuf ws{size_t(ws_bytes)};
-  fused_linear_distill_cuda(d, o, ws.p, ws_bytes, nullptr);
+  double sums[10];
+  call.out(sums, o.sums, sizeof sums);
+  call.out(out.loss_tok, o.loss_tok, nt);
+  call.out(out.div_tok, o.div_tok, nt);
+  call.out(out.ce_tok, o.ce_tok, nt);
+  call.grads(out, o, N, D, V);
+  call.run(d, o, fused_linear_distill_cuda_workspace<T>, fused_linear_distill_cuda<T>);
 
-  to_host(out.loss_tok, o.loss_tok, size_t(N) * tsz);
-  to_host(out.div_tok, o.div_tok, size_t(N) * tsz);
-  to_host(out.ce_tok, o.ce_tok, size_t(N) * tsz);
-  to_host(out.d_hidden, o.d_hidden, size_t(N * D) * gsz);
-  to_host(out.d_weight, o.d_weight, size_t(V * D) * gsz);
-  to_host(out.d_bias, o.d_bias, size_t(V) * gsz);
-  double s[10];
-  to_host(s, o.sums, sizeof s);
   LossSum* ls[3] = {&out.loss, &out.div, &out.ce};
   for (int k = 0; k < 3; ++k)
-    ls[k]->total = s[3 * k], ls[k]->first = s[3 * k + 1], ls[k]->shifted = s[3 * k + 2],
-    ls[k]->count = int64_t(s[9]);
+    ls[k]->total = sums[3 * k], ls[k]->first = sums[3 * k + 1], ls[k]->shifted = sums[3 * k + 2],
+    ls[k]->count = int64_t(sums[9]);
 }
 
 template int64_t fused_linear_distill_cuda_workspace<float>(const DistillArgs<float>&, const DistillCudaOut<float>&);

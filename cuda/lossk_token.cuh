@@ -85,23 +85,20 @@ __global__ void __launch_bounds__(RT) k_prepare(const int64_t* targets, int64_t 
 
 template <class T>
 struct MergeArgs {
+  CrossEntropyOptions opt;            // the call's options (lossk.hpp)
   const BlockStatD* stats = nullptr;  // (c, nvb)
-  int64_t nvb = 0, c = 0, t0 = 0, V = 0, shift = 0;
+  int64_t nvb = 0, c = 0, t0 = 0, V = 0;
   const uint8_t* valid = nullptr;
   const int64_t* targets = nullptr;
   const T* cw = nullptr;
   const T* tw = nullptr;            // (N) token weights, aligned with targets, or null
   const double* ztarget = nullptr;  // (c)
   const double* prep = nullptr;
-  double eps = 0.0, zs = 0.0, cap = 0.0, temperature = 1.0;  // cap: the tempered amplitude
-  Reduction reduction = Reduction::Mean;
-  double grad_scale = 1.0;
+  double cap = 0.0;                 // the soft cap's tempered amplitude (math::tempered_cap)
   const T* grad_output = nullptr;
   const T* grad_lse = nullptr;
   const T* grad_coef = nullptr;
-  bool entropy = false;
   const T* grad_entropy = nullptr;  // (N) the entropy's upstream gradient (None), or null
-  double entropy_grad_scale = 0.0;  // ... (Mean/Sum)
   bool with_grad = false;
   double* ce = nullptr;   // (N)
   double* zl = nullptr;   // (N)
@@ -169,6 +166,7 @@ __global__ void __launch_bounds__(32 * MERGE_WARPS) k_merge(MergeArgs<T> a) {
   const math::Merged mg = warp_merge_blocks(a.stats + r * a.nvb, a.nvb);
   if ((threadIdx.x & 31) != 0) return;
   const int64_t t = a.t0 + r, V = a.V;
+  const CrossEntropyOptions& o = a.opt;
   const double m = mg.max, sz = mg.sumz;
   if (a.pred) a.pred[t] = mg.block * BN + a.stats[r * a.nvb + mg.block].arg;
   const bool valid = a.valid[t] != 0;
@@ -177,23 +175,23 @@ __global__ void __launch_bounds__(32 * MERGE_WARPS) k_merge(MergeArgs<T> a) {
   if (a.target_logit) a.target_logit[t] = T(valid ? zt : NAN);
   const double logse = log(mg.sumexp);
   const double l = m + logse;
-  const double w_all = a.prep[2], eps = a.eps;
+  const double w_all = a.prep[2], eps = o.label_smoothing, zs = o.lse_square_scale;
   double ct = 0.0, zl = 0.0, wy = 1.0, u = 1.0;
   int64_t y = -1;
   if (valid) {
-    y = a.targets[t + a.shift];
+    y = a.targets[t + o.shift];
     wy = a.cw ? double(a.cw[y]) : 1.0;
-    u = math::token_weight_of(a.tw, t, a.shift);
+    u = math::token_weight_of(a.tw, t, o.shift);
     ct = u * math::token_ce(m, logse, zt, sz, wy, w_all, eps, V, a.cw != nullptr);
-    zl = u * (a.zs * l * l);
+    zl = u * (zs * l * l);
   }
   a.ce[t] = ct;
   a.zl[t] = zl;
   if (a.lse) a.lse[t] = T(l);
   if (a.loss_tok) a.loss_tok[t] = T(ct + zl);
   if (a.z_tok) a.z_tok[t] = T(zl);
-  const double dmax = a.entropy ? mg.sument / mg.sumexp : 0.0;  // max - E[z']
-  if (a.entropy) {
+  const double dmax = o.entropy ? mg.sument / mg.sumexp : 0.0;  // max - E[z']
+  if (o.entropy) {
     const double h = valid ? u * math::token_entropy(mg, logse) : 0.0;
     a.ent[t] = h;
     if (a.entropy_tok) a.entropy_tok[t] = T(h);
@@ -205,19 +203,19 @@ __global__ void __launch_bounds__(32 * MERGE_WARPS) k_merge(MergeArgs<T> a) {
     const T* k3 = a.grad_coef + 3 * t;
     g = {double(k3[0]), double(k3[1]), valid ? double(k3[2]) : 0.0};
   } else {
-    const math::Scales sc = math::reduction_scales(a.reduction, valid, a.grad_scale, a.prep[3],
+    const math::Scales sc = math::reduction_scales(o.reduction, valid, o.grad_scale, a.prep[3],
                                                    a.prep[1],
                                                    a.grad_output ? double(a.grad_output[t]) : 1.0,
                                                    u);
-    g = math::grad_coef(sc, eps, V, wy, w_all, a.zs, l, a.grad_lse ? double(a.grad_lse[t]) : 0.0);
-    if (a.grad_entropy || a.entropy_grad_scale != 0.0) {
+    g = math::grad_coef(sc, eps, V, wy, w_all, zs, l, a.grad_lse ? double(a.grad_lse[t]) : 0.0);
+    if (a.grad_entropy || o.entropy_grad_scale != 0.0) {
       const double s_h =
-          math::entropy_scale(a.reduction, valid, a.entropy_grad_scale, a.prep[3],
+          math::entropy_scale(o.reduction, valid, o.entropy_grad_scale, a.prep[3],
                               a.grad_entropy ? double(a.grad_entropy[t]) : 0.0, u);
       g = math::with_entropy(g, s_h, dmax);
     }
   }
-  g = math::tempered(g, a.temperature);
+  g = math::tempered(g, o.temperature);
   const double f = g.c != 0.0 ? math::cap_slope<T>(zt, a.cap) : 1.0;
   double* k = a.coef + 6 * r;
   k[0] = g.a;

@@ -27,6 +27,7 @@ import random
 import struct
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -222,6 +223,7 @@ def _dim(rng: random.Random, good: int):
 def lossk_case(rng: random.Random):
     from algenta import _core, linear_cross_entropy
     from algenta.lossk import cross_entropy as ce
+    from algenta.lossk._args import CrossEntropyOptions
 
     n, d, v = rng.randint(1, 6), rng.randint(1, 5), rng.choice([1, 2, 3, 5, 257, 300])
     N, D, V = _dim(rng, n), _dim(rng, d), _dim(rng, v)
@@ -291,11 +293,14 @@ def lossk_case(rng: random.Random):
             ok = isinstance(a, np.ndarray) and a.dtype.kind == "f" and rng.random() < 0.8
             return a.astype(np.float16).view(np.uint16) if ok else a
         h, w = bits(h), bits(w)
-    kw = dict(elem=elem, reduction=red, has_ignore=ign, ignore_index=-100, label_smoothing=ls,
-              softcap=cap, z_loss=zl, shift=shift, seq_len=seq, want_dh=flags[0],
-              want_dw=flags[1], grad_output=go, want_loss_tok=flags[2])
-    return (f"_core fused_linear_ce {kw!r} go={_short(go)} " + desc,
-            lambda: fn(h, w, t, N, D, V, chunk, **kw))
+    # the options record as the Python layer would never build it (no conversion, no checks)
+    opts = CrossEntropyOptions(reduction=red, ignore_index=-100 if ign else None,
+                               label_smoothing=ls, softcap=cap, lse_square_scale=zl, shift=shift,
+                               chunk=chunk)
+    kw = dict(elem=elem, seq_len=seq, want_dh=flags[0], want_dw=flags[1], grad_output=go,
+              want_loss_tok=flags[2])
+    return (f"_core fused_linear_ce {opts!r} {kw!r} go={_short(go)} " + desc,
+            lambda: fn(opts, hidden=h, weight=w, targets=t, n_tok=N, d_model=D, vocab=V, **kw))
 
 
 def distill_case(rng, numpy_api, n, d, v, N, D, V, h, w, t, chunk, desc):
@@ -328,23 +333,28 @@ def distill_case(rng, numpy_api, n, d, v, N, D, V, h, w, t, chunk, desc):
              targets=rng.choice([None, t, np.zeros(max(n - 1, 0), np.int64)]),
              elem=rng.choice(["f64", "f32", "bf16", "i8"]),
              t_elem=rng.choice(["f64", "f32", "f16"]), grad_elem=rng.choice(["", "f32", "f16"]),
-             n_tok=N, d_model=D, t_d_model=Dt, vocab=V, chunk=chunk,
-             objective=rng.choice(["kl", "jsd", "bogus"]), beta=rng.choice([0.5, 2.0]),
-             temperature=rng.choice([1.0, 0.0]), hard_weight=rng.choice([0.0, 1.0]),
-             soft_weight=1.0, reduction=rng.choice(["mean", "none", "bogus"]),
-             has_ignore=rng.choice([False, True]), ignore_index=-100,
+             n_tok=N, d_model=D, t_d_model=Dt, vocab=V,
              want_dh=rng.random() < 0.5, want_dw=rng.random() < 0.5, want_db=False,
-             grad_output=rng.choice([None, np.ones(n), np.ones(max(n - 1, 0))]), grad_scale=1.0,
+             grad_output=rng.choice([None, np.ones(n), np.ones(max(n - 1, 0))]),
              shard=rng.random() < 0.3,
              shard_lse=rng.choice([None, np.zeros((n, 3)), np.zeros(n)]),
              shard_h=rng.choice([None, np.zeros(n)]),
              shard_coef=rng.choice([None, np.zeros((n, 2)), np.full((n, 2), np.nan)]),
              want_shard_stats=rng.random() < 0.3)
-    if rng.random() < 0.1:
-        del k[rng.choice(sorted(k))]
+    # the options record, a plain namespace of fields (the binding reads them by name)
+    fields = dict(chunk=chunk, objective=rng.choice(["kl", "jsd", "bogus"]),
+                  beta=rng.choice([0.5, 2.0]), temperature=rng.choice([1.0, 0.0]),
+                  hard_weight=rng.choice([0.0, 1.0]), soft_weight=1.0,
+                  reduction=rng.choice(["mean", "none", "bogus"]),
+                  ignore_index=rng.choice([None, -100]), grad_scale=1.0)
+    if rng.random() < 0.1:  # a missing argument or field: a TypeError naming it
+        gone = rng.choice(sorted(k) + sorted(fields))
+        k.pop(gone, None)
+        fields.pop(gone, None)
+    opts = types.SimpleNamespace(**fields)
     shown = {key: (_short(val) if isinstance(val, np.ndarray) else val) for key, val in k.items()}
-    return (f"_core fused_linear_distill {shown!r} " + desc,
-            lambda: _core.lossk.fused_linear_distill(**k))
+    return (f"_core fused_linear_distill {opts!r} {shown!r} " + desc,
+            lambda: _core.lossk.fused_linear_distill(opts, **k))
 
 
 def _short(x):
@@ -562,6 +572,7 @@ def test_fuzz_findings_in_the_lossk_layer_stay_fixed():
     import algenta
     from algenta import _core
     from algenta.lossk import cross_entropy as ce
+    from algenta.lossk._args import CrossEntropyOptions
 
     with pytest.raises(TypeError):
         ce.fused_linear_ce_flat([[1.0, 2.0], [3.0]] * 2, [1.0] * 4, [0, 1], 2, 2, 2, 1)
@@ -574,8 +585,10 @@ def test_fuzz_findings_in_the_lossk_layer_stay_fixed():
             algenta.linear_cross_entropy(np.ones((2, 2)), np.ones((2, 2)), [0, 1], reduction=bad)
         assert e.value.status == 588
     with pytest.raises(algenta.LossError) as e:
-        _core.lossk.fused_linear_ce(np.ones(4), np.ones(4), np.zeros(2, np.int64), 2, 2, 2, 1,
-                                    reduction="avg")
+        _core.lossk.fused_linear_ce(CrossEntropyOptions(reduction="avg", chunk=1),
+                                    hidden=np.ones(4), weight=np.ones(4),
+                                    targets=np.zeros(2, np.int64), n_tok=2, d_model=2, vocab=2,
+                                    elem="f64")
     assert e.value.status == 588
     with pytest.raises(algenta.LossError) as e:
         algenta.linear_cross_entropy(np.ones((2, 2)), np.ones((2, 2)), [0, 1], grad_output=np.ones(2))

@@ -172,15 +172,17 @@ def test_int32_targets():
 
 
 def _spy(monkeypatch):
+    # Every pass of the core goes through the binding (options record, keyword arguments).
     calls = []
-    real = _ce._core_pass
+    real = _ce._c.fused_linear_ce
 
-    def spy(*args, **kw):
-        calls.append({k: kw.get(k) for k in ("want_dh", "want_dw", "reduction")}
-                     | {"grad_output": kw.get("grad_output") is not None})
-        return real(*args, **kw)
+    def spy(opts, **kw):
+        calls.append({k: kw.get(k) for k in ("want_dh", "want_dw")}
+                     | {"reduction": opts.reduction,
+                        "grad_output": kw.get("grad_output") is not None})
+        return real(opts, **kw)
 
-    monkeypatch.setattr(_ce, "_core_pass", spy)
+    monkeypatch.setattr(_ce._c, "fused_linear_ce", spy)
     return calls
 
 
@@ -249,8 +251,9 @@ def test_backward_scales_the_forwards_gradient_and_a_retained_graph_gives_its_bi
     # the same bits as the forward's gradient times the upstream scalar out of place.
     x, w, t = _data(dtype, shape=(4, 7))
     with torch.no_grad():
-        pre = at._ops._lce_fwd(x, w, t, None, None, None, "mean", -100, 0.0, None, 1.0, 0.0, 0,
-                               None, True, True, False, False, False, False, False)
+        opts = algenta.lossk._args.CrossEntropyOptions(ignore_index=-100)
+        pre = at._ops._lce_fwd(x, w, t, None, None, None, *opts, True, True, False, False, False,
+                               False)
     x.requires_grad_(), w.requires_grad_()
     for scale in (1.0, 1 / 3, 0.0):
         loss = at.linear_cross_entropy(x, w, t)
@@ -409,13 +412,13 @@ def test_import_algenta_does_not_import_torch():
 def test_contiguous_tensors_reach_the_core_without_a_copy(monkeypatch):
     x, w, t = _data(torch.float32)
     seen = []
-    real = _ce._core_pass
+    real = _ce._c.fused_linear_ce
 
-    def spy(h, wt, tt, *args, **kw):
-        seen.append((h, wt, tt))
-        return real(h, wt, tt, *args, **kw)
+    def spy(opts, **kw):
+        seen.append((kw["hidden"], kw["weight"], kw["targets"]))
+        return real(opts, **kw)
 
-    monkeypatch.setattr(_ce, "_core_pass", spy)
+    monkeypatch.setattr(_ce._c, "fused_linear_ce", spy)
     x.requires_grad_(True)
     w.requires_grad_(True)
     at.linear_cross_entropy(x, w, t, reduction="none").sum().backward()

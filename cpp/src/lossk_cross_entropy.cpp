@@ -55,97 +55,82 @@ double FusedOut<T>::entropy_mean() const {
 
 template <class T>
 int fused_linear_ce_check_shape(const FusedArgs<T>& a, std::string* why) {
-  auto refuse = [&](int code, const std::string& msg) {
-    if (why) *why = msg;
-    return code;
-  };
+  using head::refusal;
+  const CrossEntropyOptions& o = a.opt;
   int st = loss_dims_check(a.n_tok, a.d_model, a.vocab);
   if (st != LOSS_OK)
-    return refuse(st, "shape (n_tok=" + std::to_string(a.n_tok) + ", d_model=" +
-                          std::to_string(a.d_model) + ", vocab=" + std::to_string(a.vocab) +
-                          ") refused: " + loss_status_name(st));
-  st = loss_chunk_check(a.chunk, a.vocab);
-  if (st != LOSS_OK)
-    return refuse(st, chunk_refusal(st, a.chunk, a.vocab));
+    return refusal(why, st, "shape (n_tok=" + std::to_string(a.n_tok) + ", d_model=" +
+                                std::to_string(a.d_model) + ", vocab=" + std::to_string(a.vocab) +
+                                ") refused: " + loss_status_name(st));
+  st = loss_chunk_check(o.chunk, a.vocab);
+  if (st != LOSS_OK) return refusal(why, st, chunk_refusal(st, o.chunk, a.vocab));
   if ((sizeof(T) == 8) != (a.elem == Dtype::F64))
-    return refuse(LOSS_ERR_LENGTH_MISMATCH, std::string("inputs of ") + dtype_long_name(a.elem) +
-                                                " cannot compute in this precision");
-  if (!loss_scalars_ok(a.label_smoothing) || a.label_smoothing < 0.0 || a.label_smoothing > 1.0)
-    return refuse(LOSS_ERR_NON_FINITE, "label_smoothing must be a finite number in [0, 1], got " +
-                                           std::to_string(a.label_smoothing));
-  if (a.has_softcap && (!loss_scalars_ok(a.softcap) || !(a.softcap > 0.0)))
-    return refuse(LOSS_ERR_NON_FINITE, "softcap must be a finite number > 0 (None for no cap), "
-                                       "got " + std::to_string(a.softcap));
-  if (!math::temperature_ok<T>(a.temperature))
-    return refuse(LOSS_ERR_NON_FINITE, "temperature must be a finite number > 0 (at least " +
-                                           std::string(sizeof(T) == 8 ? "2.2e-308" : "1.2e-38") +
-                                           " in this precision), got " +
-                                           std::to_string(a.temperature));
-  if (!loss_scalars_ok(a.z_loss) || a.z_loss < 0.0)
-    return refuse(LOSS_ERR_NON_FINITE, "lse_square_scale must be a finite number >= 0, got " +
-                                           std::to_string(a.z_loss));
-  if (a.shift < 0 || (a.shift > 0 && (a.seq_len < 1 || a.shift >= a.seq_len ||
+    return refusal(why, LOSS_ERR_LENGTH_MISMATCH, std::string("inputs of ") +
+                                                      dtype_long_name(a.elem) +
+                                                      " cannot compute in this precision");
+  if (!loss_scalars_ok(o.label_smoothing) || o.label_smoothing < 0.0 || o.label_smoothing > 1.0)
+    return refusal(why, LOSS_ERR_NON_FINITE,
+                   "label_smoothing must be a finite number in [0, 1], got " +
+                       std::to_string(o.label_smoothing));
+  if (o.has_softcap && (!loss_scalars_ok(o.softcap) || !(o.softcap > 0.0)))
+    return refusal(why, LOSS_ERR_NON_FINITE,
+                   "softcap must be a finite number > 0 (None for no cap), got " +
+                       std::to_string(o.softcap));
+  if ((st = head::check_temperature<T>(o.temperature, why)) != LOSS_OK) return st;
+  if (!loss_scalars_ok(o.lse_square_scale) || o.lse_square_scale < 0.0)
+    return refusal(why, LOSS_ERR_NON_FINITE, "lse_square_scale must be a finite number >= 0, got " +
+                                                 std::to_string(o.lse_square_scale));
+  if (o.shift < 0 || (o.shift > 0 && (a.seq_len < 1 || o.shift >= a.seq_len ||
                                        a.n_tok % a.seq_len != 0)))
-    return refuse(LOSS_ERR_LENGTH_MISMATCH,
-                  "shift=" + std::to_string(a.shift) + " needs sequences of seq_len > shift "
-                  "positions tiling the " + std::to_string(a.n_tok) + " tokens (seq_len=" +
-                  std::to_string(a.seq_len) + ")");
-  if (!loss_scalars_ok(a.grad_scale))
-    return refuse(LOSS_ERR_NON_FINITE, "grad_output must be finite");
-  if (!loss_scalars_ok(a.entropy_grad_scale))
-    return refuse(LOSS_ERR_NON_FINITE, "the entropy's upstream gradient must be finite");
-  if (!a.entropy && (a.grad_entropy || a.entropy_grad_scale != 0.0))
-    return refuse(LOSS_ERR_LENGTH_MISMATCH, "an upstream gradient of the entropy needs entropy");
-  if (a.grad_coef && a.entropy)
-    return refuse(LOSS_ERR_LENGTH_MISMATCH,
-                  "grad_coef (a vocabulary shard's pass) does not compute the entropy");
+    return refusal(why, LOSS_ERR_LENGTH_MISMATCH,
+                   "shift=" + std::to_string(o.shift) + " needs sequences of seq_len > shift "
+                   "positions tiling the " + std::to_string(a.n_tok) + " tokens (seq_len=" +
+                   std::to_string(a.seq_len) + ")");
+  if ((st = head::check_grad_scale(o.grad_scale, why)) != LOSS_OK) return st;
+  if (!loss_scalars_ok(o.entropy_grad_scale))
+    return refusal(why, LOSS_ERR_NON_FINITE, "the entropy's upstream gradient must be finite");
+  if (!o.entropy && (a.grad_entropy || o.entropy_grad_scale != 0.0))
+    return refusal(why, LOSS_ERR_LENGTH_MISMATCH,
+                   "an upstream gradient of the entropy needs entropy");
+  if (a.grad_coef && o.entropy)
+    return refusal(why, LOSS_ERR_LENGTH_MISMATCH,
+                   "grad_coef (a vocabulary shard's pass) does not compute the entropy");
   return LOSS_OK;
+}
+
+template <class T>
+std::vector<FiniteInput> finite_inputs(const FusedArgs<T>& a) {
+  const Dtype te = sizeof(T) == 8 ? Dtype::F64 : Dtype::F32;
+  const int64_t N = a.n_tok, D = a.d_model, V = a.vocab;
+  return {{a.grad_output, N, te, "grad_output contains NaN or infinity"},
+          {a.grad_lse, N, te, "the gradient of lse contains NaN or infinity"},
+          {a.grad_entropy, N, te, "the gradient of the entropy contains NaN or infinity"},
+          {a.grad_coef, 3 * N, te, "grad_coef contains NaN or infinity"},
+          {a.hidden, N * D, a.elem, "hidden contains NaN or infinity"},
+          {a.weight, V * D, a.elem, "weight contains NaN or infinity"},
+          {a.bias, V, a.elem, "linear_bias contains NaN or infinity"},
+          {a.class_weight, V, te, "the class weights contain NaN or infinity"}};
 }
 
 template <class T>
 int fused_linear_ce_check(const FusedArgs<T>& a, std::string* why) {
-  auto refuse = [&](int code, const std::string& msg) {
-    if (why) *why = msg;
-    return code;
-  };
-  const int st = fused_linear_ce_check_shape(a, why);
+  using head::refusal;
+  int st = fused_linear_ce_check_shape(a, why);
   if (st != LOSS_OK) return st;
-  if (a.grad_output && !all_finite(a.grad_output, a.n_tok))
-    return refuse(LOSS_ERR_NON_FINITE, "grad_output contains NaN or infinity");
-  if (a.grad_lse && !all_finite(a.grad_lse, a.n_tok))
-    return refuse(LOSS_ERR_NON_FINITE, "the gradient of lse contains NaN or infinity");
-  if (a.grad_entropy && !all_finite(a.grad_entropy, a.n_tok))
-    return refuse(LOSS_ERR_NON_FINITE, "the gradient of the entropy contains NaN or infinity");
-  if (a.grad_coef && !all_finite(a.grad_coef, 3 * a.n_tok))
-    return refuse(LOSS_ERR_NON_FINITE, "grad_coef contains NaN or infinity");
-  if (!all_finite(a.hidden, a.n_tok * a.d_model, a.elem))
-    return refuse(LOSS_ERR_NON_FINITE, "hidden contains NaN or infinity");
-  if (!all_finite(a.weight, a.vocab * a.d_model, a.elem))
-    return refuse(LOSS_ERR_NON_FINITE, "weight contains NaN or infinity");
-  if (a.bias && !all_finite(a.bias, a.vocab, a.elem))
-    return refuse(LOSS_ERR_NON_FINITE, "linear_bias contains NaN or infinity");
-  if (a.class_weight && !all_finite(a.class_weight, a.vocab))
-    return refuse(LOSS_ERR_NON_FINITE, "the class weights contain NaN or infinity");
+  if ((st = head::refuse_non_finite(finite_inputs(a), why)) != LOSS_OK) return st;
   if (a.token_weight)
     for (int64_t t = 0; t < a.n_tok; ++t)
       if (!math::token_weight_ok(double(a.token_weight[t])))
-        return refuse(LOSS_ERR_NON_FINITE, "token_weight must be finite and >= 0, got " +
-                                               std::to_string(double(a.token_weight[t])) +
-                                               " at token " + std::to_string(t));
-  for (int64_t t = 0; t < a.n_tok; ++t) {
-    if (a.shift > 0 && t % a.seq_len >= a.seq_len - a.shift) continue;  // not scored
-    const int64_t y = a.targets[t + a.shift];
-    if (a.has_ignore && y == a.ignore_index) continue;
-    if (y < 0 || y >= a.vocab)
-      return refuse(LOSS_ERR_TARGET_OUT_OF_RANGE,
-                    target_refusal(y, t + a.shift, a.vocab, a.has_ignore));
-  }
-  return LOSS_OK;
+        return refusal(why, LOSS_ERR_NON_FINITE, "token_weight must be finite and >= 0, got " +
+                                                     std::to_string(double(a.token_weight[t])) +
+                                                     " at token " + std::to_string(t));
+  return head::refuse_bad_target(a.targets, a.n_tok, a.opt.shift, a.seq_len, a.opt.has_ignore,
+                                 a.opt.ignore_index, a.vocab, why);
 }
 
 template <class T>
 int64_t fused_linear_ce_chunk(const FusedArgs<T>& a) {
-  return head::run_chunk<T>(a.elem, a.chunk, a.n_tok);
+  return head::run_chunk<T>(a.elem, a.opt.chunk, a.n_tok);
 }
 
 template <class T>
@@ -155,12 +140,14 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
   const int64_t VB = LOSS_VOCAB_BLOCK;
   const int64_t nVB = head::ceil_div(V, VB);
   const bool want_pred = out.pred != nullptr;
-  const double eps = a.label_smoothing, cap = a.has_softcap ? a.softcap : 0.0, zs = a.z_loss;
+  const CrossEntropyOptions& o = a.opt;
+  const double eps = o.label_smoothing, cap = o.has_softcap ? o.softcap : 0.0;
+  const double zs = o.lse_square_scale;
   // The gradient sweep sees tempered logits: the cap's slope at the tempered amplitude, 1/T in
   // the coefficients (math::tempered).
-  const double temp = a.temperature, tcap = math::tempered_cap(cap, temp);
-  const bool want_ent = a.entropy;
-  const bool ent_grad = a.grad_entropy != nullptr || a.entropy_grad_scale != 0.0;
+  const double temp = o.temperature, tcap = math::tempered_cap(cap, temp);
+  const bool want_ent = o.entropy;
+  const bool ent_grad = a.grad_entropy != nullptr || o.entropy_grad_scale != 0.0;
   const T* cw = a.class_weight;
   // Class weights enter the statistics only through the weighted logit sum (label smoothing's,
   // or the one a caller asked for).
@@ -169,7 +156,7 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
 
   // ---- every allocation, before any work --------------------------------------------------
   head::Head<T> hd(a.hidden, a.weight, a.bias, a.elem, N, a.d_model, V, C, false,
-                   head::grads_of<T>(out));
+                   out);
   const bool with_grad = hd.with_grad();
   Buffer<kern::BlockStats> stats(static_cast<size_t>(C * nVB));  // (C, nVB)
   Buffer<int32_t> blk_arg(want_pred ? static_cast<size_t>(C * nVB) : 0);  // first max per block
@@ -182,15 +169,15 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
   Buffer<unsigned char> valid(static_cast<size_t>(N));
 
   hd.begin();
-  auto target_of = [&](int64_t t) { return a.targets[t + a.shift]; };
+  auto target_of = [&](int64_t t) { return a.targets[t + o.shift]; };
   const T* tw = a.token_weight;
   // In token order: the sums of u w_y and of u over the counted tokens.
   double w_sum = 0.0, u_sum = 0.0;
   for (int64_t t = 0; t < N; ++t) {
-    const bool v = math::counted(a.targets, t, a.shift, a.seq_len, a.has_ignore, a.ignore_index);
+    const bool v = math::counted(a.targets, t, o.shift, a.seq_len, o.has_ignore, o.ignore_index);
     valid[t] = v;
     if (v) {
-      const double u = math::token_weight_of(tw, t, a.shift);
+      const double u = math::token_weight_of(tw, t, o.shift);
       u_sum += u;
       w_sum += u * (cw ? double(cw[target_of(t)]) : 1.0);
     }
@@ -243,7 +230,7 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
       if (valid[t]) {
         y = target_of(t);
         wy = cw ? double(cw[y]) : 1.0;
-        u = math::token_weight_of(tw, t, a.shift);
+        u = math::token_weight_of(tw, t, o.shift);
         ct = u * math::token_ce(m, logse, ztarget[r], sz, wy, w_all, eps, V, cw != nullptr);
         zt = u * (zs * l * l);
       }
@@ -268,13 +255,13 @@ void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out) {
         continue;
       }
       const math::Scales sc = math::reduction_scales(
-          a.reduction, valid[t] != 0, a.grad_scale, u_sum, w_sum,
+          o.reduction, valid[t] != 0, o.grad_scale, u_sum, w_sum,
           a.grad_output ? double(a.grad_output[t]) : 1.0, u);
       math::Coef k =
           math::grad_coef(sc, eps, V, wy, w_all, zs, l, a.grad_lse ? double(a.grad_lse[t]) : 0.0);
       if (ent_grad) {
         const double s_h =
-            math::entropy_scale(a.reduction, valid[t] != 0, a.entropy_grad_scale, u_sum,
+            math::entropy_scale(o.reduction, valid[t] != 0, o.entropy_grad_scale, u_sum,
                                 a.grad_entropy ? double(a.grad_entropy[t]) : 0.0, u);
         k = math::with_entropy(k, s_h, dmax);
       }
@@ -319,6 +306,8 @@ template int fused_linear_ce_check_shape<float>(const FusedArgs<float>&, std::st
 template int fused_linear_ce_check_shape<double>(const FusedArgs<double>&, std::string*);
 template int fused_linear_ce_check<float>(const FusedArgs<float>&, std::string*);
 template int fused_linear_ce_check<double>(const FusedArgs<double>&, std::string*);
+template std::vector<FiniteInput> finite_inputs<float>(const FusedArgs<float>&);
+template std::vector<FiniteInput> finite_inputs<double>(const FusedArgs<double>&);
 template void fused_linear_ce<float>(const FusedArgs<float>&, FusedOut<float>&);
 template void fused_linear_ce<double>(const FusedArgs<double>&, FusedOut<double>&);
 template int64_t fused_linear_ce_chunk<float>(const FusedArgs<float>&);
@@ -334,10 +323,7 @@ template double FusedOut<double>::entropy_mean() const;
 
 int ce_from_logits_check(const double* logits, const int64_t* targets, int64_t n_tok, int64_t vocab,
                          std::string* why) {
-  auto refuse = [&](int code, const std::string& msg) {
-    if (why) *why = msg;
-    return code;
-  };
+  auto refuse = [&](int code, const std::string& msg) { return head::refusal(why, code, msg); };
   if (n_tok < 1 || vocab < 1)
     return refuse(LOSS_ERR_EMPTY_DIMENSION, "n_tok and vocab must be >= 1, got n_tok=" +
                                                 std::to_string(n_tok) + ", vocab=" +

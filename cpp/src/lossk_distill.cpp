@@ -51,104 +51,84 @@ bool weight_ok(double w) { return loss_scalars_ok(w) && w >= 0.0; }
 
 template <class T>
 int fused_linear_distill_check_shape(const DistillArgs<T>& a, std::string* why) {
-  auto refuse = [&](int code, const std::string& msg) {
-    if (why) *why = msg;
-    return code;
-  };
+  using head::refusal;
+  const DistillOptions& o = a.opt;
   const char* heads[2] = {"student", "teacher"};
   const int64_t dims[2] = {a.d_model, a.t_d_model};
-  for (int h = 0; h < 2; ++h) {
-    const int st = loss_dims_check(a.n_tok, dims[h], a.vocab);
-    if (st != LOSS_OK)
-      return refuse(st, std::string(heads[h]) + " shape (n_tok=" + std::to_string(a.n_tok) +
-                            ", d_model=" + std::to_string(dims[h]) + ", vocab=" +
-                            std::to_string(a.vocab) + ") refused: " + loss_status_name(st));
-  }
-  const int st = loss_chunk_check(a.chunk, a.vocab);
-  if (st != LOSS_OK)
-    return refuse(st, chunk_refusal(st, a.chunk, a.vocab));
+  int st = LOSS_OK;
+  for (int h = 0; h < 2; ++h)
+    if ((st = loss_dims_check(a.n_tok, dims[h], a.vocab)) != LOSS_OK)
+      return refusal(why, st, std::string(heads[h]) + " shape (n_tok=" +
+                                  std::to_string(a.n_tok) + ", d_model=" +
+                                  std::to_string(dims[h]) + ", vocab=" + std::to_string(a.vocab) +
+                                  ") refused: " + loss_status_name(st));
+  if ((st = loss_chunk_check(o.chunk, a.vocab)) != LOSS_OK)
+    return refusal(why, st, chunk_refusal(st, o.chunk, a.vocab));
   const bool f64 = sizeof(T) == 8;
   if (!computes_in(a.elem, f64) || !computes_in(a.t_elem, f64))
-    return refuse(LOSS_ERR_LENGTH_MISMATCH,
-                  std::string("the student's ") + dtype_long_name(a.elem) + " and the teacher's " +
-                      dtype_long_name(a.t_elem) + " do not compute in one precision (float64 "
-                      "goes with float64 only)");
-  if (!math::temperature_ok<T>(a.temperature))
-    return refuse(LOSS_ERR_NON_FINITE, "temperature must be a finite number > 0 (at least " +
-                                           std::string(f64 ? "2.2e-308" : "1.2e-38") +
-                                           " in this precision), got " +
-                                           std::to_string(a.temperature));
-  if (!loss_scalars_ok(a.beta) || a.beta < 0.0 || a.beta > 1.0)
-    return refuse(LOSS_ERR_NON_FINITE,
-                  "beta must be a finite number in [0, 1], got " + std::to_string(a.beta));
-  if (!weight_ok(a.hard_weight) || !weight_ok(a.soft_weight))
-    return refuse(LOSS_ERR_NON_FINITE, "hard_weight and soft_weight must be finite and >= 0, "
-                                       "got " + std::to_string(a.hard_weight) + " and " +
-                                           std::to_string(a.soft_weight));
-  if (a.hard_weight > 0.0 && !a.targets)
-    return refuse(LOSS_ERR_LENGTH_MISMATCH, "hard_weight > 0 mixes in the cross-entropy against "
-                                            "targets: pass target");
-  if (!loss_scalars_ok(a.grad_scale))
-    return refuse(LOSS_ERR_NON_FINITE, "grad_output must be finite");
+    return refusal(why, LOSS_ERR_LENGTH_MISMATCH,
+                   std::string("the student's ") + dtype_long_name(a.elem) + " and the teacher's " +
+                       dtype_long_name(a.t_elem) + " do not compute in one precision (float64 "
+                       "goes with float64 only)");
+  if ((st = head::check_temperature<T>(o.temperature, why)) != LOSS_OK) return st;
+  if (!loss_scalars_ok(o.beta) || o.beta < 0.0 || o.beta > 1.0)
+    return refusal(why, LOSS_ERR_NON_FINITE,
+                   "beta must be a finite number in [0, 1], got " + std::to_string(o.beta));
+  if (!weight_ok(o.hard_weight) || !weight_ok(o.soft_weight))
+    return refusal(why, LOSS_ERR_NON_FINITE, "hard_weight and soft_weight must be finite and >= 0, "
+                                             "got " + std::to_string(o.hard_weight) + " and " +
+                                                 std::to_string(o.soft_weight));
+  if (o.hard_weight > 0.0 && !a.targets)
+    return refusal(why, LOSS_ERR_LENGTH_MISMATCH, "hard_weight > 0 mixes in the cross-entropy "
+                                                  "against targets: pass target");
+  if ((st = head::check_grad_scale(o.grad_scale, why)) != LOSS_OK) return st;
   if ((a.shard_h != nullptr) != (a.shard_coef != nullptr) || (a.shard_h && !a.shard_lse) ||
       (a.shard_lse && !a.shard))
-    return refuse(LOSS_ERR_LENGTH_MISMATCH, "shard_lse belongs to the vocab-parallel form, and "
-                                            "its gradient pass needs shard_lse, shard_h and "
-                                            "shard_coef together");
+    return refusal(why, LOSS_ERR_LENGTH_MISMATCH, "shard_lse belongs to the vocab-parallel form, "
+                                                  "and its gradient pass needs shard_lse, shard_h "
+                                                  "and shard_coef together");
   return LOSS_OK;
+}
+
+template <class T>
+std::vector<FiniteInput> finite_inputs(const DistillArgs<T>& a) {
+  const Dtype te = sizeof(T) == 8 ? Dtype::F64 : Dtype::F32;
+  const int64_t N = a.n_tok, V = a.vocab, D = a.d_model, Dt = a.t_d_model;
+  return {{a.grad_output, N, te, "grad_output contains NaN or infinity"},
+          {a.hidden, N * D, a.elem, "student_input contains NaN or infinity"},
+          {a.weight, V * D, a.elem, "student_weight contains NaN or infinity"},
+          {a.bias, V, a.elem, "student_bias contains NaN or infinity"},
+          {a.t_hidden, N * Dt, a.t_elem, "teacher_input contains NaN or infinity"},
+          {a.t_weight, V * Dt, a.t_elem, "teacher_weight contains NaN or infinity"},
+          {a.t_bias, V, a.t_elem, "teacher_bias contains NaN or infinity"},
+          {a.shard_lse, 3 * N, te, "shard_lse contains NaN or infinity"},
+          {a.shard_h, N, te, "shard_h contains NaN or infinity"},
+          {a.shard_coef, 2 * N, te, "shard_coef contains NaN or infinity"}};
 }
 
 template <class T>
 int fused_linear_distill_check(const DistillArgs<T>& a, std::string* why) {
-  auto refuse = [&](int code, const std::string& msg) {
-    if (why) *why = msg;
-    return code;
-  };
-  const int st = fused_linear_distill_check_shape(a, why);
+  int st = fused_linear_distill_check_shape(a, why);
   if (st != LOSS_OK) return st;
-  using head::all_finite;
-  if (a.grad_output && !all_finite(a.grad_output, a.n_tok))
-    return refuse(LOSS_ERR_NON_FINITE, "grad_output contains NaN or infinity");
-  if (!all_finite(a.hidden, a.n_tok * a.d_model, a.elem))
-    return refuse(LOSS_ERR_NON_FINITE, "student_input contains NaN or infinity");
-  if (!all_finite(a.weight, a.vocab * a.d_model, a.elem))
-    return refuse(LOSS_ERR_NON_FINITE, "student_weight contains NaN or infinity");
-  if (a.bias && !all_finite(a.bias, a.vocab, a.elem))
-    return refuse(LOSS_ERR_NON_FINITE, "student_bias contains NaN or infinity");
-  if (!all_finite(a.t_hidden, a.n_tok * a.t_d_model, a.t_elem))
-    return refuse(LOSS_ERR_NON_FINITE, "teacher_input contains NaN or infinity");
-  if (!all_finite(a.t_weight, a.vocab * a.t_d_model, a.t_elem))
-    return refuse(LOSS_ERR_NON_FINITE, "teacher_weight contains NaN or infinity");
-  if (a.t_bias && !all_finite(a.t_bias, a.vocab, a.t_elem))
-    return refuse(LOSS_ERR_NON_FINITE, "teacher_bias contains NaN or infinity");
-  if (a.shard_lse && !all_finite(a.shard_lse, 3 * a.n_tok))
-    return refuse(LOSS_ERR_NON_FINITE, "shard_lse contains NaN or infinity");
-  if (a.shard_h && !all_finite(a.shard_h, a.n_tok))
-    return refuse(LOSS_ERR_NON_FINITE, "shard_h contains NaN or infinity");
-  if (a.shard_coef && !all_finite(a.shard_coef, 2 * a.n_tok))
-    return refuse(LOSS_ERR_NON_FINITE, "shard_coef contains NaN or infinity");
-  if (a.targets && !a.shard)
-    for (int64_t t = 0; t < a.n_tok; ++t) {
-      const int64_t y = a.targets[t];
-      if (a.has_ignore && y == a.ignore_index) continue;
-      if (y < 0 || y >= a.vocab)
-        return refuse(LOSS_ERR_TARGET_OUT_OF_RANGE,
-                      target_refusal(y, t, a.vocab, a.has_ignore));
-    }
-  return LOSS_OK;
+  if ((st = head::refuse_non_finite(finite_inputs(a), why)) != LOSS_OK) return st;
+  // in the vocab-parallel form a target outside [0, V) lies in another shard
+  if (!a.targets || a.shard) return LOSS_OK;
+  return head::refuse_bad_target(a.targets, a.n_tok, 0, 0, a.opt.has_ignore, a.opt.ignore_index,
+                                 a.vocab, why);
 }
 
 template <class T>
 int64_t fused_linear_distill_chunk(const DistillArgs<T>& a) {
-  return head::run_chunk<T>(a.elem, a.chunk, a.n_tok);
+  return head::run_chunk<T>(a.elem, a.opt.chunk, a.n_tok);
 }
 
 template <class T>
 void fused_linear_distill(const DistillArgs<T>& a, DistillOut<T>& out) {
   const int64_t N = a.n_tok, V = a.vocab;
   const int64_t C = fused_linear_distill_chunk(a);
-  const double temp = a.temperature, sw = a.soft_weight, hw = a.hard_weight, beta = a.beta;
-  const Objective obj = math::effective_objective(a.objective, beta);
+  const DistillOptions& o = a.opt;
+  const double temp = o.temperature, sw = o.soft_weight, hw = o.hard_weight, beta = o.beta;
+  const Objective obj = math::effective_objective(o.objective, beta);
   const double lb = obj == Objective::JSD ? std::log(beta) : 0.0;
   const double l1b = obj == Objective::JSD ? std::log1p(-beta) : 0.0;
   const bool has_ce = a.targets != nullptr;  // the hard term, reported even at hard_weight 0
@@ -156,9 +136,9 @@ void fused_linear_distill(const DistillArgs<T>& a, DistillOut<T>& out) {
 
   // ---- every allocation, before any work --------------------------------------------------
   head::Head<T> student(a.hidden, a.weight, a.bias, a.elem, N, a.d_model, V, C, true,
-                        head::grads_of<T>(out));
+                        out);
   head::Head<T> teacher(a.t_hidden, a.t_weight, a.t_bias, a.t_elem, N, a.t_d_model, V, C, true,
-                        head::Grads<T>());
+                        GradOut<T>());
   const bool with_grad = student.with_grad();
   if (shard && with_grad && !a.shard_coef)
     throw std::invalid_argument("the vocab-parallel form's gradients need shard_coef");
@@ -172,7 +152,7 @@ void fused_linear_distill(const DistillArgs<T>& a, DistillOut<T>& out) {
   int64_t n_counted = 0;
   for (int64_t t = 0; t < N; ++t) {
     valid[t] = !a.targets || shard ||
-               math::counted(a.targets, t, 0, 0, a.has_ignore, a.ignore_index);
+               math::counted(a.targets, t, 0, 0, o.has_ignore, o.ignore_index);
     n_counted += valid[t];
   }
   const double n_sum = double(n_counted);
@@ -262,7 +242,7 @@ void fused_linear_distill(const DistillArgs<T>& a, DistillOut<T>& out) {
         ks = double(a.shard_coef[2 * t]), kh = double(a.shard_coef[2 * t + 1]);
         hsum = double(a.shard_h[t]);
       } else {
-        const double sc = math::reduction_scales(a.reduction, true, a.grad_scale, n_sum, n_sum,
+        const double sc = math::reduction_scales(o.reduction, true, o.grad_scale, n_sum, n_sum,
                                                  a.grad_output ? double(a.grad_output[t]) : 1.0,
                                                  1.0).ce;
         ks = sc * sw / temp, kh = sc * hw;
@@ -303,6 +283,8 @@ template int fused_linear_distill_check_shape<float>(const DistillArgs<float>&, 
 template int fused_linear_distill_check_shape<double>(const DistillArgs<double>&, std::string*);
 template int fused_linear_distill_check<float>(const DistillArgs<float>&, std::string*);
 template int fused_linear_distill_check<double>(const DistillArgs<double>&, std::string*);
+template std::vector<FiniteInput> finite_inputs<float>(const DistillArgs<float>&);
+template std::vector<FiniteInput> finite_inputs<double>(const DistillArgs<double>&);
 template int64_t fused_linear_distill_chunk<float>(const DistillArgs<float>&);
 template int64_t fused_linear_distill_chunk<double>(const DistillArgs<double>&);
 template void fused_linear_distill<float>(const DistillArgs<float>&, DistillOut<float>&);

@@ -22,12 +22,14 @@
 #include <cstring>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 #include "algenta/buffer.hpp"
 #include "algenta/kernels.hpp"
 #include "algenta/lossk.hpp"
+#include "algenta/lossk_math.hpp"
 
 namespace algenta {
 namespace lossk {
@@ -65,6 +67,49 @@ inline bool all_finite(const void* p, int64_t n, Dtype e) {
     case Dtype::Int8: break;  // not an element type lossk takes (the bindings refuse it)
   }
   return false;
+}
+
+// The words of a refusal in *why (when asked for), and its status.
+inline int refusal(std::string* why, int code, const std::string& msg) {
+  if (why) *why = msg;
+  return code;
+}
+
+// The first of a loss's finite_inputs (lossk.hpp) that holds NaN or infinity, refused (585).
+inline int refuse_non_finite(const std::vector<FiniteInput>& inputs, std::string* why) {
+  for (const FiniteInput& f : inputs)
+    if (f.p && !all_finite(f.p, f.n, f.elem)) return refusal(why, LOSS_ERR_NON_FINITE, f.what);
+  return LOSS_OK;
+}
+
+// The first counted target (math::counted: rows [0, n) scored against targets[t + shift] within
+// sequences of seq_len rows, ignore_index skipped when has_ignore) outside [0, vocab), refused
+// (586).
+inline int refuse_bad_target(const int64_t* targets, int64_t n, int64_t shift, int64_t seq_len,
+                             bool has_ignore, int64_t ignore_index, int64_t vocab,
+                             std::string* why) {
+  for (int64_t t = 0; t < n; ++t) {
+    if (!math::counted(targets, t, shift, seq_len, has_ignore, ignore_index)) continue;
+    const int64_t y = targets[t + shift];
+    if (y < 0 || y >= vocab)
+      return refusal(why, LOSS_ERR_TARGET_OUT_OF_RANGE,
+                     target_refusal(y, t + shift, vocab, has_ignore));
+  }
+  return LOSS_OK;
+}
+
+// The refusals of LossOptions' shared scalars (each loss makes them in its own order).
+template <class T>
+int check_temperature(double t, std::string* why) {
+  if (math::temperature_ok<T>(t)) return LOSS_OK;
+  return refusal(why, LOSS_ERR_NON_FINITE,
+                 "temperature must be a finite number > 0 (at least " +
+                     std::string(sizeof(T) == 8 ? "2.2e-308" : "1.2e-38") +
+                     " in this precision), got " + std::to_string(t));
+}
+inline int check_grad_scale(double g, std::string* why) {
+  if (loss_scalars_ok(g)) return LOSS_OK;
+  return refusal(why, LOSS_ERR_NON_FINITE, "grad_output must be finite");
 }
 
 // ---- the head ----
@@ -127,35 +172,13 @@ int64_t run_chunk(Dtype elem, int64_t chunk, int64_t n_tok) {
   return C;
 }
 
-// Where a head's gradients go, each null when not wanted (FusedOut's fields of the same names).
-template <class T>
-struct Grads {
-  void* d_hidden = nullptr;           // (N, D) in grad_elem
-  T* d_weight = nullptr;              // (V, D) T accumulator (narrowed in place by finish())
-  uint16_t* d_weight_half = nullptr;  // (V, D) half bits, one chunk only
-  T* d_bias = nullptr;                // (V) T accumulator (narrowed in place by finish())
-  Dtype grad_elem = sizeof(T) == 8 ? Dtype::F64 : Dtype::F32;
-};
-
-// A loss's output struct's gradient fields (FusedOut, DistillOut) as a head's Grads.
-template <class T, class Out>
-Grads<T> grads_of(const Out& out) {
-  Grads<T> g;
-  g.d_hidden = out.d_hidden;
-  g.d_weight = out.d_weight;
-  g.d_weight_half = out.d_weight_half;
-  g.d_bias = out.d_bias;
-  g.grad_elem = out.grad_elem;
-  return g;
-}
-
 template <class T>
 class Head {
  public:
   // hidden (N, D) rows and weight (V, D), bias (V) or null, all of `elem`; C the chunk
   // (run_chunk's); materialize: keep each chunk's (C, V) logits (always, with gradients).
   Head(const void* hidden, const void* weight, const void* bias, Dtype elem, int64_t N, int64_t D,
-       int64_t V, int64_t C, bool materialize, const Grads<T>& g)
+       int64_t V, int64_t C, bool materialize, const GradOut<T>& g)
       : K(kern::ops<T>()), DP(K.bf16dot), g_(g), N_(N), D_(D), V_(V), C_(C),
         half_in_(is_half(elem)), hk_(half_kind(elem)), dp_(dot_path<T>(elem)),
         esz_(half_in_ ? 2 : sizeof(T)),
@@ -418,7 +441,7 @@ class Head {
  private:
   const kern::IsaOps<T>& K;
   const kern::Bf16DotOps& DP;
-  Grads<T> g_;
+  GradOut<T> g_;
   int64_t N_, D_, V_, C_;
   bool half_in_;
   int hk_;

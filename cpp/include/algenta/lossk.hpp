@@ -14,6 +14,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "algenta/dtype.hpp"
 
@@ -91,8 +92,69 @@ struct LossSum {
   double mean() const;  // NaN when count == 0 (PyTorch: a mean over no tokens is NaN)
 };
 
-// ---- the fused loss ---------------------------------------------------------------------
+// ---- the options record ---------------------------------------------------------------------
 enum class Reduction { Mean, Sum, None };
+enum class Objective { KL, ReverseKL, JSD };  // distillation's divergence (below)
+
+// The scalar options of a fused loss: one record from the Python faces (algenta/lossk/_args.py
+// builds it under these field names, the binding reads it in one place) through either backend's
+// host code to the kernels. Per-call data (the arrays, their sizes, which outputs are wanted) is
+// the Args and Out structs' own. Every range below is refused by the core's checks
+// (fused_linear_ce_check_shape, fused_linear_distill_check_shape), never assumed.
+struct LossOptions {                 // what every fused loss takes
+  int64_t chunk = 0;                 // tokens per chunk; must pass loss_chunk_check
+  Reduction reduction = Reduction::Mean;
+  bool has_ignore = false;           // when false every counted target must be in [0, V)
+  int64_t ignore_index = -100;
+  // T > 0 (finite, and a normal number of the compute type) divides the logits (both heads'
+  // for distillation)
+  double temperature = 1.0;
+  double grad_scale = 1.0;           // the upstream gradient of a Mean/Sum loss (finite)
+};
+
+struct CrossEntropyOptions : LossOptions {
+  double label_smoothing = 0.0;      // PyTorch's F.cross_entropy semantics, in [0, 1]
+  bool has_softcap = false;          // cap the logits (Gemma 2) at softcap, which must be > 0
+  double softcap = 0.0;
+  double lse_square_scale = 0.0;     // the z-loss scale s >= 0
+  // >= 0: score row r against targets[r + shift] within sequences of FusedArgs::seq_len rows
+  int64_t shift = 0;
+  bool entropy = false;              // compute the entropy (FusedOut::ent, entropy_tok)
+  double entropy_grad_scale = 0.0;   // its upstream gradient for Mean/Sum (entropy only)
+};
+
+struct DistillOptions : LossOptions {
+  Objective objective = Objective::KL;
+  double beta = 0.5;                 // JSD's, in [0, 1]
+  double hard_weight = 0.0, soft_weight = 1.0;  // finite, >= 0; hard_weight > 0 needs targets
+};
+
+// Where a loss's gradients go on the host (FusedOut's, DistillOut's, one head's in
+// lossk_head.hpp), each null when not wanted. d_hidden: (N, D) in grad_elem. d_weight: (V, D) T
+// accumulator; d_bias: (V) T accumulator; with a half grad_elem both are narrowed in place at the
+// end, their first V*D (V) uint16 holding the result. d_weight_half, instead of d_weight, where
+// the grad_elem is half and the whole batch is one chunk (the loss's *_chunk(a) >= n_tok): (V, D)
+// half bits, each cell's one chain formed in a tile and narrowed from it, no accumulator at all.
+template <class T>
+struct GradOut {
+  void* d_hidden = nullptr;
+  T* d_weight = nullptr;
+  uint16_t* d_weight_half = nullptr;
+  T* d_bias = nullptr;
+  Dtype grad_elem = sizeof(T) == 8 ? Dtype::F64 : Dtype::F32;
+};
+
+// One input a loss requires finite: n elements of `elem` at p (null: not given) and the words of
+// its 585 refusal. finite_inputs lists a call's in the order its check refuses them; both
+// backends run that list (lossk_head.hpp on the host, lossk_launch.cuh on a device).
+struct FiniteInput {
+  const void* p;
+  int64_t n;
+  Dtype elem;
+  const char* what;
+};
+
+// ---- the fused loss ---------------------------------------------------------------------
 
 // Storage of hidden, weight and bias (and of gradients handed back narrowed). BF16/F16 inputs
 // compute in float32: FusedArgs<float>.
@@ -119,32 +181,18 @@ struct FusedArgs {
   const void* weight = nullptr;        // (V, D) row-major, `elem`
   const void* bias = nullptr;          // (V), `elem`, or null
   Dtype elem = sizeof(T) == 8 ? Dtype::F64 : Dtype::F32;  // F64 with T = double; F32/BF16/F16 else
-  const int64_t* targets = nullptr;    // (N): row r's target is targets[r + shift]
+  const int64_t* targets = nullptr;    // (N): row r's target is targets[r + opt.shift]
   const T* class_weight = nullptr;     // (V) PyTorch's `weight`, or null
   // (N) per-token loss weights u, finite and >= 0, aligned with targets (row r's is
-  // token_weight[r + shift]), or null (every u = 1)
+  // token_weight[r + opt.shift]), or null (every u = 1)
   const T* token_weight = nullptr;
   int64_t n_tok = 0, d_model = 0, vocab = 0;
-  int64_t chunk = 0;                   // tokens per chunk; must pass loss_chunk_check
-  Reduction reduction = Reduction::Mean;
-  bool has_ignore = false;             // when false every counted target must be in [0, V)
-  int64_t ignore_index = -100;
-  double label_smoothing = 0.0;        // PyTorch's F.cross_entropy semantics, in [0, 1]
-  bool has_softcap = false;            // cap the logits (Gemma 2) at softcap, which must be > 0
-  double softcap = 0.0;
-  // T > 0 (finite, and a normal number of the compute type) divides the capped logits: every
-  // output (lse, target logit, logit sum, argmax, z-loss) is of the tempered z'
-  double temperature = 1.0;
-  double z_loss = 0.0;                 // s >= 0 (lse_square_scale)
-  int64_t shift = 0;                   // >= 0: score row r against targets[r + shift] ...
-  int64_t seq_len = 0;                 // ... within sequences of seq_len rows (shift < seq_len)
+  int64_t seq_len = 0;                 // with opt.shift: rows a sequence (shift < seq_len)
+  CrossEntropyOptions opt;
   const T* grad_output = nullptr;      // (N) per-token upstream gradient, Reduction::None only
-  double grad_scale = 1.0;             // the upstream gradient of a Mean/Sum loss (finite)
   const T* grad_lse = nullptr;         // (N) upstream gradient of the per-token lse, or null
-  bool entropy = false;                // compute the entropy (FusedOut::ent, entropy_tok)
-  // its upstream gradient (entropy only): per token for None, a scalar for Mean/Sum
+  // (N) the entropy's upstream gradient per token for None (opt.entropy only), or null
   const T* grad_entropy = nullptr;
-  double entropy_grad_scale = 0.0;
   // (N, 3) per-token (a, b, c), or null: the gradient is d/dz'_v = a softmax_v - b w_v - c [v == y]
   // (times d z' / d z: the cap's derivative over T) instead of the reduction's, for callers
   // that combine passes over shards of the vocabulary (a then carries exp(lse_shard -
@@ -152,8 +200,9 @@ struct FusedArgs {
   const T* grad_coef = nullptr;
 };
 
+// The per-token results and sums of fused_linear_ce, with its gradients (GradOut).
 template <class T>
-struct FusedOut {
+struct FusedOut : GradOut<T> {
   T* lse = nullptr;        // (N) per-token log-sum-exp of the (capped) logits, or null
   T* loss_tok = nullptr;   // (N) per-token ce_t + z_t (0 for tokens not counted), or null
   T* z_tok = nullptr;      // (N) per-token z-loss, or null
@@ -161,17 +210,6 @@ struct FusedOut {
   T* target_logit = nullptr;  // (N) z'_y of counted tokens (NaN for the others), or null
   T* logit_sum = nullptr;     // (N) sum_v w_v z'_v (w the class weights, or ones), or null
   T* entropy_tok = nullptr;   // (N) per-token u_t H_t (0 for tokens not counted), or null
-  // Gradients of the reduced loss (times grad_output for None, plus grad_lse's share), each null
-  // when not wanted. d_hidden: (N, D) in grad_elem. d_weight: (V, D) T accumulator; d_bias: (V)
-  // T accumulator; with a half grad_elem both are narrowed in place at the end, their first
-  // V*D (V) uint16 holding the result. d_weight_half, instead of d_weight, where the grad_elem
-  // is half and the whole batch is one chunk (fused_linear_ce_chunk(a) >= n_tok): (V, D) half
-  // bits, each cell's one chain formed in a tile and narrowed from it, no accumulator at all.
-  void* d_hidden = nullptr;
-  T* d_weight = nullptr;
-  uint16_t* d_weight_half = nullptr;
-  T* d_bias = nullptr;
-  Dtype grad_elem = sizeof(T) == 8 ? Dtype::F64 : Dtype::F32;
   // Results, summed in token order over the counted tokens.
   LossSum ce, z;           // ce_t and z_t; ce.count is the number of counted tokens
   LossSum ent;             // u_t H_t (with entropy)
@@ -201,8 +239,8 @@ int fused_linear_ce_check(const FusedArgs<T>& a, std::string* why = nullptr);
 template <class T>
 void fused_linear_ce(const FusedArgs<T>& a, FusedOut<T>& out);
 
-// The chunk fused_linear_ce runs a (passing fused_linear_ce_check_shape) in: a.chunk, at most
-// n_tok, rounded to the bf16 dot product's k step on that path (see the .cpp).
+// The chunk fused_linear_ce runs a (passing fused_linear_ce_check_shape) in: a.opt.chunk, at
+// most n_tok, rounded to the bf16 dot product's k step on that path (see the .cpp).
 template <class T>
 int64_t fused_linear_ce_chunk(const FusedArgs<T>& a);
 
@@ -211,6 +249,11 @@ int64_t fused_linear_ce_chunk(const FusedArgs<T>& a);
 // the data's own checks (finite values, targets) then run on the device.
 template <class T>
 int fused_linear_ce_check_shape(const FusedArgs<T>& a, std::string* why = nullptr);
+
+// The inputs fused_linear_ce_check requires finite, in its order (token weights, finite and
+// >= 0, and the targets are checked after them).
+template <class T>
+std::vector<FiniteInput> finite_inputs(const FusedArgs<T>& a);
 
 // ---- fused linear distillation ------------------------------------------------------------
 // A student head (hidden (N, D), weight (V, D), bias) against a teacher head (teacher hidden (N,
@@ -230,8 +273,6 @@ int fused_linear_ce_check_shape(const FusedArgs<T>& a, std::string* why = nullpt
 // per-token loss_t (0 where not counted). Exactness as the cross-entropy's: every output and
 // gradient bit-identical for every chunk size and thread count, each token's div_t and ce_t
 // independent of the other tokens of its batch.
-enum class Objective { KL, ReverseKL, JSD };
-
 template <class T>
 struct DistillArgs {
   const void* hidden = nullptr;    // student (N, D) row-major, `elem`
@@ -244,16 +285,8 @@ struct DistillArgs {
   Dtype t_elem = sizeof(T) == 8 ? Dtype::F64 : Dtype::F32;
   const int64_t* targets = nullptr;  // (N), or null: every token counts, no hard term
   int64_t n_tok = 0, d_model = 0, t_d_model = 0, vocab = 0;
-  int64_t chunk = 0;                 // tokens per chunk; must pass loss_chunk_check
-  Objective objective = Objective::KL;
-  double beta = 0.5;                 // JSD's, in [0, 1]
-  double temperature = 1.0;          // > 0, divides both heads' logits (as FusedArgs's)
-  double hard_weight = 0.0, soft_weight = 1.0;  // finite, >= 0; hard_weight > 0 needs targets
-  Reduction reduction = Reduction::Mean;
-  bool has_ignore = false;
-  int64_t ignore_index = -100;
+  DistillOptions opt;
   const T* grad_output = nullptr;    // (N) per-token upstream gradient, Reduction::None only
-  double grad_scale = 1.0;           // the upstream gradient of a Mean/Sum loss
   // The vocab-parallel form (shard): both heads are the same rows of a larger vocabulary,
   // targets are local (outside [0, V): in another shard, never refused) and every token is
   // scored (the caller zeroes the scales of tokens it does not count). shard_lse (N, 3): per
@@ -268,18 +301,13 @@ struct DistillArgs {
   const T* shard_coef = nullptr;
 };
 
+// The per-token results and sums of fused_linear_distill, with the student's gradients of the
+// reduced loss (GradOut).
 template <class T>
-struct DistillOut {
+struct DistillOut : GradOut<T> {
   T* loss_tok = nullptr;   // (N) per-token loss_t (0 where not counted), or null
   T* div_tok = nullptr;    // (N) per-token div_t (0 where not counted), or null
   T* ce_tok = nullptr;     // (N) per-token ce_t (0 where not counted; 0 without targets)
-  // The student's gradients of the reduced loss, each null when not wanted (FusedOut's rules,
-  // d_weight_half included).
-  void* d_hidden = nullptr;
-  T* d_weight = nullptr;
-  uint16_t* d_weight_half = nullptr;
-  T* d_bias = nullptr;
-  Dtype grad_elem = sizeof(T) == 8 ? Dtype::F64 : Dtype::F32;
   // (N, 6) or null: per token this vocabulary's own lse of s / T, t / T and s, its shares of
   // div_t and of H (under shard_lse's normalizers when given), and the target's logit s_y (NaN
   // where the target is not in [0, V)): what the vocab-parallel form combines across shards.
@@ -298,6 +326,9 @@ template <class T>
 int fused_linear_distill_check_shape(const DistillArgs<T>& a, std::string* why = nullptr);
 template <class T>
 int fused_linear_distill_check(const DistillArgs<T>& a, std::string* why = nullptr);
+// The inputs fused_linear_distill_check requires finite, in its order.
+template <class T>
+std::vector<FiniteInput> finite_inputs(const DistillArgs<T>& a);
 // The chunk fused_linear_distill runs (as fused_linear_ce_chunk, for the student's dtype).
 template <class T>
 int64_t fused_linear_distill_chunk(const DistillArgs<T>& a);
@@ -314,8 +345,18 @@ void fused_linear_distill(const DistillArgs<T>& a, DistillOut<T>& out);
 // of 16 tokens (16 at least), the tensor cores' k-step, so the weight gradient's chains group
 // tokens the same way whatever chunk the caller asked for. Bits differ from the CPU backend's
 // (another reduction order, device libm), within the tolerances the tests hold.
+// Where a loss's gradients go on a device, each null when not wanted: d_hidden (N, D),
+// d_weight (V, D) and d_bias (V), all in grad_elem.
 template <class T>
-struct FusedCudaOut {          // device memory, each pointer null when not wanted
+struct DeviceGradOut {
+  void* d_hidden = nullptr;
+  void* d_weight = nullptr;
+  void* d_bias = nullptr;
+  Dtype grad_elem = sizeof(T) == 8 ? Dtype::F64 : Dtype::F32;
+};
+
+template <class T>
+struct FusedCudaOut : DeviceGradOut<T> {  // device memory, each pointer null when not wanted
   T* loss = nullptr;           // () the reduced loss, Mean or Sum (not for None)
   T* z = nullptr;              // () the reduced z-loss term, as loss
   T* loss_tok = nullptr;       // (N) per-token ce_t + z_t, 0 for tokens not counted
@@ -325,15 +366,11 @@ struct FusedCudaOut {          // device memory, each pointer null when not want
   float* accuracy = nullptr;   // () correct argmaxes / counted tokens (NaN for none); needs pred
   T* target_logit = nullptr;   // (N) as FusedOut
   T* logit_sum = nullptr;      // (N) as FusedOut
-  T* entropy = nullptr;        // () the reduced entropy, as loss (needs FusedArgs::entropy)
-  T* entropy_tok = nullptr;    // (N) per-token u_t H_t (needs FusedArgs::entropy)
+  T* entropy = nullptr;        // () the reduced entropy, as loss (needs opt.entropy)
+  T* entropy_tok = nullptr;    // (N) per-token u_t H_t (needs opt.entropy)
   // (14) FusedOut's sums: ce (total, first, shifted, count), z (the same), weight_sum, n_correct,
   // token_weight_sum, ent (total, first, shifted)
   double* sums = nullptr;
-  void* d_hidden = nullptr;    // (N, D) in grad_elem
-  void* d_weight = nullptr;    // (V, D) in grad_elem
-  void* d_bias = nullptr;      // (V) in grad_elem
-  Dtype grad_elem = sizeof(T) == 8 ? Dtype::F64 : Dtype::F32;
 };
 // Device scratch one call needs, in bytes: per token a few numbers, per chunk its block
 // statistics and, with gradients, its (C, V) logits; a float32 accumulator of d_weight/d_bias
@@ -359,7 +396,7 @@ void fused_linear_ce_cuda_host(const FusedArgs<T>& a, FusedOut<T>& out);
 // guarantees as the cross-entropy's there (no atomics in a reduction, bit-identical across runs
 // and chunk sizes; half students' chunks rounded down to a multiple of 16 tokens).
 template <class T>
-struct DistillCudaOut {        // device memory, each pointer null when not wanted
+struct DistillCudaOut : DeviceGradOut<T> {  // device memory, each pointer null when not wanted
   T* loss = nullptr;           // () the reduced loss, Mean or Sum (not for None)
   T* div = nullptr;            // () the reduced divergence term
   T* ce = nullptr;             // () the reduced hard term
@@ -367,10 +404,6 @@ struct DistillCudaOut {        // device memory, each pointer null when not want
   T* div_tok = nullptr;        // (N)
   T* ce_tok = nullptr;         // (N)
   double* sums = nullptr;      // (10) DistillOut's loss, div, ce (total, first, shifted), count
-  void* d_hidden = nullptr;    // (N, D) in grad_elem
-  void* d_weight = nullptr;    // (V, D) in grad_elem
-  void* d_bias = nullptr;      // (V) in grad_elem
-  Dtype grad_elem = sizeof(T) == 8 ? Dtype::F64 : Dtype::F32;
 };
 // Device scratch of one call in bytes: per token a few numbers, one (C, V) chunk of each head's
 // logits, float32 accumulators of half gradients. a must pass fused_linear_distill_check_shape.

@@ -1,48 +1,129 @@
-"""lossk's arguments, checked once for every front end (the NumPy API ``linear_cross_entropy``,
-``algenta.torch`` on CPU and CUDA tensors): the scalar options converted to what the core takes,
-and the shapes compared with each other. Only what Python must know before the core sees the
-data is checked here; every value refusal the core makes itself (NaN/inf, target range, the
-ranges of label smoothing, soft cap, temperature and z-loss, the chunk budget, an impossible
-shift) is left to it, so its status codes are the core's whatever the front end."""
+"""lossk's arguments, checked once for every front end (the NumPy API ``linear_cross_entropy`` and
+``linear_distillation``, ``algenta.torch`` on CPU and CUDA tensors).
+
+The scalar options of a loss are one record, built here and passed whole down to the core:
+``CrossEntropyOptions`` and ``DistillOptions`` are the Python side of lossk.hpp's records of the
+same field names (``CrossEntropyOptions``, ``DistillOptions``), which the binding reads field by
+field in one place; ``algenta.torch``'s op schema is derived from their annotations. A new option
+is a field here and in lossk.hpp, a line of the binding's reader, and its math.
+
+Only what Python must know before the core sees the data is checked here: the types of the
+options, and the shapes compared with each other. Every value refusal the core makes itself
+(NaN/inf, target range, the ranges of label smoothing, soft cap, temperature, z-loss, beta and the
+weights, an unknown objective, the chunk budget, an impossible shift) is left to it, so its status
+codes are the core's whatever the front end."""
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, get_type_hints
 
 from .._convert import I64_MAX, I64_MIN, as_float, as_i64_clamped, as_int
 from ..errors import LossError
-from . import contract as _contract
 
 REDUCTIONS = ("mean", "sum", "none")
 
 
-class Options(NamedTuple):
-    reduction: str
-    ignore_index: Optional[int]  # None: every target counts
-    label_smoothing: float
-    softcap: Optional[float]
-    temperature: float  # divides the (biased, capped) logits; 1: untempered, not a bit changed
-    lse_square_scale: float
-    shift: int
-    chunk: Optional[int]  # None: the largest the logit budget admits
+class CrossEntropyOptions(NamedTuple):
+    """The cross-entropy's options (lossk.hpp: CrossEntropyOptions)."""
+
+    reduction: str = "mean"
+    ignore_index: Optional[int] = None  # None: every target counts
+    label_smoothing: float = 0.0
+    softcap: Optional[float] = None
+    temperature: float = 1.0  # divides the (biased, capped) logits; 1: not a bit changed
+    lse_square_scale: float = 0.0
+    shift: int = 0
+    chunk: Optional[int] = None  # None: the largest the logit budget admits
+    entropy: bool = False  # compute the entropy of the (tempered) softmax
+    grad_scale: float = 1.0  # the upstream gradient of a mean/sum loss
+    entropy_grad_scale: float = 0.0  # the entropy's, for mean/sum
 
 
-def options(reduction, ignore_index, label_smoothing, softcap, lse_square_scale, shift,
-            chunk, temperature=1.0) -> Options:
-    """The scalar options as the core takes them: types refused with TypeError, a reduction
-    that is none of mean/sum/none with 588, an ignore_index beyond int64 with 586, a chunk past
-    int64 clamped (the core then refuses it as the value it stands for, 583/587)."""
-    if not isinstance(reduction, str) or reduction not in REDUCTIONS:
-        raise LossError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}", 588)
-    ii = None if ignore_index is None else as_int(ignore_index, "ignore_index")
-    if ii is not None and not I64_MIN <= ii <= I64_MAX:
-        raise LossError(f"ignore_index={ii} is beyond int64", 586)
-    return Options(reduction, ii, as_float(label_smoothing, "label_smoothing"),
-                   None if softcap is None else as_float(softcap, "softcap"),
-                   as_float(temperature, "temperature"),
-                   as_float(lse_square_scale, "lse_square_scale"), as_int(shift, "shift"),
-                   None if chunk is None else as_i64_clamped(chunk, "chunk"))
+class DistillOptions(NamedTuple):
+    """Distillation's options (lossk.hpp: DistillOptions)."""
+
+    objective: str = "kl"
+    reduction: str = "mean"
+    ignore_index: Optional[int] = None
+    temperature: float = 1.0  # divides both heads' logits
+    chunk: Optional[int] = None
+    beta: float = 0.5
+    hard_weight: float = 0.0
+    soft_weight: float = 1.0
+    grad_scale: float = 1.0
+
+
+def _reduction(v, name):
+    if not isinstance(v, str) or v not in REDUCTIONS:
+        raise LossError(f"reduction must be one of {REDUCTIONS}, got {v!r}", 588)
+    return v
+
+
+def _ignore_index(v, name):
+    if v is None:
+        return None
+    ii = as_int(v, name)
+    if not I64_MIN <= ii <= I64_MAX:
+        raise LossError(f"{name}={ii} is beyond int64", 586)
+    return ii
+
+
+def _objective(v, name):
+    if not isinstance(v, str):
+        raise TypeError(f"objective must be a string, got {type(v).__name__}")
+    return v  # its name is the core's to refuse (588)
+
+
+def _optional(convert):
+    return lambda v, name: None if v is None else convert(v, name)
+
+
+# How each field is converted: by name where the field has a rule of its own, else by type. A
+# Python int past int64 in chunk is clamped (the core then refuses it as the value it stands for,
+# 583/587, never wrapped).
+_BY_NAME = {"reduction": _reduction, "ignore_index": _ignore_index, "objective": _objective,
+            "chunk": _optional(as_i64_clamped)}
+_BY_TYPE = {float: as_float, Optional[float]: _optional(as_float), int: as_int,
+            bool: lambda v, name: bool(v)}
+
+
+def _converters(cls) -> tuple:
+    """(name, converter, default) of each of cls's fields, in field order."""
+    return tuple((name, _BY_NAME.get(name) or _BY_TYPE[typ], cls._field_defaults[name])
+                 for name, typ in get_type_hints(cls).items())
+
+
+# Worked out once (torch.compile traces _record, not the typing machinery).
+_FIELDS = {cls: _converters(cls) for cls in (CrossEntropyOptions, DistillOptions)}
+
+
+def _record(cls, given: dict):
+    """cls built from the caller's values (defaults for the rest), each converted in field
+    order: a wrong type is a TypeError, a reduction that is none of mean/sum/none 588, an
+    ignore_index beyond int64 586."""
+    for name in given:
+        if name not in cls._fields:
+            raise TypeError(f"{cls.__name__} has no field {name!r}")
+    return cls(*(convert(given.get(name, default), name)
+                 for name, convert, default in _FIELDS[cls]))
+
+
+def options(**given) -> CrossEntropyOptions:
+    """The cross-entropy's options record from a front end's keyword values."""
+    return _record(CrossEntropyOptions, given)
+
+
+def distill_options(**given) -> DistillOptions:
+    """Distillation's options record from a front end's keyword values."""
+    return _record(DistillOptions, given)
+
+
+def schema(cls) -> str:
+    """cls's fields as a torch.library schema fragment ("str reduction, int? ignore_index, ...")."""
+    kinds = {str: "str", int: "int", float: "float", bool: "bool", Optional[int]: "int?",
+             Optional[float]: "float?"}
+    return ", ".join(f"{kinds[t]} {n}" for n, t in get_type_hints(cls).items())
 
 
 def shapes(hidden_shape, weight_shape, target_shape, *, shift: int, bias_shape=None,
@@ -77,22 +158,3 @@ def shapes(hidden_shape, weight_shape, target_shape, *, shift: int, bias_shape=N
         raise LossError(f"token_weight must have {t}'s shape {lead}, got "
                         f"{tuple(token_weight_shape)}", 582)
     return lead, math.prod(lead), d, v
-
-
-def chunk_for(chunk, n_tok: int, vocab: int) -> int:
-    """The chunk the core runs: the caller's (clamped to int64: the core refuses what it stands
-    for), or for None the largest the logit budget admits (1 where the dimensions are refused
-    anyway: the core refuses them first)."""
-    if chunk is None:
-        return max(_contract.loss_max_chunk(n_tok, vocab), 1)
-    return as_i64_clamped(chunk, "chunk")
-
-
-def core_options(o: Options, seq_len: int) -> dict:
-    """The options as the core's keyword arguments, for both of its entry points (host arrays,
-    the NumPy API; device pointers, algenta.torch's CUDA tensors): one spelling of each."""
-    return {"reduction": o.reduction, "has_ignore": o.ignore_index is not None,
-            "ignore_index": 0 if o.ignore_index is None else o.ignore_index,
-            "label_smoothing": o.label_smoothing, "softcap": o.softcap,
-            "temperature": o.temperature, "z_loss": o.lse_square_scale, "shift": o.shift,
-            "seq_len": seq_len if o.shift else 0}

@@ -78,23 +78,19 @@ def _dims(*pairs) -> tuple:
     return tuple(as_i64_clamped(v, name) for v, name in pairs)
 
 
-_chunk = _args.chunk_for
-
-
 def _targets(t) -> np.ndarray:
     return int_array(t, "targets", error=lambda m: _err(m, 586))
 
 
-def _core_pass(hidden, weight, targets, n, d, v, chunk, **kw):
-    """One pass of the C++ core (every caller in this package goes through here)."""
-    return _c.fused_linear_ce(hidden, weight, targets, n, d, v, chunk, **kw)
-
-
-def _run(hidden, weight, targets, n, d, v, chunk, *, want_dh=False, want_dw=False,
-         want_loss_tok=False):
-    """One float64 pass for the flat API (mean loss)."""
-    return _core_pass(hidden, weight, targets, n, d, v, chunk, elem="f64", want_dh=want_dh,
-                      want_dw=want_dw, want_loss_tok=want_loss_tok)
+def _flat(hidden, weight, targets, n_tok, d_model, vocab, chunk, **want) -> dict:
+    """One float64 pass of the core for the flat API, with the default options (mean loss) and
+    `chunk` (None: the largest the logit budget admits; the result's "chunk" is the one run)."""
+    n, d, v = _dims((n_tok, "n_tok"), (d_model, "d_model"), (vocab, "vocab"))
+    t = _targets(targets)
+    o = _args.options(chunk=chunk)
+    return _c.fused_linear_ce(o, hidden=float_array(hidden, "hidden"),
+                              weight=float_array(weight, "weight"), targets=t, n_tok=n,
+                              d_model=d, vocab=v, elem="f64", **want)
 
 
 # ---- the seed's flat API ----------------------------------------------------------------------
@@ -123,23 +119,17 @@ def ce_from_logits_flat(logits, targets, n_tok, vocab, *, device="cpu") -> CELos
 def fused_linear_ce_flat(hidden, weight, targets, n_tok, d_model, vocab, chunk) -> FusedCELoss:
     """Projects hidden [n_tok][d_model] through weight [vocab][d_model] (row-major) and reduces to
     cross-entropy `chunk` tokens at a time; the [n_tok][vocab] logits never exist."""
-    n, d, v = _dims((n_tok, "n_tok"), (d_model, "d_model"), (vocab, "vocab"))
-    t = _targets(targets)
-    c = _chunk(chunk, n, v)
-    r = _run(float_array(hidden, "hidden"), float_array(weight, "weight"), t, n, d, v, c)
+    r = _flat(hidden, weight, targets, n_tok, d_model, vocab, chunk)
+    c = r["chunk"]
     return FusedCELoss(mean_loss=r["mean"], total_loss=r["total"], chunk=c,
-                       n_chunks=-(-n // c), status=_OK)
+                       n_chunks=-(-r["lse"].size // c), status=_OK)
 
 
 def fused_linear_ce_bwd_flat(hidden, weight, targets, n_tok, d_model, vocab, chunk=None) -> FusedCEGrad:
     """Gradients of the mean fused loss with respect to hidden and weight (flat float64 arrays),
     chunked like the forward: peak extra memory is the gradients plus one chunk of logits.
     ``chunk=None`` takes the largest chunk the logit budget admits."""
-    n, d, v = _dims((n_tok, "n_tok"), (d_model, "d_model"), (vocab, "vocab"))
-    t = _targets(targets)
-    c = _chunk(chunk, n, v)
-    r = _run(float_array(hidden, "hidden"), float_array(weight, "weight"), t, n, d, v, c,
-             want_dh=True, want_dw=True)
+    r = _flat(hidden, weight, targets, n_tok, d_model, vocab, chunk, want_dh=True, want_dw=True)
     return FusedCEGrad(d_hidden=r["d_hidden"].reshape(-1), d_weight=r["d_weight"].reshape(-1),
                        mean_loss=r["mean"], status=_OK)
 
@@ -169,16 +159,12 @@ def ce_chunk_invariance_flat(hidden, weight, targets, n_tok, d_model, vocab) -> 
     """Runs the fused loss at chunk=1 and chunk=n_tok (or the largest chunk the logit budget
     admits) and reports how far apart they land. The contract is max_abs_delta == 0.0: the
     accumulation order does not depend on the chunk size."""
-    n, d, v = _dims((n_tok, "n_tok"), (d_model, "d_model"), (vocab, "vocab"))
-    t = _targets(targets)
-    big = _chunk(None, n, v)
-    h, w = float_array(hidden, "hidden"), float_array(weight, "weight")
-    a = _run(h, w, t, n, d, v, 1, want_loss_tok=True)
-    b = _run(h, w, t, n, d, v, big, want_loss_tok=True)
+    a, b = (_flat(hidden, weight, targets, n_tok, d_model, vocab, c, want_loss_tok=True)
+            for c in (1, None))
     delta = max(abs(a["total"] - b["total"]), abs(a["mean"] - b["mean"]),
                 float(np.max(np.abs(a["loss_tok"] - b["loss_tok"]))),
                 float(np.max(np.abs(a["lse"] - b["lse"]))))
-    return ChunkInvariance(total_chunk_1=a["total"], total_chunk_n=b["total"], chunk_n=big,
+    return ChunkInvariance(total_chunk_1=a["total"], total_chunk_n=b["total"], chunk_n=b["chunk"],
                            max_abs_delta=delta, status=_OK)
 
 
@@ -264,10 +250,10 @@ def _dtype_name(a) -> str:
 def _grad_sets(with_grad, has_bias):
     if isinstance(with_grad, (bool, np.bool_)):
         return bool(with_grad), bool(with_grad), bool(with_grad) and has_bias
-    names = {with_grad} if isinstance(with_grad, str) else set(with_grad) \
-        if isinstance(with_grad, (list, tuple, set, frozenset)) else None
-    if not names or not names <= {"hidden", "weight", "bias"} or \
-            not all(isinstance(x, str) for x in names):
+    names = ({with_grad} if isinstance(with_grad, str) else set(with_grad)
+             if isinstance(with_grad, (list, tuple, set, frozenset)) else None)
+    if (not names or not names <= {"hidden", "weight", "bias"}
+            or not all(isinstance(x, str) for x in names)):
         raise TypeError(f"with_grad must be a bool or any of 'hidden', 'weight', 'bias', got "
                         f"{with_grad!r}")
     if "bias" in names and not has_bias:
@@ -278,8 +264,8 @@ def _grad_sets(with_grad, has_bias):
 def _grad_elem(elem: str, grad_dtype) -> str:
     """The core's gradient element for inputs of `elem`: theirs, or float32 for half inputs
     with grad_dtype=float32; anything else a TypeError."""
-    if grad_dtype is None or (elem == "f32" and np.dtype(grad_dtype) == np.float32) or \
-            (elem == "f64" and np.dtype(grad_dtype) == np.float64):
+    if (grad_dtype is None or (elem == "f32" and np.dtype(grad_dtype) == np.float32)
+            or (elem == "f64" and np.dtype(grad_dtype) == np.float64)):
         return elem
     if elem in ("f16", "bf16") and np.dtype(grad_dtype) == np.float32:
         return "f32"
@@ -369,25 +355,41 @@ def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=Non
     host without a usable device 590.
     """
     dev = _device(device)
-    if not isinstance(hidden, (np.ndarray, HalfBits)) or \
-            not isinstance(weight, (np.ndarray, HalfBits)):
+    if (not isinstance(hidden, (np.ndarray, HalfBits))
+            or not isinstance(weight, (np.ndarray, HalfBits))):
         raise TypeError("hidden and weight must be NumPy arrays (or HalfBits)")
     elem, h = _elem(hidden)
     welem, w = _elem(weight)
     if welem != elem:
         raise TypeError(f"hidden and weight must share one dtype; got {_dtype_name(hidden)} and "
                         f"{_dtype_name(weight)}")
-    want_dh, want_dw, want_db = _grad_sets(with_grad, bias is not None)
-    want_grad = want_dh or want_dw or want_db
-    if targets is None or not isinstance(targets, (np.ndarray, list, tuple)) and \
-            not hasattr(targets, "__array__"):
+    want = _grad_sets(with_grad, bias is not None)
+    if targets is None or (not isinstance(targets, (np.ndarray, list, tuple))
+                           and not hasattr(targets, "__array__")):
         raise TypeError(f"targets must be an array of integer class indices, got "
                         f"{type(targets).__name__}")
     t = _targets(targets)
-    o = _args.options(reduction, ignore_index, label_smoothing, softcap, lse_square_scale,
-                      shift, chunk, temperature)
-    reduction, ii, ls, cap, zs, k = (o.reduction, o.ignore_index, o.label_smoothing, o.softcap,
-                                     o.lse_square_scale, o.shift)
+    o = _args.options(reduction=reduction, ignore_index=ignore_index,
+                      label_smoothing=label_smoothing, softcap=softcap, temperature=temperature,
+                      lse_square_scale=lse_square_scale, shift=shift, chunk=chunk,
+                      entropy=return_entropy)
+    return _lce(hidden, weight, np.shape(targets), (elem, h, w, t), o, want, bias=bias,
+                class_weight=class_weight, token_weight=token_weight, grad_output=grad_output,
+                grad_lse=grad_lse, grad_dtype=grad_dtype, return_accuracy=return_accuracy,
+                grad_entropy=grad_entropy, device=dev)
+
+
+def _lce(hidden, weight, target_shape, core_in, o: _args.CrossEntropyOptions, want, *, bias,
+         class_weight, token_weight, grad_output, grad_lse, grad_dtype, return_accuracy,
+         grad_entropy, device) -> LinearCrossEntropy:
+    """linear_cross_entropy once its inputs' types are known (algenta.torch's CPU tensors come in
+    here): hidden and weight the caller's arrays (their shapes and dtypes), core_in (elem, h, w,
+    t) what the core reads of them and of the targets (int64, flat), o the options record, want
+    the gradients (d_hidden, d_weight, d_bias) to compute."""
+    elem, h, w, t = core_in
+    want_dh, want_dw, want_db = want
+    want_grad = want_dh or want_dw or want_db
+    reduction, k = o.reduction, o.shift
     compute = np.float64 if elem == "f64" else np.float32
     gelem = _grad_elem(elem, grad_dtype)
     if bias is not None:
@@ -407,15 +409,14 @@ def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=Non
         if tw.dtype.kind not in "fiu":
             raise TypeError(f"token_weight must hold real numbers, got dtype {tw.dtype}")
     lead, n, d, v = _args.shapes(
-        hidden.shape, weight.shape, np.shape(targets), shift=k,
+        hidden.shape, weight.shape, target_shape, shift=k,
         bias_shape=None if bias is None else bias.shape,
         class_weight_shape=None if cw is None else cw.shape,
         token_weight_shape=None if tw is None else tw.shape,
         names=("hidden", "weight", "targets", "linear_bias", "class_weight"))
     if tw is not None:
-        tw = np.ascontiguousarray(tw, dtype=np.float64 if elem == "f64" else np.float32).reshape(n)
+        tw = np.ascontiguousarray(tw, dtype=compute).reshape(n)
     seq = lead[-1]
-    c = _chunk(o.chunk, n, v)
     b = None if bias is None else np.ascontiguousarray(_elem(bias)[1])
     if cw is not None:
         cw = np.ascontiguousarray(cw, dtype=compute)
@@ -448,7 +449,7 @@ def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=Non
     gl = None if grad_lse is None else per_token_in(grad_lse, "grad_lse")
     ge, escale = None, 0.0
     if grad_entropy is not None:
-        if not return_entropy:
+        if not o.entropy:
             raise _err("grad_entropy needs return_entropy=True", 582)
         if reduction == "none":
             ge = per_token_in(grad_entropy, "grad_entropy")
@@ -456,12 +457,14 @@ def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=Non
             raise _err("grad_entropy is only used with with_grad", 582)
         else:
             escale = as_float(grad_entropy, "grad_entropy (a scalar for mean and sum)")
-    r = _core_pass(
-        np.ascontiguousarray(h).reshape(n, d), np.ascontiguousarray(w), t, n, d, v, c, elem=elem,
-        **_args.core_options(o, seq), bias=b, class_weight=cw, token_weight=tw, want_dh=want_dh, want_dw=want_dw, want_db=want_db,
-        grad_elem=gelem, grad_output=go, grad_scale=gscale, grad_lse=gl, want_loss_tok=reduction == "none",
-        want_z_tok=reduction == "none" and zs != 0.0, want_pred=bool(return_accuracy),
-        want_entropy=bool(return_entropy), grad_entropy=ge, entropy_grad_scale=escale, device=dev)
+    r = _c.fused_linear_ce(
+        o._replace(grad_scale=gscale, entropy_grad_scale=escale),
+        hidden=np.ascontiguousarray(h).reshape(n, d), weight=np.ascontiguousarray(w), targets=t,
+        n_tok=n, d_model=d, vocab=v, seq_len=seq, elem=elem, grad_elem=gelem, bias=b,
+        class_weight=cw, token_weight=tw, grad_output=go, grad_lse=gl, grad_entropy=ge,
+        want_dh=want_dh, want_dw=want_dw, want_db=want_db, want_loss_tok=reduction == "none",
+        want_z_tok=reduction == "none" and o.lse_square_scale != 0.0,
+        want_pred=bool(return_accuracy), device=device)
 
     def per_token(a):
         a = a.reshape(lead)
@@ -478,9 +481,9 @@ def linear_cross_entropy(hidden, weight, targets, *, bias=None, class_weight=Non
         loss = scalar(r["mean"] if reduction == "mean" else r["total"])
         zl = scalar(r["z_mean"] if reduction == "mean" else r["z_total"])
     ent = None
-    if return_entropy:
-        ent = per_token(r["entropy_tok"]) if reduction == "none" else \
-            scalar(r["entropy_mean"] if reduction == "mean" else r["entropy_total"])
+    if o.entropy:
+        ent = (per_token(r["entropy_tok"]) if reduction == "none" else
+               scalar(r["entropy_mean"] if reduction == "mean" else r["entropy_total"]))
     pred = acc = None
     if return_accuracy:
         pred = per_token(r["pred"])
@@ -515,13 +518,23 @@ def vocab_shard_pass(hidden, weight_shard, local_targets, *, bias=None, class_we
     derivative is ``d/dz'_v = a softmax_v - b w_v - c [v == target]`` (the softmax over this
     shard: a carries ``exp(lse_shard - lse)`` to make it the global one).
     """
-    if not isinstance(hidden, (np.ndarray, HalfBits)) or \
-            not isinstance(weight_shard, (np.ndarray, HalfBits)):
+    o = _args.options(reduction="none", softcap=softcap, temperature=temperature, chunk=chunk)
+    return _shard_pass(hidden, weight_shard, local_targets, o, bias=bias,
+                       class_weight=class_weight, grad_coef=grad_coef, with_grad=with_grad)
+
+
+def _shard_pass(hidden, weight_shard, local_targets, o: _args.CrossEntropyOptions, *, bias=None,
+                class_weight=None, grad_coef=None, with_grad=False) -> ShardPass:
+    """vocab_shard_pass with its options record o (reduction "none"; the options the combination
+    of the shards applies itself, label smoothing, ignore_index and the z-loss, at their
+    defaults)."""
+    if (not isinstance(hidden, (np.ndarray, HalfBits))
+            or not isinstance(weight_shard, (np.ndarray, HalfBits))):
         raise TypeError("hidden and weight_shard must be NumPy arrays (or HalfBits)")
     elem, h = _elem(hidden)
     welem, w = _elem(weight_shard)
-    if welem != elem or hidden.ndim != 2 or weight_shard.ndim != 2 or \
-            hidden.shape[1] != weight_shard.shape[1]:
+    if (welem != elem or hidden.ndim != 2 or weight_shard.ndim != 2
+            or hidden.shape[1] != weight_shard.shape[1]):
         raise _err(f"hidden [n, d_model] and weight_shard [rows, d_model] of one dtype, got "
                    f"{hidden.shape} and {weight_shard.shape}", 582)
     n, d = hidden.shape
@@ -537,13 +550,11 @@ def vocab_shard_pass(hidden, weight_shard, local_targets, *, bias=None, class_we
         gc = np.ascontiguousarray(grad_coef, dtype=compute)
         if gc.shape != (n, 3):
             raise _err(f"grad_coef must have shape ({n}, 3), got {gc.shape}", 582)
-    r = _core_pass(np.ascontiguousarray(h), np.ascontiguousarray(w), t, n, d, v,
-                   _chunk(chunk, n, v), elem=elem, reduction="none",
-                   softcap=None if softcap is None else as_float(softcap, "softcap"),
-                   temperature=as_float(temperature, "temperature"),
-                   bias=None if bias is None else np.ascontiguousarray(_elem(bias)[1]),
-                   class_weight=cw, want_dh=want_dh, want_dw=want_dw, want_db=want_db,
-                   grad_coef=gc, want_shard_stats=True)
+    r = _c.fused_linear_ce(
+        o, hidden=np.ascontiguousarray(h), weight=np.ascontiguousarray(w), targets=t, n_tok=n,
+        d_model=d, vocab=v, elem=elem,
+        bias=None if bias is None else np.ascontiguousarray(_elem(bias)[1]), class_weight=cw,
+        grad_coef=gc, want_dh=want_dh, want_dw=want_dw, want_db=want_db, want_shard_stats=True)
     return ShardPass(lse=r["lse"], target_logit=r["target_logit"], logit_sum=r["logit_sum"],
                      d_hidden=r["d_hidden"], d_weight=r["d_weight"], d_bias=r["d_bias"])
 

@@ -86,8 +86,19 @@ def linear_distillation(student_input, student_weight, teacher_input, teacher_we
                     (teacher_input, "teacher_input"), (teacher_weight, "teacher_weight")):
         if not isinstance(x, (np.ndarray, HalfBits)):
             raise TypeError(f"{name} must be a NumPy array (or HalfBits)")
-    if not isinstance(objective, str):
-        raise TypeError(f"objective must be a string, got {type(objective).__name__}")
+    heads = _heads(student_input, student_weight, teacher_input, teacher_weight, target)
+    o = _args.distill_options(objective=objective, beta=beta, temperature=temperature,
+                              ignore_index=ignore_index, hard_weight=hard_weight,
+                              soft_weight=soft_weight, reduction=reduction, chunk=chunk)
+    return _distill(student_input, student_weight, teacher_input, teacher_weight, target, heads,
+                    o, student_bias=student_bias, teacher_bias=teacher_bias, with_grad=with_grad,
+                    grad_output=grad_output, grad_dtype=grad_dtype, device=device)
+
+
+def _heads(student_input, student_weight, teacher_input, teacher_weight, target) -> tuple:
+    """(elem, h, w, telem, th, tw, t): what the core reads of both heads (NumPy arrays or
+    HalfBits) and of the target (int64, flat; None without one), after their dtypes, the weights'
+    ranks and the one vocabulary are checked."""
     elem, h = _elem(student_input)
     welem, w = _elem(student_weight)
     telem, th = _elem(teacher_input)
@@ -103,14 +114,22 @@ def linear_distillation(student_input, student_weight, teacher_input, teacher_we
         raise _err(f"the teacher's vocabulary ({teacher_weight.shape[0]}) differs from the "
                    f"student's ({student_weight.shape[0]}): distillation compares one vocabulary",
                    582)
-    has_target = target is not None
     t = None
-    if has_target:
+    if target is not None:
         if not isinstance(target, (np.ndarray, list, tuple)) and not hasattr(target, "__array__"):
             raise TypeError(f"target must be an array of integer class indices, got "
                             f"{type(target).__name__}")
         t = _targets(target)  # a ragged target is refused here (TypeError), before its shape
-    o = _args.options(reduction, ignore_index, 0.0, None, 0.0, 0, chunk, temperature)
+    return elem, h, w, telem, th, tw, t
+
+
+def _distill(student_input, student_weight, teacher_input, teacher_weight, target, heads,
+             o: _args.DistillOptions, *, student_bias=None, teacher_bias=None, with_grad=False,
+             grad_output=None, grad_dtype=None, device="cpu") -> LinearDistillation:
+    """linear_distillation once its heads are known (_heads) and its options record o built
+    (algenta.torch's CPU tensors come in here as arrays): the shapes checked, the core run."""
+    elem, h, w, telem, th, tw, t = heads
+    has_target = target is not None
     lead, n, d, v = _args.shapes(
         student_input.shape, student_weight.shape,
         np.shape(target) if has_target else student_input.shape[:-1], shift=0,
@@ -139,7 +158,7 @@ def linear_distillation(student_input, student_weight, teacher_input, teacher_we
     if has_target:
         t = t.reshape(n)
     compute = np.float64 if elem == "f64" else np.float32
-    go, gscale = None, 1.0
+    go = None
     if grad_output is not None:
         if not want_grad:
             raise _err("grad_output is only used with with_grad", 582)
@@ -151,19 +170,14 @@ def linear_distillation(student_input, student_weight, teacher_input, teacher_we
                 raise _err(f"grad_output must have shape {lead}, got {a.shape}", 582)
             go = np.ascontiguousarray(a, dtype=compute).reshape(n)
         else:
-            gscale = as_float(grad_output, "grad_output (a scalar for mean and sum)")
+            o = o._replace(grad_scale=as_float(grad_output,
+                                               "grad_output (a scalar for mean and sum)"))
     r = _c.fused_linear_distill(
-        hidden=np.ascontiguousarray(h).reshape(n, d), weight=np.ascontiguousarray(w),
+        o, hidden=np.ascontiguousarray(h).reshape(n, d), weight=np.ascontiguousarray(w),
         t_hidden=np.ascontiguousarray(th).reshape(n, dt), t_weight=np.ascontiguousarray(tw),
         targets=t, elem=elem, t_elem=telem, grad_elem=gelem, n_tok=n, d_model=d, t_d_model=dt,
-        vocab=v, chunk=_args.chunk_for(o.chunk, n, v), objective=objective,
-        beta=as_float(beta, "beta"), temperature=o.temperature,
-        hard_weight=as_float(hard_weight, "hard_weight"),
-        soft_weight=as_float(soft_weight, "soft_weight"), reduction=o.reduction,
-        has_ignore=has_target and o.ignore_index is not None,
-        ignore_index=0 if o.ignore_index is None else o.ignore_index, want_dh=want_dh,
-        want_dw=want_dw, want_db=want_db, grad_output=go, grad_scale=gscale, device=device,
-        **biases)
+        vocab=v, want_dh=want_dh, want_dw=want_dw, want_db=want_db, grad_output=go,
+        device=device, **biases)
 
     def grad(a, shape):
         return _grad_array(a, shape, gelem, elem, student_input)
@@ -206,6 +220,21 @@ def vocab_shard_distill_pass(student_input, student_weight_shard, teacher_input,
     own). With ``with_grad``, also shard_h ``[n]`` (the full vocabulary's ``H = sum_v p_v h_v``)
     and shard_coef ``[n, 2]`` (each token's soft and hard scales of ``d/ds``).
     """
+    o = _args.distill_options(objective=objective, beta=beta, temperature=temperature,
+                              hard_weight=hard_weight, soft_weight=soft_weight, reduction="sum",
+                              chunk=chunk)
+    return _shard_distill_pass(student_input, student_weight_shard, teacher_input,
+                               teacher_weight_shard, local_target, o, student_bias=student_bias,
+                               teacher_bias=teacher_bias, shard_lse=shard_lse, shard_h=shard_h,
+                               shard_coef=shard_coef, with_grad=with_grad)
+
+
+def _shard_distill_pass(student_input, student_weight_shard, teacher_input, teacher_weight_shard,
+                        local_target, o: _args.DistillOptions, *, student_bias=None,
+                        teacher_bias=None, shard_lse=None, shard_h=None, shard_coef=None,
+                        with_grad=False) -> DistillShardPass:
+    """vocab_shard_distill_pass with its options record o (reduction "sum", no ignore_index:
+    every token is scored; the caller zeroes the scales of the ones it does not count)."""
     for x, name in ((student_input, "student_input"), (student_weight_shard, "student_weight"),
                     (teacher_input, "teacher_input"), (teacher_weight_shard, "teacher_weight")):
         if not isinstance(x, (np.ndarray, HalfBits)) or len(x.shape) != 2:
@@ -216,8 +245,8 @@ def vocab_shard_distill_pass(student_input, student_weight_shard, teacher_input,
     _, tw = _elem(teacher_weight_shard)
     n, d = student_input.shape
     dt, v = teacher_input.shape[1], student_weight_shard.shape[0]
-    if teacher_weight_shard.shape[0] != v or student_weight_shard.shape[1] != d or \
-            teacher_weight_shard.shape[1] != dt or teacher_input.shape[0] != n:
+    if (teacher_weight_shard.shape[0] != v or student_weight_shard.shape[1] != d
+            or teacher_weight_shard.shape[1] != dt or teacher_input.shape[0] != n):
         raise _err(f"shapes disagree: student {student_input.shape} x "
                    f"{student_weight_shard.shape}, teacher {teacher_input.shape} x "
                    f"{teacher_weight_shard.shape}", 582)
@@ -227,16 +256,11 @@ def vocab_shard_distill_pass(student_input, student_weight_shard, teacher_input,
                         ("shard_coef", shard_coef))}
     want_dh, want_dw, want_db = _grad_sets(with_grad, student_bias is not None)
     r = _c.fused_linear_distill(
-        hidden=np.ascontiguousarray(h), weight=np.ascontiguousarray(w),
+        o, hidden=np.ascontiguousarray(h), weight=np.ascontiguousarray(w),
         t_hidden=np.ascontiguousarray(th), t_weight=np.ascontiguousarray(tw),
         targets=None if local_target is None else _targets(local_target).reshape(n),
-        elem=elem, t_elem=telem, grad_elem=elem, n_tok=n, d_model=d, t_d_model=dt, vocab=v,
-        chunk=_args.chunk_for(chunk, n, v), objective=objective, beta=as_float(beta, "beta"),
-        temperature=as_float(temperature, "temperature"),
-        hard_weight=as_float(hard_weight, "hard_weight"),
-        soft_weight=as_float(soft_weight, "soft_weight"), reduction="sum", has_ignore=False,
-        ignore_index=0, want_dh=want_dh, want_dw=want_dw, want_db=want_db, grad_output=None,
-        grad_scale=1.0, want_shard_stats=True, shard=True,
+        elem=elem, t_elem=telem, n_tok=n, d_model=d, t_d_model=dt, vocab=v, want_dh=want_dh,
+        want_dw=want_dw, want_db=want_db, want_shard_stats=True, shard=True,
         bias=None if student_bias is None else np.ascontiguousarray(_elem(student_bias)[1]),
         t_bias=None if teacher_bias is None else np.ascontiguousarray(_elem(teacher_bias)[1]),
         **per)

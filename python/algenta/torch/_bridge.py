@@ -11,7 +11,7 @@ from torch import Tensor
 
 from .._dtypes import HalfBits, torch_short_name
 from ..lossk import _args
-from ..lossk.cross_entropy import linear_cross_entropy as _np_linear_cross_entropy
+from ..lossk.cross_entropy import _elem, _lce
 from ._checks import _HALF, _lossk
 
 # ---- tensors <-> the NumPy core -----------------------------------------------------------------
@@ -34,32 +34,30 @@ def _tensor(a, dtype) -> Tensor:
     return torch.from_numpy(np.ascontiguousarray(a))
 
 
-def _run(input, weight, target, bias, class_weight, o: _args.Options, need, grad_output=None,
-         grad_lse=None, want_pred=False, token_weight=None, want_entropy=False,
+def _numpy(x, dtype=None):
+    """A tensor argument as a NumPy array of `dtype` (its own by default), or a scalar as it is."""
+    if not isinstance(x, Tensor):
+        return x
+    x = x.detach()
+    return (x if dtype is None else x.to(dtype)).contiguous().numpy()
+
+
+def _run(input, weight, target, bias, class_weight, o: _args.CrossEntropyOptions, need,
+         grad_output=None, grad_lse=None, want_pred=False, token_weight=None,
          grad_entropy=None):
-    """One pass of the core through the NumPy API on tensors' data, with the options `o`; only
-    the gradients in `need` (a subset of hidden, weight, bias) are computed."""
-    t = target.detach()
-    t = t.contiguous() if t.dtype == torch.int64 else t.to(torch.int64).contiguous()
-    cw = None
-    if class_weight is not None:
-        cw = class_weight.detach().to(torch.float64 if input.dtype == torch.float64
-                                      else torch.float32).contiguous().numpy()
-    return _np_linear_cross_entropy(
-        _core_view(input), _core_view(weight), t.numpy(),
-        bias=None if bias is None else _core_view(bias), class_weight=cw, chunk=o.chunk,
-        reduction=o.reduction, ignore_index=o.ignore_index, label_smoothing=o.label_smoothing,
-        softcap=o.softcap, temperature=o.temperature, lse_square_scale=o.lse_square_scale,
-        shift=o.shift, return_accuracy=want_pred,
-        with_grad=tuple(need) if need else False,
-        grad_output=grad_output.detach().contiguous().numpy()
-        if isinstance(grad_output, Tensor) else grad_output,
-        grad_lse=None if grad_lse is None else grad_lse.detach().contiguous().numpy(),
-        return_entropy=want_entropy,
-        grad_entropy=grad_entropy.detach().contiguous().numpy()
-        if isinstance(grad_entropy, Tensor) else grad_entropy,
-        token_weight=None if token_weight is None else token_weight.detach().to(
-            torch.float64 if input.dtype == torch.float64 else torch.float32).contiguous().numpy())
+    """One pass of the core through the NumPy API's body on tensors' data, with the options
+    record `o`; only the gradients in `need` (a subset of hidden, weight, bias) are computed.
+    grad_output and grad_entropy: per-token tensors for reduction "none", else scalars."""
+    ct = torch.float64 if input.dtype == torch.float64 else torch.float32
+    hv, wv = _core_view(input), _core_view(weight)
+    t = _numpy(target, torch.int64)
+    elem, h = _elem(hv)
+    want = tuple(n in need for n in ("hidden", "weight", "bias"))
+    return _lce(hv, wv, t.shape, (elem, h, _elem(wv)[1], t.reshape(-1)), o, want,
+                bias=None if bias is None else _core_view(bias),
+                class_weight=_numpy(class_weight, ct), token_weight=_numpy(token_weight, ct),
+                grad_output=_numpy(grad_output), grad_lse=_numpy(grad_lse), grad_dtype=None,
+                return_accuracy=want_pred, grad_entropy=_numpy(grad_entropy), device="cpu")
 
 
 def _per_token_full(x: Tensor, input: Tensor, shift: int, dtype) -> Tensor:
@@ -74,33 +72,35 @@ def _per_token_full(x: Tensor, input: Tensor, shift: int, dtype) -> Tensor:
     return x.reshape(-1).contiguous()
 
 
-def _cuda_pass(input, weight, target, bias, class_weight, o: _args.Options, need,
+def _cuda_pass(input, weight, target, bias, class_weight, o: _args.CrossEntropyOptions, need,
                grad_output=None, grad_lse=None, want_pred=False, token_weight=None,
-               want_entropy=False, grad_entropy=None):
-    """One pass of the CUDA backend on the tensors' device and PyTorch's current stream; the
-    scratch comes from PyTorch's allocator. Returns (loss, lse, z, pred, accuracy, entropy,
-    d_hidden, d_weight, d_bias), per-token outputs flat (n_tok,) and unwanted ones None.
-    grad_output and grad_entropy: per-token tensors for reduction "none", else scalars."""
+               grad_entropy=None):
+    """One pass of the CUDA backend on the tensors' device and PyTorch's current stream, with the
+    options record `o`; the scratch comes from PyTorch's allocator. Returns (loss, lse, z, pred,
+    accuracy, entropy, d_hidden, d_weight, d_bias), per-token outputs flat (n_tok,) and unwanted
+    ones None. grad_output and grad_entropy: per-token tensors for reduction "none", else
+    scalars."""
     dev = input.device
     lead = tuple(input.shape[:-1])
     n, d, v = math.prod(lead), input.shape[-1], weight.shape[0]
     ct = torch.float64 if input.dtype == torch.float64 else torch.float32
     per_tok = o.reduction == "none"
+    def scale(g, otherwise):  # a mean/sum loss's upstream scalar; a per-token tensor goes apart
+        return otherwise if isinstance(g, Tensor) or g is None else float(g)
+
+    o = o._replace(grad_scale=scale(grad_output, 1.0),
+                   entropy_grad_scale=scale(grad_entropy, 0.0))
     want = {"loss": not per_tok, "z": not per_tok, "loss_tok": per_tok, "z_tok": per_tok,
             "lse": True, "pred": want_pred, "accuracy": want_pred,
-            "entropy": want_entropy and not per_tok, "entropy_tok": want_entropy and per_tok,
+            "entropy": o.entropy and not per_tok, "entropy_tok": o.entropy and per_tok,
             "d_hidden": "hidden" in need, "d_weight": "weight" in need,
             "d_bias": "bias" in need}
-    k = {"n_tok": n, "d_model": d, "vocab": v, "chunk": _args.chunk_for(o.chunk, n, v),
-         "elem": torch_short_name(input.dtype), "grad_elem": torch_short_name(input.dtype),
-         **_args.core_options(o, lead[-1]),
-         "grad_scale": 1.0 if isinstance(grad_output, Tensor) or grad_output is None
-         else float(grad_output), "entropy_on": bool(want_entropy),
-         "entropy_grad_scale": 0.0 if isinstance(grad_entropy, Tensor) or grad_entropy is None
-         else float(grad_entropy)}
+    k = {"n_tok": n, "d_model": d, "vocab": v, "seq_len": lead[-1],
+         "elem": torch_short_name(input.dtype), "grad_elem": torch_short_name(input.dtype)}
     # The core's shape refusals come first, before anything is allocated on the device.
     _lossk.cuda_set_device(dev.index if dev.index is not None else torch.cuda.current_device())
-    ws_bytes = _lossk.fused_linear_ce_dev_workspace({**k, **{n_: int(f) for n_, f in want.items()}})
+    ws_bytes = _lossk.fused_linear_ce_dev_workspace(o, {**k, **{x: int(f)
+                                                                for x, f in want.items()}})
     keep = []  # every tensor whose pointer the core reads, alive until the call returns
 
     def p(x):
@@ -135,7 +135,7 @@ def _cuda_pass(input, weight, target, bias, class_weight, o: _args.Options, need
             out[name] = torch.empty(shapes[name], dtype=dtypes.get(name, ct), device=dev)
             k[name] = p(out[name])
     ws = torch.empty(ws_bytes, dtype=torch.uint8, device=dev)
-    _lossk.fused_linear_ce_dev(k, ws.data_ptr(), ws_bytes,
+    _lossk.fused_linear_ce_dev(o, k, ws.data_ptr(), ws_bytes,
                                torch.cuda.current_stream(dev).cuda_stream)
     loss = out["loss_tok"] if per_tok else out["loss"]
     z = out["z_tok"] if per_tok else out["z"]

@@ -28,13 +28,13 @@ def _float_tensor(x, name: str, device: torch.device) -> None:
         raise TypeError(f"{name} must be float32, float64, bfloat16 or float16, got {x.dtype}")
 
 
-def _check(input, weight, target, bias, class_weight, reduction, ignore_index, label_smoothing,
-           softcap, lse_square_scale, shift, chunk, cuda_ok=True, token_weight=None,
-           temperature=1.0) -> _args.Options:
+def _check(input, weight, target, bias, class_weight, token_weight, options: dict,
+           cuda_ok=True) -> _args.CrossEntropyOptions:
     """Validates what torch-side code must know before the core sees anything (types, devices,
-    shapes); returns the options (ignore_index None mapped to PyTorch's -100). Value checks the
-    core makes itself (NaN/inf, target range, label_smoothing, soft cap, temperature and z-loss
-    ranges, chunk budget, shift) are left to it so their status codes are the core's."""
+    shapes); returns the options record built from `options` (the face's keyword values). Value
+    checks the core makes itself (NaN/inf, target range, label_smoothing, soft cap, temperature
+    and z-loss ranges, chunk budget, shift) are left to it so their status codes are the
+    core's."""
     if not isinstance(input, torch.Tensor):
         raise TypeError(f"input must be a torch.Tensor, got {type(input).__name__}")
     dev = input.device
@@ -53,8 +53,7 @@ def _check(input, weight, target, bias, class_weight, reduction, ignore_index, l
     if target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == torch.bool:
         raise TypeError(f"target must hold integer class indices, got {target.dtype} "
                         "(probability targets are not supported)")
-    o = _args.options(reduction, -100 if ignore_index is None else ignore_index,
-                      label_smoothing, softcap, lse_square_scale, shift, chunk, temperature)
+    o = _args.options(**options)
     if bias is not None:
         _float_tensor(bias, "linear_bias", dev)
         if bias.dtype != weight.dtype:

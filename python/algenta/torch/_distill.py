@@ -9,7 +9,8 @@ import torch
 from torch import Tensor
 
 from ..errors import LossUnavailableError
-from ..lossk.distillation import linear_distillation as _np_linear_distillation
+from ..lossk import _args
+from ..lossk.distillation import _distill, _heads
 from ._bridge import _core_view, _loss_dtype, _tensor
 from ._checks import _float_tensor
 
@@ -20,17 +21,19 @@ class LinearDistillationOutput(NamedTuple):
     ce: Tensor          # its hard cross-entropy term, reduced alike (0 without a target)
 
 
-def _run(si, sw, ti, tw, target, sb, tb, opts, need, grad_output=None):
+def _run(si, sw, ti, tw, target, sb, tb, o: _args.DistillOptions, need, grad_output=None):
+    """One pass of the core through the NumPy API's body on tensors' data, with the options
+    record o; only the student's gradients in `need` are computed."""
     t = None if target is None else target.detach().to(torch.int64).contiguous().numpy()
     go = grad_output
     if isinstance(go, Tensor):
-        go = go.detach().to(torch.float64 if si.dtype == torch.float64 else torch.float32) \
-            .contiguous().numpy()
-    return _np_linear_distillation(
-        _core_view(si), _core_view(sw), _core_view(ti), _core_view(tw), t,
-        student_bias=None if sb is None else _core_view(sb),
-        teacher_bias=None if tb is None else _core_view(tb),
-        with_grad=tuple(need) if need else False, grad_output=go, **opts)
+        go = (go.detach().to(torch.float64 if si.dtype == torch.float64 else torch.float32)
+              .contiguous().numpy())
+    views = (_core_view(si), _core_view(sw), _core_view(ti), _core_view(tw), t)
+    return _distill(*views, _heads(*views), o,
+                    student_bias=None if sb is None else _core_view(sb),
+                    teacher_bias=None if tb is None else _core_view(tb),
+                    with_grad=tuple(need) if need else False, grad_output=go)
 
 
 class _Distill(torch.autograd.Function):
@@ -41,11 +44,11 @@ class _Distill(torch.autograd.Function):
     upstream gradient."""
 
     @staticmethod
-    def forward(ctx, si, sw, sb, ti, tw, tb, target, opts, need):
-        per_tok = opts["reduction"] == "none"
-        r = _run(si, sw, ti, tw, target, sb, tb, opts, [] if per_tok else need)
+    def forward(ctx, si, sw, sb, ti, tw, tb, target, o, need):
+        per_tok = o.reduction == "none"
+        r = _run(si, sw, ti, tw, target, sb, tb, o, [] if per_tok else need)
         ld = _loss_dtype(si.dtype)
-        ctx.need, ctx.per_tok, ctx.opts = need, per_tok, opts
+        ctx.need, ctx.per_tok, ctx.opts = need, per_tok, o
         ctx.dtype = si.dtype
         ctx.save_for_backward(si, sw, sb, ti, tw, tb, target)
         ctx.grads = None if per_tok else _grads(r, si.dtype)
@@ -99,8 +102,8 @@ def _checked_heads(student_input, student_weight, teacher_input, teacher_weight,
             raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
         if target.device != dev:
             raise ValueError(f"target is on device {target.device}, the input on {dev}")
-        if target.dtype.is_floating_point or target.dtype.is_complex or \
-                target.dtype == torch.bool:
+        if (target.dtype.is_floating_point or target.dtype.is_complex
+                or target.dtype == torch.bool):
             raise TypeError(f"target must hold integer class indices, got {target.dtype}")
     if student_weight.dtype != student_input.dtype or teacher_weight.dtype != teacher_input.dtype:
         raise TypeError("each head's input and weight must share one dtype")
@@ -140,17 +143,16 @@ def linear_distillation_loss(student_input: Tensor, student_weight: Tensor,
             x.to(at) for x in (student_input, student_weight, teacher_input, teacher_weight))
         student_bias, teacher_bias = (None if x is None else x.to(at)
                                       for x in (student_bias, teacher_bias))
-    opts = {"objective": objective, "beta": beta, "temperature": temperature,
-            "ignore_index": ignore_index, "hard_weight": hard_weight,
-            "soft_weight": soft_weight, "reduction": reduction, "chunk": chunk}
+    o = _args.distill_options(objective=objective, beta=beta, temperature=temperature,
+                              ignore_index=ignore_index, hard_weight=hard_weight,
+                              soft_weight=soft_weight, reduction=reduction, chunk=chunk)
     # the student's tensors that want a gradient (none under no_grad: no gradient work at all)
     grad_on = torch.is_grad_enabled()
     need = [n for n, x in (("hidden", student_input), ("weight", student_weight),
                            ("bias", student_bias))
             if grad_on and x is not None and x.requires_grad]
     loss, div, ce = _Distill.apply(student_input, student_weight, student_bias,
-                                   teacher_input, teacher_weight, teacher_bias, target, opts,
-                                   need)
+                                   teacher_input, teacher_weight, teacher_bias, target, o, need)
     return LinearDistillationOutput(loss, div, ce) if return_terms else loss
 
 

@@ -11,7 +11,8 @@ from torch import Tensor
 
 from ._bridge import _cuda_pass, _loss_dtype, _out_shape, _per_token_view, _run, _tensor
 from .._convert import as_float, as_int
-from ..lossk._args import Options
+from ..lossk import _args
+from ..lossk._args import CrossEntropyOptions
 from ._checks import _REDUCTIONS, _check
 
 class LinearCrossEntropyOutput(NamedTuple):
@@ -28,21 +29,29 @@ class LinearCrossEntropyOutput(NamedTuple):
 
 
 
-# ---- the ops --------------------------------------------------------------------------------------
+# ---- the ops -------------------------------------------------------------------------------
+# Each op takes the options record's fields in its schema, in the record's order (the schema is
+# derived from the record, so a new option needs no edit here): K of them after the tensors.
 
-@torch.library.custom_op("algenta::lce_fwd", mutates_args=())
-def _lce_fwd(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor],
-             class_weight: Optional[Tensor], token_weight: Optional[Tensor], reduction: str,
-             ignore_index: int, label_smoothing: float, softcap: Optional[float],
-             temperature: float, lse_square_scale: float, shift: int, chunk: Optional[int],
-             need_dh: bool, need_dw: bool, need_db: bool, want_pred: bool, want_entropy: bool,
-             lse_grad: bool, ent_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
-                                                      Tensor, Tensor, Tensor, Tensor]:
+_K = len(CrossEntropyOptions._fields)
+_OPTS = _args.schema(CrossEntropyOptions)
+_TENSORS = ("Tensor input, Tensor weight, Tensor target, Tensor? bias, Tensor? class_weight, "
+            "Tensor? token_weight")
+
+
+def _opts(rest) -> tuple:
+    """(the options record, the flags after it) from an op's arguments after its tensors."""
+    return CrossEntropyOptions(*rest[:_K]), rest[_K:]
+
+
+def _lce_fwd_impl(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor],
+                  class_weight: Optional[Tensor], token_weight: Optional[Tensor], *rest):
     """(loss, lse, z_loss, pred, accuracy, entropy, d_input, d_weight, d_bias): the gradients
     of a mean/sum loss are computed in this same pass (when neither the lse nor the entropy
-    needs one of its own)."""
-    o = Options(reduction, ignore_index, label_smoothing, softcap, temperature, lse_square_scale,
-                shift, chunk)
+    needs one of its own). rest: the options record's fields, need_dh, need_dw, need_db,
+    want_pred, lse_grad, ent_grad."""
+    o, (need_dh, need_dw, need_db, want_pred, lse_grad, ent_grad) = _opts(rest)
+    reduction, shift, want_entropy = o.reduction, o.shift, o.entropy
     need = [n for n, f in (("hidden", need_dh), ("weight", need_dw), ("bias", need_db)) if f]
     if reduction == "none" or lse_grad or ent_grad:
         need = []  # the upstream gradients are only known in backward
@@ -50,7 +59,7 @@ def _lce_fwd(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tenso
     if input.is_cuda:
         loss, lse, z, pred, acc, ent, dh, dw, db = _cuda_pass(
             input, weight, target, bias, class_weight, o, need, want_pred=want_pred,
-            token_weight=token_weight, want_entropy=want_entropy)
+            token_weight=token_weight)
         empty = input.new_empty(0)
         if reduction == "none":
             loss, z = _per_token_view(loss, input, shift), _per_token_view(z, input, shift)
@@ -64,7 +73,7 @@ def _lce_fwd(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tenso
                 dh if dh is not None else empty, dw if dw is not None else empty.clone(),
                 db if db is not None else empty.clone())
     r = _run(input, weight, target, bias, class_weight, o, need, want_pred=want_pred,
-             token_weight=token_weight, want_entropy=want_entropy)
+             token_weight=token_weight)
     empty = torch.empty(0, dtype=input.dtype)
     return (torch.as_tensor(r.loss, dtype=ldt).clone(), _tensor(r.lse, ldt),
             torch.as_tensor(r.z_loss, dtype=ldt).clone(),
@@ -77,66 +86,75 @@ def _lce_fwd(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tenso
             _tensor(r.d_bias, input.dtype) if r.d_bias is not None else empty.clone())
 
 
+_lce_fwd = torch.library.custom_op(
+    "algenta::lce_fwd", _lce_fwd_impl, mutates_args=(),
+    schema=f"({_TENSORS}, {_OPTS}, bool need_dh, bool need_dw, bool need_db, bool want_pred, "
+           "bool lse_grad, bool ent_grad) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
+           "Tensor, Tensor, Tensor)")
+
+
 @_lce_fwd.register_fake
-def _(input, weight, target, bias, class_weight, token_weight, reduction, ignore_index,
-      label_smoothing, softcap, temperature, lse_square_scale, shift, chunk, need_dh, need_dw,
-      need_db, want_pred, want_entropy, lse_grad, ent_grad):
+def _(input, weight, target, bias, class_weight, token_weight, *rest):
+    o, (need_dh, need_dw, need_db, want_pred, lse_grad, ent_grad) = _opts(rest)
     ldt = _loss_dtype(input.dtype)
-    per = _out_shape(input, shift)
-    loss_shape = per if reduction == "none" else ()
-    pre = reduction != "none" and not lse_grad and not ent_grad
+    per = _out_shape(input, o.shift)
+    loss_shape = per if o.reduction == "none" else ()
+    pre = o.reduction != "none" and not lse_grad and not ent_grad
     return (input.new_empty(loss_shape, dtype=ldt), input.new_empty(per, dtype=ldt),
             input.new_empty(loss_shape, dtype=ldt),
             input.new_empty(per if want_pred else (0,), dtype=torch.int64),
             input.new_empty((), dtype=torch.float32),
-            input.new_empty(loss_shape if want_entropy else (0,), dtype=ldt),
+            input.new_empty(loss_shape if o.entropy else (0,), dtype=ldt),
             input.new_empty(input.shape if pre and need_dh else (0,)),
             input.new_empty(weight.shape if pre and need_dw else (0,)),
             input.new_empty(bias.shape if pre and need_db and bias is not None else (0,)))
 
 
-@torch.library.custom_op("algenta::lce_grad", mutates_args=())
-def _lce_grad(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor],
-              class_weight: Optional[Tensor], token_weight: Optional[Tensor], grad_loss: Tensor,
-              grad_lse: Optional[Tensor], grad_entropy: Optional[Tensor],
-              reduction: str, ignore_index: int, label_smoothing: float,
-              softcap: Optional[float], temperature: float, lse_square_scale: float, shift: int,
-              chunk: Optional[int], need_dh: bool, need_dw: bool,
-              need_db: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _lce_grad_impl(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor],
+                   class_weight: Optional[Tensor], token_weight: Optional[Tensor],
+                   grad_loss: Tensor, grad_lse: Optional[Tensor], grad_entropy: Optional[Tensor],
+                   *rest):
     """The backward's own pass of the core, for what the forward could not precompute: the
     per-token upstream gradient of reduction='none', and the gradients of a used lse or
-    entropy (one pass for all of them)."""
-    o = Options(reduction, ignore_index, label_smoothing, softcap, temperature, lse_square_scale,
-                shift, chunk)
+    entropy (one pass for all of them). rest: the options record's fields, need_dh, need_dw,
+    need_db."""
+    o, (need_dh, need_dw, need_db) = _opts(rest)
     need = [n for n, f in (("hidden", need_dh), ("weight", need_dw), ("bias", need_db)) if f]
     ldt = _loss_dtype(input.dtype)
-    go = grad_loss.to(ldt) if reduction == "none" else float(grad_loss)
+    per_tok = o.reduction == "none"
     empty = torch.empty(0, dtype=input.dtype, device=input.device)
     if not need:
         return empty, empty.clone(), empty.clone()
     ge = None
     if grad_entropy is not None:
-        ge = grad_entropy.to(ldt) if reduction == "none" else float(grad_entropy)
+        ge = grad_entropy.to(ldt) if per_tok else float(grad_entropy)
+    # the entropy is computed in this pass only for its gradient
+    o = o._replace(entropy=ge is not None)
+    go = grad_loss.to(ldt) if per_tok else float(grad_loss)
+    gl = None if grad_lse is None else grad_lse.to(ldt)
     if input.is_cuda:
         _, _, _, _, _, _, dh, dw, db = _cuda_pass(
-            input, weight, target, bias, class_weight, o, need,
-            grad_output=grad_loss.to(ldt) if reduction == "none" else float(grad_loss),
-            grad_lse=None if grad_lse is None else grad_lse.to(ldt), token_weight=token_weight,
-            want_entropy=ge is not None, grad_entropy=ge)
+            input, weight, target, bias, class_weight, o, need, grad_output=go, grad_lse=gl,
+            token_weight=token_weight, grad_entropy=ge)
         e = input.new_empty(0)
         return (dh if need_dh else e, dw if need_dw else e.clone(), db if need_db else e.clone())
-    r = _run(input, weight, target, bias, class_weight, o, need, grad_output=go,
-             grad_lse=None if grad_lse is None else grad_lse.to(ldt), token_weight=token_weight,
-             want_entropy=ge is not None, grad_entropy=ge)
+    r = _run(input, weight, target, bias, class_weight, o, need, grad_output=go, grad_lse=gl,
+             token_weight=token_weight, grad_entropy=ge)
     return (_tensor(r.d_hidden, input.dtype) if need_dh else empty,
             _tensor(r.d_weight, input.dtype) if need_dw else empty.clone(),
             _tensor(r.d_bias, input.dtype) if need_db else empty.clone())
 
 
+_lce_grad = torch.library.custom_op(
+    "algenta::lce_grad", _lce_grad_impl, mutates_args=(),
+    schema=f"({_TENSORS}, Tensor grad_loss, Tensor? grad_lse, Tensor? grad_entropy, {_OPTS}, "
+           "bool need_dh, bool need_dw, bool need_db) -> (Tensor, Tensor, Tensor)")
+
+
 @_lce_grad.register_fake
 def _(input, weight, target, bias, class_weight, token_weight, grad_loss, grad_lse, grad_entropy,
-      reduction, ignore_index, label_smoothing, softcap, temperature, lse_square_scale, shift,
-      chunk, need_dh, need_dw, need_db):
+      *rest):
+    _, (need_dh, need_dw, need_db) = _opts(rest)
     return (input.new_empty(input.shape if need_dh else (0,)),
             input.new_empty(weight.shape if need_dw else (0,)),
             input.new_empty(bias.shape if need_db and bias is not None else (0,)))
@@ -144,7 +162,7 @@ def _(input, weight, target, bias, class_weight, token_weight, grad_loss, grad_l
 
 def _setup_fwd(ctx, inputs, output):
     input, weight, target, bias, class_weight, token_weight = inputs[:6]
-    opts, (need_dh, need_dw, need_db, _, _, lse_grad, ent_grad) = inputs[6:14], inputs[14:]
+    o, (need_dh, need_dw, need_db, _, lse_grad, ent_grad) = _opts(inputs[6:])
     loss, lse, z, pred, acc, ent, dh, dw, db = output
     # One call: each call of mark_non_differentiable replaces the set the previous one marked.
     ctx.mark_non_differentiable(z, pred, acc, dh, dw, db, *(() if lse_grad else (lse,)),
@@ -153,9 +171,9 @@ def _setup_fwd(ctx, inputs, output):
     # without a gradient, d_weight's shape among them (a zero-filled copy of the weight).
     ctx.set_materialize_grads(False)
     ctx.loss_shape = loss.shape
-    ctx.opts = tuple(opts)  # the Options fields, in order
+    ctx.opts = o
     ctx.n_inputs = len(inputs)
-    ctx.precomputed = opts[0] != "none" and not lse_grad and not ent_grad
+    ctx.precomputed = o.reduction != "none" and not lse_grad and not ent_grad
     ctx.lse_grad, ctx.ent_grad = lse_grad, ent_grad
     # The forward's gradients are as large as the weight. Eager: held as a plain attribute, so
     # the first backward can take them, scale them in place and hand them on as the gradients
@@ -251,9 +269,10 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     own pass with the upstream gradients. Loss, lse and gradients are bit-identical for every
     chunk size and thread count.
     """
-    o = _check(input, linear_weight, target, linear_bias, weight, reduction, ignore_index,
-               label_smoothing, softcap, lse_square_scale, shift, chunk,
-               token_weight=token_weight, temperature=temperature)
+    o = _check(input, linear_weight, target, linear_bias, weight, token_weight, dict(
+        reduction=reduction, ignore_index=-100 if ignore_index is None else ignore_index,
+        label_smoothing=label_smoothing, softcap=softcap, temperature=temperature,
+        lse_square_scale=lse_square_scale, shift=shift, chunk=chunk, entropy=return_entropy))
     reduction = o.reduction
     if torch.is_autocast_enabled(input.device.type):
         # As F.linear under autocast: the projection's operands in the autocast dtype (the
@@ -276,7 +295,7 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     ent_grad = bool(return_entropy) and any_grad
     loss, lse, z, pred, acc, ent, _, _, _ = _lce_fwd(
         input, linear_weight, target, linear_bias, weight, token_weight, *o, need_dh, need_dw,
-        need_db, bool(return_accuracy), bool(return_entropy), lse_grad, ent_grad)
+        need_db, bool(return_accuracy), lse_grad, ent_grad)
     if unbatched:
         lse, pred = lse.squeeze(0), pred.squeeze(0) if return_accuracy else pred
         if reduction == "none":

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import math
+import zlib
 
 import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
 from ..errors import LossError
-from ..lossk.cross_entropy import vocab_shard_pass
-from ..lossk.distillation import vocab_shard_distill_pass
-from .._convert import as_float, as_int
+from ..lossk.cross_entropy import _shard_pass
+from ..lossk.distillation import _shard_distill_pass
+from .._convert import as_int
 from ..lossk import _args
 from ._bridge import _core_view, _loss_dtype, _tensor
-from ._checks import _FLOATS, _REDUCTIONS, _check
+from ._checks import _FLOATS, _check
 from ._distill import LinearDistillationOutput, _checked_heads
 from ._seed import _targets_i64
 
@@ -43,8 +44,7 @@ from ._seed import _targets_i64
 # second pass. The coefficients are of d/dz'; the core applies dz'/dz (the cap's slope and 1/T).
 
 _INFO = ("vocab_start", "shard_rows", "status", "n_tok", "d_model", "dtype", "need_dh",
-         "need_dw", "need_db", "target_checksum", "reduction", "has_bias", "has_weights",
-         "label_smoothing", "softcap", "temperature", "lse_square_scale")
+         "need_dw", "need_db", "target_checksum", "has_bias", "has_weights")
 
 
 def _checksum(t: torch.Tensor) -> int:
@@ -55,6 +55,27 @@ def _checksum(t: torch.Tensor) -> int:
 
 def _f64_bits(x: float) -> int:
     return int(torch.tensor([x], dtype=torch.float64).view(torch.int64))
+
+
+def _options_info(o) -> tuple:
+    """(int64s, their names) of the options record's fields every rank must pass alike: each
+    field as (is None, its bits); chunk may differ (it changes no bit)."""
+    info, names = [], []
+    for name, x in zip(o._fields, o):
+        if name == "chunk":
+            continue
+        bits = (0 if x is None else zlib.crc32(x.encode()) if isinstance(x, str)
+                else _f64_bits(x) if isinstance(x, float) else int(x))
+        info += [int(x is None), bits]
+        names += [name, name]
+    return info, tuple(names)
+
+
+def _shard_options(o: _args.CrossEntropyOptions) -> _args.CrossEntropyOptions:
+    """The options of one core pass over a shard: per token ("none"), every target scored (the
+    caller masks the ignored), label smoothing and the z-loss left to the combination."""
+    return o._replace(reduction="none", ignore_index=None, label_smoothing=0.0,
+                      lse_square_scale=0.0)
 
 
 def _agree(info: list, names: tuple, err, group) -> int:
@@ -95,9 +116,9 @@ def _agree(info: list, names: tuple, err, group) -> int:
 
 class _VocabParallelFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, target, bias, class_weight, n, d, opts, vocab_start, group,
+    def forward(ctx, hidden, weight, target, bias, class_weight, n, d, o, vocab_start, group,
                 need_dh, need_dw, need_db):
-        reduction, ii, ls, cap, temp, zs, chunk = opts
+        reduction, ii, ls, zs = o.reduction, o.ignore_index, o.label_smoothing, o.lse_square_scale
         vs = weight.shape[0]
         t = _targets_i64(target, n)
         valid = t != ii
@@ -113,17 +134,15 @@ class _VocabParallelFn(torch.autograd.Function):
         # waiting in the next collective until the group's timeout.
         err, r = None, None
         try:
-            r = vocab_shard_pass(h, w, t_loc.numpy(), bias=b,
-                                 class_weight=None if cw is None else cw.numpy(), softcap=cap,
-                                 temperature=temp, chunk=chunk)
+            r = _shard_pass(h, w, t_loc.numpy(), _shard_options(o), bias=b,
+                            class_weight=None if cw is None else cw.numpy())
         except LossError as e:
             err = e
+        opt_info, opt_names = _options_info(o)
         info = [vocab_start, vs, 0 if err is None else err.status, n, d,
                 _FLOATS.index(hidden.dtype), int(need_dh), int(need_dw), int(need_db),
-                _checksum(t), _REDUCTIONS.index(reduction), int(bias is not None),
-                int(cw is not None), _f64_bits(ls), _f64_bits(-1.0 if cap is None else cap),
-                _f64_bits(temp), _f64_bits(zs)]
-        vocab = _agree(info, _INFO, err, group)
+                _checksum(t), int(bias is not None), int(cw is not None), *opt_info]
+        vocab = _agree(info, _INFO + opt_names, err, group)
         bad_t = valid & ((t < 0) | (t >= vocab))
         if bool(bad_t.any()):
             i = int(bad_t.nonzero()[0, 0])
@@ -156,7 +175,7 @@ class _VocabParallelFn(torch.autograd.Function):
 
         ctx.save_for_backward(hidden, weight, bias, class_weight, t_loc, valid, own, lse_k, lse,
                               w_y)
-        ctx.meta = (hidden.shape, n, d, opts, vocab, n_valid, w_tot, w_all, group, need_dh,
+        ctx.meta = (hidden.shape, n, d, o, vocab, n_valid, w_tot, w_all, group, need_dh,
                     need_dw, need_db)
         if reduction == "none":
             return (ce + zl).to(ldt).reshape(target.shape)
@@ -170,9 +189,9 @@ class _VocabParallelFn(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        (shape, n, d, opts, vocab, n_valid, w_tot, w_all, group, need_dh, need_dw,
+        (shape, n, d, o, vocab, n_valid, w_tot, w_all, group, need_dh, need_dw,
          need_db) = ctx.meta
-        reduction, ii, ls, cap, temp, zs, chunk = opts
+        reduction, ls, zs = o.reduction, o.label_smoothing, o.lse_square_scale
         hidden, weight, bias, class_weight, t_loc, valid, own, lse_k, lse, w_y = ctx.saved_tensors
         if not (need_dh or need_dw or need_db):
             return (None,) * 13
@@ -193,13 +212,12 @@ class _VocabParallelFn(torch.autograd.Function):
         ldt = _loss_dtype(hidden.dtype)
         need = tuple(nm for nm, f in (("hidden", need_dh), ("weight", need_dw), ("bias", need_db))
                      if f)
-        r = vocab_shard_pass(
+        r = _shard_pass(
             _core_view(hidden.detach().reshape(n, d)), _core_view(weight), t_loc.numpy(),
-            bias=None if bias is None else _core_view(bias),
+            _shard_options(o), bias=None if bias is None else _core_view(bias),
             class_weight=None if class_weight is None
             else class_weight.detach().to(ldt).contiguous().numpy(),
-            softcap=cap, temperature=temp, chunk=chunk, grad_coef=coef.to(ldt).numpy(),
-            with_grad=need)
+            grad_coef=coef.to(ldt).numpy(), with_grad=need)
         dh = dw = db = None
         if need_dh:
             dh = _tensor(r.d_hidden, hidden.dtype)
@@ -236,9 +254,10 @@ def vocab_parallel_linear_cross_entropy(hidden, weight_shard, target, *, vocab_s
     core pass over the shard. Works with any backend that supports all_gather and MAX/SUM
     all-reduce (gloo on CPU).
     """
-    o = _check(hidden, weight_shard, target, linear_bias, weight, reduction, ignore_index,
-               label_smoothing, softcap, lse_square_scale, 0, chunk, cuda_ok=False,
-               temperature=temperature)
+    o = _check(hidden, weight_shard, target, linear_bias, weight, None, dict(
+        reduction=reduction, ignore_index=-100 if ignore_index is None else ignore_index,
+        label_smoothing=label_smoothing, softcap=softcap, temperature=temperature,
+        lse_square_scale=lse_square_scale, chunk=chunk), cuda_ok=False)
     vocab_start = as_int(vocab_start, "vocab_start")
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("vocab_parallel_linear_cross_entropy needs an initialized "
@@ -248,10 +267,8 @@ def vocab_parallel_linear_cross_entropy(hidden, weight_shard, target, *, vocab_s
     need_dh = grad_on and hidden.requires_grad
     need_dw = grad_on and weight_shard.requires_grad
     need_db = grad_on and linear_bias is not None and linear_bias.requires_grad
-    return _VocabParallelFn.apply(hidden, weight_shard, target, linear_bias, weight, n, d,
-                                  (o.reduction, o.ignore_index, o.label_smoothing, o.softcap,
-                                   o.temperature, o.lse_square_scale, o.chunk), vocab_start, group,
-                                  need_dh, need_dw, need_db)
+    return _VocabParallelFn.apply(hidden, weight_shard, target, linear_bias, weight, n, d, o,
+                                  vocab_start, group, need_dh, need_dw, need_db)
 
 
 # ---- distillation with both heads' rows sharded -------------------------------------------------
@@ -268,16 +285,19 @@ def vocab_parallel_linear_cross_entropy(hidden, weight_shard, target, *, vocab_s
 
 _DISTILL_INFO = ("vocab_start", "shard_rows", "status", "n_tok", "d_model", "d_teacher",
                  "dtype", "teacher_dtype", "need_dh", "need_dw", "need_db", "target_checksum",
-                 "reduction", "has_bias", "has_teacher_bias", "objective", "beta",
-                 "temperature", "hard_weight", "soft_weight", "has_target")
+                 "has_bias", "has_teacher_bias", "has_target")
 
-_OBJECTIVES = ("kl", "reverse_kl", "jsd")
+
+def _distill_shard_options(o: _args.DistillOptions) -> _args.DistillOptions:
+    """The options of one core pass over both heads' shards: every token scored, summed (the
+    caller masks the ignored and reduces)."""
+    return o._replace(reduction="sum", ignore_index=None)
 
 
 class _VocabParallelDistillFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, si, sw, sb, ti, tw, tb, target, n, opts, vocab_start, group, need):
-        objective, beta, temp, ii, hw, sw_, reduction, chunk = opts
+    def forward(ctx, si, sw, sb, ti, tw, tb, target, n, o, vocab_start, group, need):
+        ii, hw, sw_, reduction = o.ignore_index, o.hard_weight, o.soft_weight, o.reduction
         vs = sw.shape[0]
         has_t = target is not None
         t = _targets_i64(target, n) if has_t else torch.zeros(n, dtype=torch.int64)
@@ -286,24 +306,20 @@ class _VocabParallelDistillFn(torch.autograd.Function):
         t_loc = torch.where(own, t - vocab_start, torch.full_like(t, -1))
         views = (_core_view(si.detach().reshape(n, -1)), _core_view(sw),
                  _core_view(ti.detach().reshape(n, -1)), _core_view(tw))
-        kw = dict(objective=objective, beta=beta, temperature=temp, hard_weight=hw,
-                  soft_weight=sw_, chunk=chunk,
-                  student_bias=None if sb is None else _core_view(sb),
+        kw = dict(student_bias=None if sb is None else _core_view(sb),
                   teacher_bias=None if tb is None else _core_view(tb))
         tl = t_loc.numpy() if has_t else None
+        shard_o = _distill_shard_options(o)
         err, r = None, None
         try:
-            if objective not in _OBJECTIVES:
-                raise LossError(f"objective must be one of {_OBJECTIVES}, got {objective!r}", 588)
-            r = vocab_shard_distill_pass(*views, tl, **kw)
+            r = _shard_distill_pass(*views, tl, shard_o, **kw)
         except LossError as e:
             err = e
+        opt_info, opt_names = _options_info(o)
         info = [vocab_start, vs, 0 if err is None else err.status, n, si.shape[-1],
                 ti.shape[-1], _FLOATS.index(si.dtype), _FLOATS.index(ti.dtype), *map(int, need),
-                _checksum(t), _REDUCTIONS.index(reduction), int(sb is not None),
-                int(tb is not None), _OBJECTIVES.index(objective) if err is None else -1,
-                _f64_bits(beta), _f64_bits(temp), _f64_bits(hw), _f64_bits(sw_), int(has_t)]
-        vocab = _agree(info, _DISTILL_INFO, err, group)
+                _checksum(t), int(sb is not None), int(tb is not None), int(has_t), *opt_info]
+        vocab = _agree(info, _DISTILL_INFO + opt_names, err, group)
         bad_t = valid & ((t < 0) | (t >= vocab)) if has_t else torch.zeros(n, dtype=torch.bool)
         if bool(bad_t.any()):
             i = int(bad_t.nonzero()[0, 0])
@@ -320,7 +336,7 @@ class _VocabParallelDistillFn(torch.autograd.Function):
         log_s = torch.log(pack[:, :3])
         lse = m + log_s
         ldt = _loss_dtype(si.dtype)
-        r2 = vocab_shard_distill_pass(*views, tl, shard_lse=lse.to(ldt).numpy(), **kw)
+        r2 = _shard_distill_pass(*views, tl, shard_o, shard_lse=lse.to(ldt).numpy(), **kw)
         dh = torch.from_numpy(r2.stats[:, 3:5]).to(f64).contiguous()
         dist.all_reduce(dh, op=dist.ReduceOp.SUM, group=group)
         zero = torch.zeros(n, dtype=f64)
@@ -330,7 +346,7 @@ class _VocabParallelDistillFn(torch.autograd.Function):
         per = sw_ * div + hw * ce
         n_valid = int(valid.sum())
         ctx.save_for_backward(si, sw, sb, ti, tw, tb, t_loc, valid, lse, dh[:, 1].clone())
-        ctx.meta = (si.shape, n, opts, n_valid, group, need, has_t)
+        ctx.meta = (si.shape, n, o, n_valid, group, need, has_t)
         if reduction == "none":
             out = per
         elif reduction == "sum":
@@ -347,8 +363,8 @@ class _VocabParallelDistillFn(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out, _g_div, _g_ce):
-        shape, n, opts, n_valid, group, need, has_t = ctx.meta
-        objective, beta, temp, ii, hw, sw_, reduction, chunk = opts
+        shape, n, o, n_valid, group, need, has_t = ctx.meta
+        hw, sw_, temp, reduction = o.hard_weight, o.soft_weight, o.temperature, o.reduction
         si, sw, sb, ti, tw, tb, t_loc, valid, lse, H = ctx.saved_tensors
         none = (None,) * 12
         if not any(need):
@@ -366,11 +382,10 @@ class _VocabParallelDistillFn(torch.autograd.Function):
         coef = torch.stack([sc * (sw_ / temp), sc * hw], dim=1)
         ldt = _loss_dtype(si.dtype)
         names = tuple(nm for nm, f in zip(("hidden", "weight", "bias"), need) if f)
-        r = vocab_shard_distill_pass(
+        r = _shard_distill_pass(
             _core_view(si.detach().reshape(n, -1)), _core_view(sw),
             _core_view(ti.detach().reshape(n, -1)), _core_view(tw),
-            t_loc.numpy() if has_t else None, objective=objective, beta=beta, temperature=temp,
-            hard_weight=hw, soft_weight=sw_, chunk=chunk,
+            t_loc.numpy() if has_t else None, _distill_shard_options(o),
             student_bias=None if sb is None else _core_view(sb),
             teacher_bias=None if tb is None else _core_view(tb),
             shard_lse=lse.to(ldt).numpy(), shard_h=H.to(ldt).numpy(),
@@ -413,27 +428,24 @@ def vocab_parallel_linear_distillation_loss(student_input, student_weight_shard,
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("vocab_parallel_linear_distillation_loss needs an initialized "
                            "torch.distributed process group (dist.init_process_group)")
-    o = _args.options(reduction, ignore_index, 0.0, None, 0.0, 0, chunk, temperature)
+    o = _args.distill_options(objective=objective, beta=beta, temperature=temperature,
+                              ignore_index=ignore_index, hard_weight=hard_weight,
+                              soft_weight=soft_weight, reduction=reduction, chunk=chunk)
     lead = tuple(student_input.shape[:-1])
-    if tuple(teacher_input.shape[:-1]) != lead or \
-            (target is not None and tuple(target.shape) != lead) or \
-            student_weight_shard.ndim != 2 or teacher_weight_shard.ndim != 2 or \
-            student_weight_shard.shape[0] != teacher_weight_shard.shape[0] or \
-            student_weight_shard.shape[1] != student_input.shape[-1] or \
-            teacher_weight_shard.shape[1] != teacher_input.shape[-1]:
+    if (tuple(teacher_input.shape[:-1]) != lead
+            or (target is not None and tuple(target.shape) != lead)
+            or student_weight_shard.ndim != 2 or teacher_weight_shard.ndim != 2
+            or student_weight_shard.shape[0] != teacher_weight_shard.shape[0]
+            or student_weight_shard.shape[1] != student_input.shape[-1]
+            or teacher_weight_shard.shape[1] != teacher_input.shape[-1]):
         raise LossError(f"shapes disagree: student {tuple(student_input.shape)} x "
                         f"{tuple(student_weight_shard.shape)}, teacher "
                         f"{tuple(teacher_input.shape)} x {tuple(teacher_weight_shard.shape)}, "
                         f"target {None if target is None else tuple(target.shape)}", 582)
-    if not isinstance(objective, str):
-        raise TypeError(f"objective must be a string, got {type(objective).__name__}")
     grad_on = torch.is_grad_enabled()
     need = (grad_on and student_input.requires_grad, grad_on and student_weight_shard.requires_grad,
             grad_on and student_bias is not None and student_bias.requires_grad)
-    opts = (objective, as_float(beta, "beta"), o.temperature, o.ignore_index,
-            as_float(hard_weight, "hard_weight"), as_float(soft_weight, "soft_weight"),
-            o.reduction, o.chunk)
     loss, div, ce = _VocabParallelDistillFn.apply(
         student_input, student_weight_shard, student_bias, teacher_input, teacher_weight_shard,
-        teacher_bias, target, math.prod(lead), opts, vocab_start, group, need)
+        teacher_bias, target, math.prod(lead), o, vocab_start, group, need)
     return LinearDistillationOutput(loss, div, ce) if return_terms else loss
