@@ -65,6 +65,7 @@ The model (assumptions, all stated; figures are estimates, never measurements):
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -131,17 +132,59 @@ def tool_env(**extra) -> dict:
     return env
 
 
+# Where compiled cubins are kept between runs (one nvcc of session_cuda.cu takes most of a minute
+# on two cores, and CI's suite and this script ask for the same ones): under build/, keyed by
+# everything the compile reads, so an edit anywhere in cuda/ or cpp/include/ compiles afresh.
+CACHE_DIR = os.environ.get("ALGENTA_CUBIN_CACHE", os.path.join(ROOT, "build", "cubin-cache"))
+
+
+def _compile_key(cmd_flags: list, nvcc: str) -> str:
+    h = hashlib.sha256()
+    h.update(subprocess.run([nvcc, "--version"], capture_output=True, text=True,
+                            env=tool_env()).stdout.encode())
+    h.update("\0".join(cmd_flags).encode())
+    for top in ("cuda", os.path.join("cpp", "include")):
+        for d, dirs, files in sorted(os.walk(os.path.join(ROOT, top))):
+            dirs.sort()
+            for f in sorted(files):
+                path = os.path.join(d, f)
+                h.update(os.path.relpath(path, ROOT).encode() + b"\0")
+                with open(path, "rb") as fh:
+                    h.update(fh.read())
+    return h.hexdigest()[:32]
+
+
 def compile_cubin(src: str, arch: str, out_dir: str):
-    """(cubin path, {mangled name: {regs, smem, spill}}) of one .cu for one arch."""
+    """(cubin path, {mangled name: {regs, smem, spill}}) of one .cu for one arch; the cubin and
+    nvcc's resource report come from CACHE_DIR when the same sources were compiled before."""
     cubin = os.path.join(out_dir, os.path.basename(src).replace(".cu", f"_{arch}.cubin"))
-    cmd = [tool("nvcc"), "-std=c++17", f"-arch={arch}", "-cubin", "--resource-usage",
-           "-I" + os.path.join(ROOT, "cpp", "include"), "-I" + os.path.join(ROOT, "cuda"),
-           "-DALGENTA_SMEM_TIER_BYTES=49152", os.path.join(ROOT, src), "-o", cubin]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=tool_env())
-    if r.returncode != 0:
-        raise RuntimeError(f"nvcc failed on {src}:\n{r.stderr[-2000:]}")
+    nvcc = tool("nvcc")
+    flags = ["-std=c++17", f"-arch={arch}", "-cubin", "--resource-usage",
+             "-I" + os.path.join(ROOT, "cpp", "include"), "-I" + os.path.join(ROOT, "cuda"),
+             "-DALGENTA_SMEM_TIER_BYTES=49152", os.path.join(ROOT, src)]
+    key = _compile_key(flags, nvcc)
+    cached = os.path.join(CACHE_DIR, key)
+    if os.path.exists(cached + ".cubin") and os.path.exists(cached + ".log"):
+        shutil.copyfile(cached + ".cubin", cubin)
+        with open(cached + ".log") as fh:
+            report = fh.read()
+    else:
+        r = subprocess.run([nvcc, *flags, "-o", cubin], capture_output=True, text=True,
+                           env=tool_env())
+        if r.returncode != 0:
+            raise RuntimeError(f"nvcc failed on {src}:\n{r.stderr[-2000:]}")
+        report = r.stdout + "\n" + r.stderr
+        os.makedirs(CACHE_DIR, exist_ok=True)
+        # Written under a temporary name and renamed: a reader never sees half a file, and the
+        # log last, since its presence is what says the entry is whole.
+        tmp = f"{cached}.{os.getpid()}.tmp"
+        shutil.copyfile(cubin, tmp)
+        os.replace(tmp, cached + ".cubin")
+        with open(tmp, "w") as fh:
+            fh.write(report)
+        os.replace(tmp, cached + ".log")
     res, cur = {}, None
-    for line in r.stdout.splitlines() + r.stderr.splitlines():
+    for line in report.splitlines():
         m = re.search(r"Function properties for (\S+)", line)
         if m:
             cur = res.setdefault(m.group(1), {"regs": 0, "smem": 0, "spill": 0})

@@ -10,8 +10,9 @@ staging before), the bf16 forward at least half the tensor-core peak in the mode
 kernel waits for the one before it (programmatic dependent launch) before any global access.
 
 Needs nvcc, cuobjdump and nvdisasm (the PyPI packages nvidia-cuda-cuobjdump and
-nvidia-cuda-nvdisasm; .ci/run installs them) and compiles cuda/session_cuda.cu for sm_90 (about
-ten seconds); skipped, not faked, without them.
+nvidia-cuda-nvdisasm; .ci/run installs them) and compiles the three .cu files for sm_90 (about a
+minute and a half on two cores, kept in build/cubin-cache for the next run and for
+perf/cuda_static.py); skipped, not faked, without them.
 """
 
 from __future__ import annotations
