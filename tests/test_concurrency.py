@@ -22,6 +22,9 @@ from algenta.residentk import contract as R
 from algenta.residentk.session import ResidentSession
 from conftest import EMULATED
 
+# Threads sharing sessions: host-side locking, whatever order a block's threads run in.
+pytestmark = pytest.mark.one_order
+
 
 def run_threads(fns):
     out, errs = [None] * len(fns), []

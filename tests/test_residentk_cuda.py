@@ -263,6 +263,7 @@ def test_sampling_matches_cpu_semantics():
     assert gpu.generate([3, 4, 5], 16, **kw) == cpu.generate([3, 4, 5], 16, **kw)
 
 
+@pytest.mark.one_order
 def test_refusals_and_reset_on_device():
     cfg = SMALL["gqa3_tied"]
     w = dict(random_weights(cfg, 2))

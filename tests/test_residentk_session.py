@@ -121,6 +121,7 @@ def test_context_refusal_before_first_token_leaves_session_untouched(device):
     assert len(s.generate([1, 2, 3, 4, 5], 5)) == 5  # exactly max_ctx fits
 
 
+@pytest.mark.one_order
 def test_step_and_prefill_past_capacity_refuse_606(device):
     cfg, w = _pair("gqa3_tied", seed=4)
     s = ResidentSession(cfg, w, max_ctx=8, device=device)  # capacity 512

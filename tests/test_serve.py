@@ -21,6 +21,11 @@ from algenta import ResidentError
 from algenta.residentk.batch import QueueFull, Scheduler
 from algenta.residentk.session import ResidentSession
 
+# The scheduler and the HTTP server over a session: host-side work, whatever order a block's
+# threads run in.
+pytestmark = pytest.mark.one_order
+
+
 DIMS = dict(d_model=48, h_q=4, h_kv=2, d_head=16, d_ff=96, n_layers=2, vocab=61)
 
 
