@@ -11,15 +11,11 @@ struct __nv_bfloat16 {
 };
 
 inline float __bfloat162float(__nv_bfloat16 h) {
-  const uint32_t u = uint32_t(h.__x) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
+  return ::algenta_emu::bits_as<float>(uint32_t(h.__x) << 16);
 }
 
 inline __nv_bfloat16 __float2bfloat16_rn(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
+  uint32_t u = ::algenta_emu::bits_as<uint32_t>(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return __nv_bfloat16{uint16_t((u >> 16) | 0x40u)};
   u += 0x7fffu + ((u >> 16) & 1u);
   return __nv_bfloat16{uint16_t(u >> 16)};

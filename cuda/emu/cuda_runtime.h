@@ -459,49 +459,44 @@ void traffic_start();                      // clears the counts and turns counti
 std::vector<KernelTraffic> traffic_stop();  // turns it off; the counts per kernel name
 }  // namespace algenta_emu
 
-// Cache-hinted loads and stores: plain accesses on the host, counted while traffic is on.
+// Cache-hinted loads and stores: plain accesses on the host, checked against a pending
+// programmatic dependent launch and counted while traffic is on; the hints change nothing here.
+namespace algenta_emu {
 template <class T>
-inline T __ldg(const T* p) {
-  ::algenta_emu::pdl_check(p, false);
-  if (::algenta_emu::g_traffic) ::algenta_emu::traffic_access(p, sizeof(T), false);
+inline T load(const T* p) {
+  pdl_check(p, false);
+  if (g_traffic) traffic_access(p, sizeof(T), false);
   return *p;
 }
 template <class T>
-inline T __ldcg(const T* p) {
-  ::algenta_emu::pdl_check(p, false);
-  if (::algenta_emu::g_traffic) ::algenta_emu::traffic_access(p, sizeof(T), false);
-  return *p;
-}
-template <class T>
-inline T __ldca(const T* p) {
-  ::algenta_emu::pdl_check(p, false);
-  if (::algenta_emu::g_traffic) ::algenta_emu::traffic_access(p, sizeof(T), false);
-  return *p;
-}
-template <class T>
-inline T __ldcs(const T* p) {
-  ::algenta_emu::pdl_check(p, false);
-  if (::algenta_emu::g_traffic) ::algenta_emu::traffic_access(p, sizeof(T), false);
-  return *p;
-}
-template <class T>
-inline void __stwb(T* p, T v) {
-  ::algenta_emu::pdl_check(p, true);
-  if (::algenta_emu::g_traffic) ::algenta_emu::traffic_access(p, sizeof(T), true);
+inline void store(T* p, T v) {
+  pdl_check(p, true);
+  if (g_traffic) traffic_access(p, sizeof(T), true);
   *p = v;
 }
-template <class T>
-inline void __stcg(T* p, T v) {
-  ::algenta_emu::pdl_check(p, true);
-  if (::algenta_emu::g_traffic) ::algenta_emu::traffic_access(p, sizeof(T), true);
-  *p = v;
+// The bits of one trivially copyable value as another of the same size.
+template <class To, class From>
+inline To bits_as(From f) {
+  static_assert(sizeof(To) == sizeof(From), "bits_as: sizes differ");
+  To t;
+  std::memcpy(&t, &f, sizeof t);
+  return t;
 }
+}  // namespace algenta_emu
 template <class T>
-inline void __stcs(T* p, T v) {
-  ::algenta_emu::pdl_check(p, true);
-  if (::algenta_emu::g_traffic) ::algenta_emu::traffic_access(p, sizeof(T), true);
-  *p = v;
-}
+inline T __ldg(const T* p) { return ::algenta_emu::load(p); }
+template <class T>
+inline T __ldcg(const T* p) { return ::algenta_emu::load(p); }
+template <class T>
+inline T __ldca(const T* p) { return ::algenta_emu::load(p); }
+template <class T>
+inline T __ldcs(const T* p) { return ::algenta_emu::load(p); }
+template <class T>
+inline void __stwb(T* p, T v) { ::algenta_emu::store(p, v); }
+template <class T>
+inline void __stcg(T* p, T v) { ::algenta_emu::store(p, v); }
+template <class T>
+inline void __stcs(T* p, T v) { ::algenta_emu::store(p, v); }
 
 // Device math the kernels call unqualified. Host libm rounds differently from the device's
 // (expf is within 2 ulp on a device, correctly rounded or nearly so here): a blind spot the
@@ -511,16 +506,8 @@ inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
 inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
-inline float __int_as_float(int i) {
-  float f;
-  std::memcpy(&f, &i, 4);
-  return f;
-}
-inline int __float_as_int(float f) {
-  int i;
-  std::memcpy(&i, &f, 4);
-  return i;
-}
+inline float __int_as_float(int i) { return ::algenta_emu::bits_as<float>(i); }
+inline int __float_as_int(float f) { return ::algenta_emu::bits_as<int>(f); }
 // The byte dot product (dp4a): the four signed bytes of a times those of b, summed exactly
 // into c, as the device's IDP.4A computes it.
 inline int __dp4a(int a, int b, int c) {

@@ -536,16 +536,27 @@ cudaError_t cudaMemset(void* p, int value, size_t n) {
 }
 
 // ---- streams --------------------------------------------------------------------------------
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
+namespace {
+// A new stream or event under the device's lock; `keep` sets it from the flags and registers it
+// with the device, which is all the two creations do differently.
+template <class H, class Keep>
+cudaError_t create_handle(H** out, Keep keep) {
   Device& d = dev();
   std::lock_guard<std::recursive_mutex> lock(d.mu);
-  if (!s) return ret(cudaErrorInvalidValue);
+  if (!out) return ret(cudaErrorInvalidValue);
   if (no_device()) return ret(cudaErrorNoDevice);
-  Stream* x = new Stream;
-  x->blocking = !(flags & cudaStreamNonBlocking);
-  d.streams.push_back(x);
-  *s = x;
+  H* x = new H;
+  keep(d, x);
+  *out = x;
   return cudaSuccess;
+}
+}  // namespace
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
+  return create_handle(s, [flags](Device& d, Stream* x) {
+    x->blocking = !(flags & cudaStreamNonBlocking);
+    d.streams.push_back(x);
+  });
 }
 cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, 0); }
 
@@ -685,15 +696,10 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
 
 // ---- events ----------------------------------------------------------------------------------
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
-  Device& d = dev();
-  std::lock_guard<std::recursive_mutex> lock(d.mu);
-  if (!e) return ret(cudaErrorInvalidValue);
-  if (no_device()) return ret(cudaErrorNoDevice);
-  Event* x = new Event;
-  x->timing = !(flags & cudaEventDisableTiming);
-  d.events.insert(x);
-  *e = x;
-  return cudaSuccess;
+  return create_handle(e, [flags](Device& d, Event* x) {
+    x->timing = !(flags & cudaEventDisableTiming);
+    d.events.insert(x);
+  });
 }
 cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, 0); }
 
