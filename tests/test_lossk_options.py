@@ -585,6 +585,7 @@ _SWEEP = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_bit_identical_for_every_chunk_and_thread_count_with_options():
     digests = set()
     for threads in ("1", "2", "3"):
@@ -600,3 +601,14 @@ def test_bit_identical_for_every_chunk_and_thread_count_with_options():
             assert len(set(g)) == 1, (threads, k)
         digests.add(tuple(g[0] for g in groups))
     assert len(digests) == 1  # and every thread count the same bits
+
+
+def test_a_keyword_the_core_does_not_read_is_refused_by_name(monkeypatch):
+    # The binding takes its arrays and output flags as keywords: a misspelt or retired one must
+    # fail the call, never be dropped (the result would silently lack what it asked for).
+    real = ce._c.fused_linear_ce
+    monkeypatch.setattr(ce._c, "fused_linear_ce",
+                        lambda opts, **k: real(opts, want_entropy_tok=True, **k))
+    h, w, t, _, _ = problem((4,), 8, 11)
+    with pytest.raises(TypeError, match="unexpected argument 'want_entropy_tok'"):
+        ce.linear_cross_entropy(h, w, t)

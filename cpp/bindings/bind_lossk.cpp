@@ -15,6 +15,7 @@
 #include <iterator>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -72,12 +73,28 @@ X as(const py::handle& x, const std::string& what) {
 struct Kw {
   const py::dict& k;
   const char* fn;
-  bool given(const char* n) const { return k.contains(n) && !k[n].is_none(); }
+  mutable std::set<std::string> read{};  // every name asked for, given or not
+  bool given(const char* n) const {
+    read.insert(n);
+    return k.contains(n) && !k[n].is_none();
+  }
   template <class X>
   X get(const char* n) const {
+    read.insert(n);
     if (!k.contains(n))
       throw py::type_error(std::string(fn) + ": missing argument '" + n + "'");
     return as<X>(k[n], std::string(fn) + ": argument '" + n + "'");
+  }
+  // A keyword the entry point never asked for is a caller's mistake (a misspelt or retired
+  // output flag), refused by name rather than dropped. Checked once the call has read what it
+  // reads, so after the work: the only callers are algenta's own Python layers, whose tests
+  // meet it first.
+  void refuse_unread() const {
+    for (const auto& item : k) {
+      const std::string n = py::str(item.first);
+      if (!read.count(n))
+        throw py::type_error(std::string(fn) + ": unexpected argument '" + n + "'");
+    }
   }
   template <class X>
   X get(const char* n, X absent) const {
@@ -477,7 +494,9 @@ py::dict host_call(const py::handle& rec, const py::dict& kwargs, const char* fn
   const Kw k{kwargs, fn};
   const bool cuda = on_cuda(k);
   const Elems e = read_elems(k);
-  return (e.in == Dtype::F64 ? f64 : f32)(rec, k, e, cuda);
+  py::dict out = (e.in == Dtype::F64 ? f64 : f32)(rec, k, e, cuda);
+  k.refuse_unread();
+  return out;
 }
 
 // ---- device pointers (algenta.torch's CUDA tensors) ---------------------------------------
