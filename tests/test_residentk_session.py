@@ -135,6 +135,12 @@ def test_step_and_prefill_past_capacity_refuse_606(device):
     with pytest.raises(ResidentError) as e:
         s.step(3)
     assert e.value.status == 606 and s.position == 512
+    # A token outside the vocabulary is 601 whether or not the cache is full: the request's own
+    # fault is named before the session's state.
+    for call in (lambda: s.step(cfg["vocab"]), lambda: s.prefill([1, -1])):
+        with pytest.raises(ResidentError) as e:
+            call()
+        assert e.value.status == 601 and s.position == 512
 
 
 def test_sampling_is_reproducible_with_a_seed_and_respects_filters(device):

@@ -153,24 +153,24 @@ void SessionBase::prefill_slot(int64_t slot, const int64_t* ids, int64_t n, floa
   const Writing w(*this, "prefill");
   check_slot(slot, "prefill");
   if (n < 1) refuse(RESIDENT_ERR_EMPTY_DIMENSION, "prefill needs at least one token");
+  check_tokens(ids, n, "prefill");  // a bad id is 601 even where the slot is full (606)
   check_call(slot, n);
-  check_tokens(ids, n, "prefill");
   run_prefill(slot, ids, n, logits);
   pos_[slot] += n;
 }
 
 void SessionBase::step(int64_t id, float* logits) {
   const Writing w(*this, "step");
-  check_call(0, 1);
   check_id(id, "step");
+  check_call(0, 1);
   run_step(id, logits);
   ++pos_[0];
 }
 
 int64_t SessionBase::step_greedy(int64_t id) {
   const Writing w(*this, "step_greedy");
-  check_call(0, 1);
   check_id(id, "step_greedy");
+  check_call(0, 1);
   const int64_t t = run_step_greedy(id);
   ++pos_[0];
   return t;
@@ -190,6 +190,7 @@ std::unique_ptr<float[]> SessionBase::step_slots(const int64_t* slots, int64_t n
     refuse(RESIDENT_ERR_EMPTY_DIMENSION, "step_slots takes 1 to " + std::to_string(slots_) +
                                              " sequences (the session's slots), got " +
                                              std::to_string(B));
+  check_tokens(ids, B, "step_slots");
   // Two rows of one slot would write the same KV position: refuse before any work.
   std::vector<char> seen(size_t(slots_), 0);
   for (int64_t b = 0; b < B; ++b) {
@@ -198,7 +199,6 @@ std::unique_ptr<float[]> SessionBase::step_slots(const int64_t* slots, int64_t n
       refuse(RESIDENT_ERR_EMPTY_DIMENSION,
              "step_slots: slot " + std::to_string(slots[b]) + " named twice in one step");
     check_call(slots[b], 1);
-    check_id(ids[b], "step_slots");
   }
   // B <= slots_ <= RESIDENT_MAX_SLOTS and V <= RESIDENT_MAX_VOCAB: at most 2^32 floats.
   std::unique_ptr<float[]> logits(new float[size_t(B) * size_t(c_.vocab)]);
