@@ -48,8 +48,8 @@ def pytest_report_header(config):
 
 # The format each engine keeps under the sanitizers (.ci/run selects -m "not format_sweep"
 # there): the emulated CUDA engine runs about 3x slower under ASan, and the emulator stage runs
-# every format in three thread orders anyway, so a session test in another format is marked
-# format_sweep. The CPU engine keeps int8 (the format whose kernels index the most: blocks,
+# every format in reverse and in random thread order anyway, so a session test in another format
+# is marked format_sweep. The CPU engine keeps int8 (the format whose kernels index the most: blocks,
 # scales, packed panels) and the CUDA engine float32, each with a float32 cache.
 SANITIZED_FORMAT = {"cpu": ("int8", "f32"), "cuda": ("f32", "f32")}
 
@@ -58,7 +58,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         spec = getattr(item, "callspec", None)
         p = spec.params if spec is not None else {}
-        engine = p.get("device", "cpu")
+        # The engine a test runs: its device parameter, or for a test without one (the CUDA-only
+        # files) its cuda marker.
+        engine = p.get("device", "cuda" if item.get_closest_marker("cuda") else "cpu")
         if engine == "cuda":
             item.add_marker(pytest.mark.cuda)
         if "weights" in p or "kv" in p:
