@@ -96,6 +96,7 @@ def test_gpu_mem_fit_headroom_and_largest_ctx():
     assert "does NOT fit" in r.stdout and "short by" in r.stdout
 
 
+@pytest.mark.slow
 def test_slots_fit_and_the_most_that_do():
     # the weights once, one KV cache per sequence at the bucket (3,000 -> 4,096 positions)
     code, rep = plan_json("qwen3-0.6b", "--slots", "16", "--ctx", "3000", "--weights", "int8",

@@ -23,8 +23,8 @@ import tempfile
 
 import pytest
 
-# Reads the kernels' SASS from nvcc: nothing of ours runs.
-pytestmark = pytest.mark.python_only
+# Reads the kernels' SASS from nvcc: nothing of ours runs. Slow: the first run compiles.
+pytestmark = [pytest.mark.python_only, pytest.mark.slow]
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "perf"))

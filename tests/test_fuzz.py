@@ -559,6 +559,7 @@ def test_fuzz_lossk_flat_api_and_bindings(tmp_path, seed):
         assert summary.get(f"status {st}", 0) > 0, (st, summary)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target,seed", [("loader", 1), ("loader", 2), ("loader-memmap", 3)])
 def test_fuzz_checkpoint_loader(tmp_path, target, seed):
     summary = run_child(target, seed, CASES // 2, tmp_path)

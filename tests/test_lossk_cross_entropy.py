@@ -326,6 +326,7 @@ def _digest(env_extra):
     return res.stdout.split()
 
 
+@pytest.mark.slow
 def test_bit_identical_for_every_thread_count():
     digests = {k: _digest({"OMP_NUM_THREADS": str(k)})[1] for k in (1, 2, 3, 5)}
     assert len(set(digests.values())) == 1, digests

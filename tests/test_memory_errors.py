@@ -56,6 +56,7 @@ def run_capped(body: str, timeout=180):
     return r.stdout
 
 
+@pytest.mark.slow
 def test_fused_loss_scratch_failure_is_memory_error():
     # 2048 tokens x 65,536 classes with gradients: the budget admits a 2048-token chunk
     # (2^27 logit cells, 1 GiB in float64) though the inputs are a few MB.

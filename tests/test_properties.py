@@ -70,6 +70,7 @@ def model_chunk(c, v):
     return 580
 
 
+@pytest.mark.slow
 @cfg(600)
 @given(wide, wide, wide, wide)
 @example(2**21, 2**21, 2**21, I64_MAX)         # product 2^63: one past int64
@@ -204,6 +205,7 @@ dim = st.one_of(st.integers(-2, 2**17), st.sampled_from([1, 2, 3, 64, 128, 1024,
                                                           2**18 + 1, 2**22, 2**22 + 1]), i64)
 
 
+@pytest.mark.slow
 @cfg(500)
 @given(dim, dim, dim, st.one_of(pow2, dim), dim, dim, dim, st.one_of(dim, st.integers(1, 2**17)),
        st.booleans(), st.one_of(st.integers(1, 8), dim), st.booleans())
@@ -292,6 +294,7 @@ def test_context_check_matches_model(p, n, T):
     assert R.residentk_context_check(p, n, T) == want
 
 
+@pytest.mark.slow
 @cfg(600)
 @given(wide, wide, wide)
 @example(128, 40, 16)

@@ -579,6 +579,7 @@ def test_context_check_matches_exact_arithmetic(n_prompt, n_new, max_ctx):
     assert rc.residentk_context_check(n_prompt, n_new, max_ctx) == want
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(d=_dim, kv=st.integers(0, 4), group=st.integers(0, 3), dh=st.sampled_from([1, 2, 4, 8, 64, 128]),
        ff=_dim, n_layers=st.integers(1, 1100), vocab=st.integers(1, 5_000_000),

@@ -232,6 +232,7 @@ def _probe(threads, **env_extra):
     return np.frombuffer(bytes.fromhex(r.stdout.strip()), np.float32)
 
 
+@pytest.mark.slow
 def test_bit_identical_for_every_thread_count():
     a = _probe(1)
     np.testing.assert_array_equal(a, _probe(2))

@@ -393,6 +393,7 @@ def test_openai_client(live):
 
 
 # ---- the command ----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_cli_serves_a_checkpoint_and_exits_0_on_sigterm(tmp_path):
     sys.path.insert(0, os.path.dirname(__file__))
     from test_residentk_loader import CFG, make_ckpt

@@ -414,6 +414,7 @@ def _dataset():
     return rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 def test_trainer_with_gradient_accumulation_matches_stock(arch, tmp_path, monkeypatch):
     pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate")
