@@ -49,8 +49,8 @@ def pytest_report_header(config):
 # The format each engine keeps under the sanitizers (.ci/run selects -m "not format_sweep"
 # there): the emulated CUDA engine runs about 3x slower under ASan, and the emulator stage runs
 # every format in reverse and in random thread order anyway, so a session test in another format
-# is marked format_sweep. The CPU engine keeps int8 (the format whose kernels index the most: blocks,
-# scales, packed panels) and the CUDA engine float32, each with a float32 cache.
+# is marked format_sweep. The CPU engine keeps int8 (the format whose kernels index the most:
+# blocks, scales, packed panels) and the CUDA engine float32, each with a float32 cache.
 SANITIZED_FORMAT = {"cpu": ("int8", "f32"), "cuda": ("f32", "f32")}
 
 
