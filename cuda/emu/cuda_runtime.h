@@ -264,8 +264,8 @@ extern __thread BlockInfo* t_block;
 void syncthreads(const char* site);
 void syncwarp(const char* site, unsigned mask = 0xffffffffu);
 // One lane's 8-byte value goes into the warp's exchange slot; after a warp barrier over `mask`,
-// the value of lane `src` of the warp comes back (a second barrier keeps the slot until every
-// lane has read it). A src outside [0, 32) returns the lane's own value, as a shuffle does.
+// the value lane `src` brought to that barrier comes back. A src outside [0, 32) returns the
+// lane's own value, as a shuffle does.
 uint64_t warp_exchange(unsigned mask, uint64_t v, int src, const char* site);
 unsigned warp_ballot(unsigned mask, bool pred, const char* site);
 // Dynamic shared memory of the block in flight (the launch's smem bytes, 128-byte aligned).

@@ -43,11 +43,14 @@
 #endif
 
 // ---- fiber switch ------------------------------------------------------------------------------
-// algenta_emu_switch(&save, to): saves the callee-saved registers, MXCSR and the x87 control word
-// on the current stack, stores the stack pointer in *save, loads `to` and restores the same from
-// there. A new fiber's stack is laid out (init_stack) so that this returns into the trampoline,
-// which calls entry(arg) from r12 / rbx. No system call: the 10x over swapcontext that makes the
-// emulated suites affordable.
+// algenta_emu_switch(&save, to): pushes the callee-saved general registers on the current stack,
+// stores the stack pointer in *save, loads `to` and pops the same from there. A new fiber's stack
+// is laid out (init_stack) so that this returns into the trampoline, which calls entry(arg) from
+// r12 / rbx. No system call: the 10x over swapcontext that makes the emulated suites affordable.
+// MXCSR and the x87 control word are not switched: every fiber of a worker runs on that worker's
+// OS thread with its floating-point environment, and no kernel changes rounding or flushing
+// modes (ldmxcsr/stmxcsr and fldcw/fnstcw were a third of the emulator's time, being
+// microcoded on the hosts CI runs on).
 extern "C" void algenta_emu_switch(void** save, void* to);
 extern "C" void algenta_emu_trampoline();
 asm(R"(
@@ -63,14 +66,8 @@ algenta_emu_switch:
   pushq %r13
   pushq %r14
   pushq %r15
-  subq $8, %rsp
-  stmxcsr (%rsp)
-  fnstcw 4(%rsp)
   movq %rsp, (%rdi)
   movq %rsi, %rsp
-  ldmxcsr (%rsp)
-  fldcw 4(%rsp)
-  addq $8, %rsp
   popq %r15
   popq %r14
   popq %r13
@@ -194,11 +191,20 @@ struct Fiber {
 #endif
 };
 
+// What a lane asks of the warp barrier it waits at: only to meet, a shuffle (the value of lane
+// src[lane]) or a ballot. The barrier's last lane to arrive computes every lane's answer into
+// out[], so one barrier serves a shuffle: a lane's out[] is next written when that lane arrives
+// again, after it has read it.
+enum class WarpOp : uint8_t { Meet, Exchange, Ballot };
+
 struct WarpState {
   unsigned exists = 0;   // lanes present in the block
   unsigned waiting = 0;  // lanes at a warp barrier
   unsigned exited = 0;
-  uint64_t slot[32];
+  WarpOp op[32];
+  int src[32];
+  uint64_t slot[32];  // each lane's value at arrival
+  uint64_t out[32];   // each lane's answer, written at release
 };
 
 struct Zone {
@@ -292,38 +298,65 @@ struct Sched {
     *--sp = 0;                                                   // r13
     *--sp = 0;                                                   // r14
     *--sp = 0;                                                   // r15
-    --sp;
-    uint32_t mx;
-    uint16_t cw;
-    __asm__ volatile("stmxcsr %0" : "=m"(mx));
-    __asm__ volatile("fnstcw %0" : "=m"(cw));
-    std::memcpy(sp, &mx, 4);
-    std::memcpy(reinterpret_cast<char*>(sp) + 4, &cw, 2);
     return sp;
   }
 
-  void resume(Fiber& f) {
-    cur = &f;
-    t_thread = &f.th;
+  // A pass runs the block's ready fibers in the configured order, each until it blocks or
+  // returns. A fiber that stops switches straight to the next ready one of the pass (one switch,
+  // not two through the scheduler); the last of the pass switches back to the scheduler, which
+  // starts the next pass, or reports a deadlock when a pass finds no fiber ready.
+  int pos = -1;             // the running fiber's position in `order` during a pass
+  bool from_sched = false;  // the switch in flight leaves the scheduler's own stack
+
+  Fiber* next_in_pass() {
+    for (int p = pos + 1; p < nthreads; ++p) {
+      Fiber& f = fibers[size_t(order[size_t(p)])];
+      if (f.st == St::Fresh) {
+        f.sp = init_stack(f);
+        f.st = St::Ready;
+      }
+      if (f.st == St::Ready) {
+        pos = p;
+        return &f;
+      }
+    }
+    return nullptr;
+  }
+
+  // From the scheduler: one pass; false when no fiber was ready.
+  bool run_pass() {
+    pos = -1;
+    Fiber* f = next_in_pass();
+    if (!f) return false;
+    cur = f;
+    t_thread = &f->th;
+    from_sched = true;
 #ifdef ALGENTA_EMU_ASAN
-    __sanitizer_start_switch_fiber(&own_fake, f.stack_lo, config().stack_bytes);
+    __sanitizer_start_switch_fiber(&own_fake, f->stack_lo, config().stack_bytes);
 #endif
-    algenta_emu_switch(&sp, f.sp);
+    algenta_emu_switch(&sp, f->sp);
 #ifdef ALGENTA_EMU_ASAN
     __sanitizer_finish_switch_fiber(own_fake, nullptr, nullptr);
 #endif
     t_thread = nullptr;
     cur = nullptr;
+    return true;
   }
 
-  // From inside a fiber: back to the scheduler (dying: the fiber never runs again).
+  // From inside a fiber: on to the pass's next fiber, or back to the scheduler (dying: the
+  // fiber never runs again).
   void yield(Fiber& f, bool dying = false) {
+    Fiber* n = next_in_pass();
+    cur = n;
+    t_thread = n ? &n->th : nullptr;
+    from_sched = false;
 #ifdef ALGENTA_EMU_ASAN
-    __sanitizer_start_switch_fiber(dying ? nullptr : &f.fake, own_bottom, own_size);
+    __sanitizer_start_switch_fiber(dying ? nullptr : &f.fake, n ? n->stack_lo : own_bottom,
+                                   n ? config().stack_bytes : own_size);
 #else
     (void)dying;
 #endif
-    algenta_emu_switch(&f.sp, sp);
+    algenta_emu_switch(&f.sp, n ? n->sp : sp);
 #ifdef ALGENTA_EMU_ASAN
     __sanitizer_finish_switch_fiber(f.fake, nullptr, nullptr);
 #endif
@@ -426,20 +459,8 @@ struct Sched {
     dyn = s.smem ? alloc_poisoned(s.smem) : nullptr;
     t_block = &bi;
     make_order(order, nthreads, salt);
-    while (live > 0) {
-      bool ran = false;
-      for (int k : order) {
-        Fiber& f = fibers[size_t(k)];
-        if (f.st == St::Fresh) {
-          f.sp = init_stack(f);
-          f.st = St::Ready;
-        }
-        if (f.st != St::Ready) continue;
-        resume(f);
-        ran = true;
-      }
-      if (!ran) deadlock();
-    }
+    while (live > 0)
+      if (!run_pass()) deadlock();
     t_block = nullptr;
     if (!accesses.empty()) fold_traffic();
     if (dyn) free_aligned(dyn);
@@ -508,7 +529,12 @@ void Sched::fold_traffic() {
 void fiber_main(Fiber* f) {
   Sched& s = *t_sched;
 #ifdef ALGENTA_EMU_ASAN
-  __sanitizer_finish_switch_fiber(nullptr, &s.own_bottom, &s.own_size);
+  // The scheduler's stack bounds, which ASan needs for the switches back to it, are those of
+  // the stack a fiber first entered from the scheduler left.
+  if (s.from_sched)
+    __sanitizer_finish_switch_fiber(nullptr, &s.own_bottom, &s.own_size);
+  else
+    __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
 #endif
   (*s.body)();
   s.on_exit(*f);
@@ -561,7 +587,8 @@ void syncthreads(const char* site) {
   s.yield(f);
 }
 
-void syncwarp(const char* site, unsigned mask) {
+// A warp barrier over `mask`: the lane's request (op, value, src) is in its warp's slots.
+static void warp_barrier(const char* site, unsigned mask, WarpOp op, uint64_t v, int src) {
   Fiber& f = current("a warp-synchronous call");
   Sched& s = *t_sched;
   WarpState& w = s.warps[f.warp];
@@ -578,8 +605,12 @@ void syncwarp(const char* site, unsigned mask) {
   f.st = St::AtWarp;
   f.mask = mask;
   f.site = site;
+  w.op[f.th.lane] = op;
+  w.slot[f.th.lane] = v;
+  w.src[f.th.lane] = src;
   w.waiting |= bit;
   if ((w.waiting & mask) == mask) {
+    unsigned ballot = 0;
     for (unsigned l = 0; l < 32; ++l) {
       if (!(mask >> l & 1u)) continue;
       Fiber& o = s.fibers[size_t(f.warp * 32 + l)];
@@ -587,36 +618,34 @@ void syncwarp(const char* site, unsigned mask) {
         fatal("%s: warp %u: lanes meet at warp barriers with different masks (0x%08x at %s, "
               "0x%08x at %s)", s.where().c_str(), f.warp, mask, site, o.mask, o.site);
       o.st = St::Ready;
+      if (w.slot[l]) ballot |= 1u << l;
+    }
+    for (unsigned l = 0; l < 32; ++l) {
+      if (!(mask >> l & 1u)) continue;
+      if (w.op[l] == WarpOp::Exchange) {
+        // A lane outside [0, 32), or one outside the mask (whose value CUDA leaves undefined),
+        // gives the caller's own value.
+        const int from = w.src[l];
+        w.out[l] = (from >= 0 && from < 32 && (mask >> from & 1u)) ? w.slot[from] : w.slot[l];
+      } else if (w.op[l] == WarpOp::Ballot) {
+        w.out[l] = ballot;
+      }
     }
     w.waiting &= ~mask;
   }
   s.yield(f);
 }
 
+void syncwarp(const char* site, unsigned mask) { warp_barrier(site, mask, WarpOp::Meet, 0, 0); }
+
 uint64_t warp_exchange(unsigned mask, uint64_t v, int src, const char* site) {
-  Fiber& f = current("a warp shuffle");
-  Sched& s = *t_sched;
-  WarpState& w = s.warps[f.warp];
-  w.slot[f.th.lane] = v;
-  syncwarp(site, mask);
-  // A lane outside [0, 32), or one outside the mask (whose value CUDA leaves undefined), gives
-  // the caller's own value.
-  const uint64_t r = (src >= 0 && src < 32 && (mask >> src & 1u)) ? w.slot[src] : v;
-  syncwarp(site, mask);  // the slot stays until every lane has read it
-  return r;
+  warp_barrier(site, mask, WarpOp::Exchange, v, src);
+  return t_sched->warps[t_sched->cur->warp].out[t_sched->cur->th.lane];
 }
 
 unsigned warp_ballot(unsigned mask, bool pred, const char* site) {
-  Fiber& f = current("__ballot_sync");
-  Sched& s = *t_sched;
-  WarpState& w = s.warps[f.warp];
-  w.slot[f.th.lane] = pred ? 1 : 0;
-  syncwarp(site, mask);
-  unsigned r = 0;
-  for (unsigned l = 0; l < 32; ++l)
-    if ((mask >> l & 1u) && w.slot[l]) r |= 1u << l;
-  syncwarp(site, mask);
-  return r;
+  warp_barrier(site, mask, WarpOp::Ballot, pred ? 1 : 0, 0);
+  return unsigned(t_sched->warps[t_sched->cur->warp].out[t_sched->cur->th.lane]);
 }
 
 void* dynamic_smem_ptr() {

@@ -128,10 +128,11 @@ inline void mma_sync(fragment<accumulator, M, N, K, TC, void>& d,
                      const fragment<matrix_b, M, N, K, TB, LB>& b,
                      const fragment<accumulator, M, N, K, TC, void>& c) {
   detail::converge("wmma::mma_sync");
-  // Every lane of a warp holds the same tiles, so its 32 lanes ask for one product 32 times in
-  // a row: the last product of this OS thread is kept and reused when all three inputs are
-  // byte-equal (a pure function of them, so reuse cannot change a bit), sparing the emulator 31
-  // of every 32 tile products.
+  // Every lane of a warp holds the same tiles, so its 32 lanes ask for one product 32 times:
+  // the last product of each warp (of the block this OS thread runs) is kept and reused when all
+  // three inputs are byte-equal (a pure function of them, so reuse cannot change a bit), sparing
+  // the emulator 31 of every 32 tile products. One entry per warp, not one per OS thread: in a
+  // reverse or random thread order the warps' lanes interleave.
   struct Last {
     bool valid = false;
     decltype(a.x) ax;
@@ -139,7 +140,10 @@ inline void mma_sync(fragment<accumulator, M, N, K, TC, void>& d,
     decltype(c.x) cx;
     decltype(d.x) dx;
   };
-  static thread_local Last last;
+  static thread_local Last lasts[32];
+  const ::algenta_emu::Thread& th = *::algenta_emu::t_thread;
+  const ::algenta_emu::BlockInfo& blk = *::algenta_emu::t_block;
+  Last& last = lasts[((th.idx.z * blk.dim.y + th.idx.y) * blk.dim.x + th.idx.x) / 32 % 32];
   if (last.valid && std::memcmp(last.ax, a.x, sizeof a.x) == 0 &&
       std::memcmp(last.bx, b.x, sizeof b.x) == 0 && std::memcmp(last.cx, c.x, sizeof c.x) == 0) {
     std::memcpy(d.x, last.dx, sizeof d.x);
