@@ -100,15 +100,15 @@ def _eos_ids(root: Path) -> set:
     return ids
 
 
-def _tokenizer(root: Path):
+def _tokenizer(root: Path, *, why="--prompt needs it", instead="pass token ids with --ids"):
     path = root / "tokenizer.json"
     if not path.is_file():
-        raise CliError(f"{root} has no tokenizer.json: pass token ids with --ids instead")
+        raise CliError(f"{root} has no tokenizer.json ({why}): {instead}")
     try:
         from tokenizers import Tokenizer
     except ImportError:
-        raise CliError("--prompt needs the 'tokenizers' package (pip install tokenizers); "
-                       "or pass token ids with --ids") from None
+        raise CliError(f"the 'tokenizers' package is not installed ({why}; pip install "
+                       f"tokenizers): {instead}") from None
     try:
         return Tokenizer.from_file(str(path))
     except Exception as e:  # the tokenizers package raises its own exception types

@@ -14,7 +14,9 @@ running responses finish for up to ``--grace`` seconds, cancels the rest and exi
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import socket
 import signal
 import sys
 import threading
@@ -45,7 +47,7 @@ def register(subparsers) -> None:
     p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
                    help="cpu (default), cuda, or auto (the GPU when one is usable)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks one)")
+    p.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0 picks one)")
     p.add_argument("--api-key", metavar="KEY", default=os.environ.get("ALGENTA_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $ALGENTA_API_KEY)")
     p.add_argument("--max-queue", type=_positive_int, default=64, metavar="N",
@@ -56,7 +58,20 @@ def register(subparsers) -> None:
                    help="largest request body (default 1 MiB; past it 413)")
     p.add_argument("--grace", type=float, default=30.0, metavar="S",
                    help="seconds running responses get to finish at shutdown (default 30)")
+    p.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
+                   help="seconds a client has to send its request body (default 30; past it 408)")
     p.set_defaults(handler=run)
+
+
+def _port(text: str) -> int:
+    import argparse
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is an integer in [0, 65535], got {text!r}")
+    return v
 
 
 def _mem_available() -> int:
@@ -133,10 +148,19 @@ def run(args) -> int:
     from .residentk.loader import open_checkpoint
     from .residentk.session import ResidentSession
 
+    if args.api_key is not None and not args.api_key:
+        raise CliError("the API key is empty (--api-key or $ALGENTA_API_KEY): no client could "
+                       "send it; give a key, or unset it to serve without one")
+    for name in ("grace", "body_timeout"):
+        v = getattr(args, name)
+        if not (math.isfinite(v) and v > 0):
+            raise CliError(f"--{name.replace('_', '-')} must be a positive number of seconds, "
+                           f"got {v}")
     root = Path(args.model)
     if not root.is_dir():
         raise CliError(f"{root}: not a checkpoint directory")
-    tok = _tokenizer(root)
+    tok = _tokenizer(root, why="algenta serve reads prompts and writes text with it",
+                     instead="serve a checkpoint directory that has its tokenizer.json")
     try:
         ck = open_checkpoint(root)  # headers only: nothing allocated yet
     except (AlgentaError, FileNotFoundError) as e:
@@ -167,6 +191,15 @@ def run(args) -> int:
                        f"kv {args.kv}) need {need / 2**30:.2f} GiB; this host has "
                        f"{avail / 2**30:.2f} GiB available: at most {fit} slots fit "
                        f"(see algenta plan --slots)")
+    # The socket is bound before the weights are read and the banner printed: a port in use
+    # is one line at once, not a load, a banner and then a failure.
+    try:
+        info = socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(info[0], socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(info[4])
+    except OSError as e:
+        raise CliError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     session = _load_in_passing_thread(lambda: ResidentSession.from_pretrained(
         root, max_ctx=args.max_ctx, device=args.device, weights=args.weights, kv=args.kv,
         slots=args.slots))
@@ -174,18 +207,28 @@ def run(args) -> int:
     sched = Scheduler(session, prefill_chunk=args.prefill_chunk, max_queue=args.max_queue)
     name = args.name or root.resolve().name
     app = build_app(sched, tok, model_name=name, eos_ids=_eos_ids(root), chat_template=tpl,
-                    bos_token=bos, eos_token=eos, api_key=args.api_key, max_body=args.max_body)
-    print(f"algenta serve: '{name}' on http://{args.host}:{args.port} ({session.device}, "
+                    bos_token=bos, eos_token=eos, api_key=args.api_key, max_body=args.max_body,
+                    body_timeout=args.body_timeout)
+    port = sock.getsockname()[1]
+    print(f"algenta serve: '{name}' on http://{args.host}:{port} ({session.device}, "
           f"weights {args.weights}, kv {args.kv}, {args.slots} slots of {args.max_ctx} "
           f"positions, {need / 2**30:.2f} GiB resident)", file=sys.stderr, flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
-                                           log_level="warning",
-                                           timeout_graceful_shutdown=args.grace))
+    # uvicorn's own graceful limit is a little past --grace: at --grace the jobs still running
+    # are cancelled by us, so every open stream ends with a final event instead of being cut.
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning",
+                                           timeout_graceful_shutdown=args.grace + 5))
     stopped = []
+
+    def cancel_the_rest():
+        sched.close(cancel=True)  # each open response gets its 503 event and ends
 
     def stop(signum, frame):  # the first signal drains; a second one forces the exit
         server.force_exit = bool(stopped)
         server.should_exit = True
+        if not stopped:
+            t = threading.Timer(args.grace, cancel_the_rest)
+            t.daemon = True
+            t.start()
         stopped.append(signum)
 
     # Our handlers, not uvicorn's: it re-raises the signal after its graceful shutdown, which
@@ -193,7 +236,7 @@ def run(args) -> int:
     server.capture_signals = contextlib.nullcontext
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop)
-    server.run()
+    server.run(sockets=[sock])
     if not server.started:
-        raise CliError(f"cannot listen on {args.host}:{args.port}")
+        raise CliError(f"cannot serve on {args.host}:{port}")
     return 0

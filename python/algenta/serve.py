@@ -10,10 +10,14 @@ responses that notice a client leaving; the request validation is ours, so it an
 OpenAI's error shape and FastAPI's model layer would add nothing but a dependency.
 
 Errors follow OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: malformed
-JSON or a wrong type 400, a prompt plus ``max_tokens`` past a slot's context 400 (status 606
-named), an unknown model 404, a body past ``max_body`` bytes 413, a missing or wrong bearer
+JSON or a wrong type 400, a field this server does not know or does not honour at the value
+given 400 naming it (``NOT_YET``: never silently ignored), a prompt plus ``max_tokens`` past a
+slot's context 400 (status 606 named), an unknown model 404, a body not in within
+``body_timeout`` seconds 408, a body past ``max_body`` bytes 413, a missing or wrong bearer
 token 401 (with ``api_key``), all slots busy and the wait queue full 429 with ``Retry-After``.
-A client that disconnects frees its slot at once.
+A client that disconnects, streamed or not, frees its slot at once. Tokenizing and template
+rendering run on a thread pool, and stop strings are matched by automata, so no request's
+size stalls the event loop for the others.
 """
 
 from __future__ import annotations
@@ -24,12 +28,18 @@ import json
 import math
 import numbers
 import time
+import logging
 import uuid
 
 from .errors import ResidentError
 from .residentk.batch import QueueFull, Scheduler
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
+log = logging.getLogger("algenta.serve")
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request was read: nobody to answer."""
 
 
 class ApiError(Exception):
@@ -41,7 +51,9 @@ class ApiError(Exception):
         self.resident = resident  # the residentk status code behind a refusal, when one is
 
     _TYPES = {400: "invalid_request_error", 401: "authentication_error",
-              404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+              404: "not_found_error", 405: "invalid_request_error",
+              408: "invalid_request_error", 413: "invalid_request_error",
+              429: "rate_limit_error"}
 
     def body(self) -> dict:
         err = {"message": self.message, "type": self._TYPES.get(self.status, "server_error"),
@@ -52,24 +64,66 @@ class ApiError(Exception):
 
 
 # ---- text -----------------------------------------------------------------------------------
+class _StopMatcher:
+    """One stop string's Knuth-Morris-Pratt automaton. Fed the output a piece at a time, it
+    knows the longest prefix of the stop string the output ends with (``state``), so a new
+    character costs amortized O(1) however long the output and the stop string are: a
+    rescan of the held-back text per token would cost O(stop length^2) each, on the event loop
+    that serves everyone."""
+
+    def __init__(self, stop: str):
+        self.stop = stop
+        fail = [0] * len(stop)
+        k = 0
+        for i in range(1, len(stop)):
+            while k and stop[i] != stop[k]:
+                k = fail[k - 1]
+            if stop[i] == stop[k]:
+                k += 1
+            fail[i] = k
+        self.fail = fail
+        self.state = 0
+
+    def feed(self, piece: str):
+        """Index in `piece` where a match ends (exclusive), or None (the state advanced)."""
+        s, fail, k, n = self.stop, self.fail, self.state, len(self.stop)
+        for j, ch in enumerate(piece):
+            while k and ch != s[k]:
+                k = fail[k - 1]
+            if ch == s[k]:
+                k += 1
+                if k == n:
+                    self.state = k
+                    return j + 1
+        self.state = k
+        return None
+
+
 class TextStream:
     """Generated ids -> text as it becomes final. A byte-level token can end mid-character
     (decoded as U+FFFD until the next completes it), and text that could be the start of a
     stop string is held back until it is known not to be one. ``push`` returns (new text,
-    stopped); after a stop string nothing more is emitted and the text ends before it."""
+    stopped); after a stop string nothing more is emitted and the text ends before it. Each
+    token costs time in its own text only: decoding a window of the last ids, and one
+    automaton step a character per stop string."""
 
     def __init__(self, tokenizer, stops=()):
         self.tok = tokenizer
-        self.stops = [s for s in stops if s]
+        self.matchers = [_StopMatcher(s) for s in stops if s]
         self.ids = []
-        self.sent = 0  # characters of the text already returned
-        self.text = ""
         self.stopped = False
+        self.parts = []      # the text already returned, in pieces
+        self.pending = ""    # text held back: it may begin a stop string
         # Incremental decoding: only the ids from `prefix` on are decoded per token, and the
         # text they gave up to `read` is the part already appended (decoding a window with one
         # token of left context keeps a word's leading space; a whole-sequence decode per
         # token would cost O(n) each).
         self.prefix = self.read = 0
+
+    @property
+    def text(self) -> str:
+        """Everything decoded so far (returned and held back); O(n), not for the hot path."""
+        return "".join(self.parts) + self.pending
 
     def push(self, token_id: int):
         if self.stopped:
@@ -80,39 +134,41 @@ class TextStream:
         if now.endswith("\ufffd") or len(now) <= len(before) or not now.startswith(before):
             return "", False  # mid-character, or nothing visible yet
         self.prefix, self.read = self.read, len(self.ids)
-        return self._advance(self.text + now[len(before):], final=False)
+        piece = now[len(before):]
+        tail = self.pending + piece
+        cut = None  # where the earliest stop string found in this piece begins, in `tail`
+        for m in self.matchers:
+            end = m.feed(piece)
+            if end is not None:
+                start = len(self.pending) + end - len(m.stop)
+                cut = start if cut is None else min(cut, start)
+        if cut is not None:
+            self.stopped = True
+            return self._take(tail, max(cut, 0)), True
+        hold = max((m.state for m in self.matchers), default=0)
+        return self._take(tail, len(tail) - hold), False
 
     def finish(self) -> str:
         """What is left once no more tokens come: the held-back tail, and any text the last
         ids gave (the whole sequence decoded once more); nothing after a stop string."""
         if self.stopped:
             return ""
+        sent = "".join(self.parts)
         full = self.tok.decode(self.ids)
-        return self._advance(full if full.startswith(self.text[:self.sent]) else self.text,
-                             final=True)[0]
-
-    def _advance(self, text: str, final: bool):
-        """The text is now `text`: return (what can be sent, stopped)."""
-        self.text = text
+        tail = full[len(sent):] if full.startswith(sent) else self.pending
         cut = None
-        for s in self.stops:
-            i = text.find(s, max(0, self.sent - len(s) + 1))
+        for m in self.matchers:  # once per request: a plain search of the short tail
+            i = tail.find(m.stop)
             if i >= 0 and (cut is None or i < cut):
                 cut = i
         if cut is not None:
             self.stopped = True
-            return self._take(max(cut, self.sent)), True
-        hold = 0
-        for s in ([] if final else self.stops):  # the longest tail that starts a stop string
-            for k in range(min(len(s) - 1, len(text)), hold, -1):
-                if text.endswith(s[:k]):
-                    hold = k
-                    break
-        return self._take(max(len(text) - hold, self.sent)), False
+        return self._take(tail, len(tail) if cut is None else cut)
 
-    def _take(self, end: int) -> str:
-        out = self.text[self.sent:end]
-        self.sent = end
+    def _take(self, tail: str, n: int) -> str:
+        out, self.pending = tail[:n], tail[n:]
+        if out:
+            self.parts.append(out)
         return out
 
 
@@ -176,16 +232,106 @@ def _stops(body):
     return v
 
 
-def _unsupported(body):
-    if _opt_int(body, "n", 1, 1) != 1:
-        raise ApiError(400, "'n' > 1 is not supported: send one request per completion",
-                       param="n")
-    if _opt_int(body, "best_of", 1, 1) != 1:
-        raise ApiError(400, "'best_of' > 1 is not supported", param="best_of")
-    for name in ("logprobs", "top_logprobs", "echo", "suffix", "tools", "logit_bias"):
-        v = body.get(name)
-        if v not in (None, False, 0, {}, []):
-            raise ApiError(400, f"'{name}' is not supported by this server", param=name)
+# Every request field, by what this server does with it (docs/serving.md lists them). None
+# is ever ignored: a field not named here is refused with a 400 naming it, as OpenAI refuses an
+# unrecognized argument, and a field this server does not honour yet is accepted only at the
+# value that asks for nothing. JSON null is the field's absence, as in OpenAI's API.
+HONOURED = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+            "seed", "stream", "stream_options", "stop"}
+HONOURED_COMPLETIONS = {"prompt"}
+HONOURED_CHAT = {"messages"}
+INFORMATIONAL = {"user", "metadata", "store"}  # accepted: they change nothing generated
+
+
+def _number_at(v, lo, hi, neutral):
+    """True: the neutral value; False: a valid value that asks for something; None: invalid."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not lo <= v <= hi:
+        return None
+    return v == neutral
+
+
+def _int_at(v, lo, hi, neutral):
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        return None
+    return v == neutral
+
+
+def _equal_to(kind, neutral):
+    return lambda v: (v == neutral) if isinstance(v, kind) else None
+
+
+def _logprobs(v):  # chat: a boolean; completions: how many alternatives, 0 the chosen only
+    if isinstance(v, bool):
+        return not v
+    return False if isinstance(v, int) and 0 <= v <= 20 else None
+
+
+# Known, not honoured yet: name -> (the endpoint that knows it, or None for both; the neutral
+# test (True neutral, False a value asking for something, None invalid); the valid values;
+# the value this server accepts).
+NOT_YET = {
+    "n": (None, lambda v: _int_at(v, 1, 128, 1), "an integer in [1, 128]",
+          "1 (send one request per completion)"),
+    "best_of": ("completions", lambda v: _int_at(v, 1, 20, 1), "an integer in [1, 20]", "1"),
+    "echo": ("completions", _equal_to(bool, False), "a boolean", "false"),
+    "logprobs": (None, _logprobs, "a boolean (chat) or an integer in [0, 20] (completions)",
+                 "absent or false (log-probabilities are not returned yet)"),
+    "top_logprobs": ("chat", lambda v: _int_at(v, 0, 20, 0), "an integer in [0, 20]", "0"),
+    "suffix": ("completions", _equal_to(str, ""), "a string", "absent"),
+    "logit_bias": (None, _equal_to(dict, {}), "an object", "absent"),
+    "presence_penalty": (None, lambda v: _number_at(v, -2, 2, 0), "a number in [-2, 2]", "0"),
+    "frequency_penalty": (None, lambda v: _number_at(v, -2, 2, 0), "a number in [-2, 2]", "0"),
+    "repetition_penalty": (None, lambda v: _number_at(v, 1e-6, math.inf, 1), "a number > 0",
+                           "1"),
+    "min_p": (None, lambda v: _number_at(v, 0, 1, 0), "a number in [0, 1]", "0"),
+    "stop_token_ids": (None, _equal_to(list, []), "a list of token ids", "absent"),
+    "tools": ("chat", _equal_to(list, []), "a list", "absent (tool calls are not supported yet)"),
+    "tool_choice": ("chat", lambda v: (v == "none") if isinstance(v, (str, dict)) else None,
+                    "a string or an object", "absent or 'none'"),
+    "parallel_tool_calls": ("chat", lambda v: True if isinstance(v, bool) else None,
+                            "a boolean", "a boolean"),
+    "functions": ("chat", _equal_to(list, []), "a list", "absent"),
+    "function_call": ("chat", lambda v: (v == "none") if isinstance(v, (str, dict)) else None,
+                      "a string or an object", "absent or 'none'"),
+    "response_format": ("chat", lambda v: (v == {"type": "text"}) if isinstance(v, dict) and
+                        v.get("type") in ("text", "json_object", "json_schema") else None,
+                        "an object whose type is text, json_object or json_schema",
+                        "{'type': 'text'} (structured output is not supported yet)"),
+    "modalities": ("chat", _equal_to(list, ["text"]), "a list", "['text']"),
+}
+
+
+def _check_fields(body, chat: bool):
+    """Refuses, with a 400 naming it, a field this endpoint does not know or does not honour at
+    the value given (see NOT_YET)."""
+    known = HONOURED | INFORMATIONAL | (HONOURED_CHAT if chat else HONOURED_COMPLETIONS)
+    for name, v in body.items():
+        if name in known or v is None:
+            continue
+        entry = NOT_YET.get(name)
+        if entry is None or entry[0] == ("completions" if chat else "chat"):
+            raise ApiError(400, f"unrecognized request field '{name}' for "
+                                f"{'/v1/chat/completions' if chat else '/v1/completions'}",
+                           param=name)
+        _, neutral, valid, accepted = entry
+        ok = neutral(v)
+        if ok is None:
+            raise ApiError(400, f"'{name}' must be {valid}, got {str(v)[:80]}", param=name)
+        if not ok:
+            raise ApiError(400, f"'{name}' = {str(v)[:80]} is not supported by this server: it "
+                                f"takes {accepted}", param=name)
+    if body.get("tool_choice") is not None and not body.get("tools"):
+        raise ApiError(400, "'tool_choice' is only allowed when 'tools' are given",
+                       param="tool_choice")
+    so = body.get("stream_options")
+    if so is not None:
+        if not isinstance(so, dict) or set(so) - {"include_usage"} or \
+                not isinstance(so.get("include_usage", False), bool):
+            raise ApiError(400, "'stream_options' must be {'include_usage': bool}",
+                           param="stream_options")
+        if not body.get("stream"):
+            raise ApiError(400, "'stream_options' is only allowed when 'stream' is true",
+                           param="stream_options")
 
 
 # ---- the application ------------------------------------------------------------------------
@@ -194,7 +340,7 @@ class Server:
 
     def __init__(self, scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
                  chat_template=None, bos_token="", eos_token="", api_key=None,
-                 max_body=1 << 20):
+                 max_body=1 << 20, body_timeout=30.0):
         self.sched = scheduler
         self.tok = tokenizer
         self.model = model_name
@@ -203,7 +349,13 @@ class Server:
         self.bos_token, self.eos_token = bos_token, eos_token
         self.api_key = api_key
         self.max_body = int(max_body)
+        self.body_timeout = float(body_timeout)
         self.created = int(time.time())
+        # Tokenizing, rendering templates and building stop-string automata run here, off the
+        # event loop: a megabyte prompt must not stall the streams of everyone else. Two
+        # threads: the work is in Rust (encode_batch releases the GIL) or short.
+        from concurrent.futures import ThreadPoolExecutor
+        self.pool = ThreadPoolExecutor(2, thread_name_prefix="algenta-tokenize")
 
     # -- request parsing -----------------------------------------------------------------------
     async def read_json(self, request) -> dict:
@@ -216,18 +368,42 @@ class Server:
             if n > self.max_body:
                 raise ApiError(413, f"the request body of {n} bytes exceeds the limit of "
                                     f"{self.max_body}")
+        from starlette.requests import ClientDisconnect
+
         raw = bytearray()
-        async for part in request.stream():
-            raw += part
-            if len(raw) > self.max_body:
-                raise ApiError(413, f"the request body exceeds the limit of {self.max_body} "
-                                    f"bytes")
+
+        async def read():
+            async for part in request.stream():
+                raw.extend(part)
+                if len(raw) > self.max_body:
+                    raise ApiError(413, f"the request body exceeds the limit of "
+                                        f"{self.max_body} bytes")
+
+        try:  # a client trickling its body holds a connection, not the server
+            await asyncio.wait_for(read(), self.body_timeout)
+        except asyncio.TimeoutError:
+            raise ApiError(408, f"the request body did not arrive within {self.body_timeout:g} "
+                                f"s") from None
+        except ClientDisconnect:
+            raise ClientGone() from None
         try:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
             raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+        except RecursionError:
+            raise ApiError(400, "the request body is nested too deeply") from None
         if not isinstance(body, dict):
             raise ApiError(400, "the request body must be a JSON object")
+        for name, v in body.items():  # JSON may carry lone surrogates, which no text can hold
+            try:
+                json.dumps(v, ensure_ascii=False).encode("utf-8")
+            except UnicodeEncodeError:
+                raise ApiError(400, f"'{name}' holds a lone surrogate (an unpaired \\ud800-"
+                                    f"\\udfff escape), which is not text", param=name) from None
+            except RecursionError:
+                raise ApiError(400, f"'{name}' is nested too deeply", param=name) from None
+        if body.get("stream") is None:
+            body.pop("stream", None)  # null is absence, as everywhere in OpenAI's API
         model = body.get("model")
         if not isinstance(model, str):
             raise ApiError(400, "'model' must be a string naming the model", param="model")
@@ -237,7 +413,8 @@ class Server:
         return body
 
     def encode(self, text: str, *, special: bool) -> list:
-        return list(self.tok.encode(text, add_special_tokens=special).ids)
+        # encode_batch, not encode: it releases the GIL while the Rust tokenizer runs
+        return list(self.tok.encode_batch([text], add_special_tokens=special)[0].ids)
 
     def prompt_ids(self, body) -> list:
         p = body.get("prompt")
@@ -290,20 +467,20 @@ class Server:
             raise ApiError(400, "the messages render to no tokens", param="messages")
         return ids
 
-    def submit(self, ids, body, *, default_max, on_event):
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-        if max_tokens is None:
-            max_tokens = default_max(len(ids))
-        elif isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+    def parse(self, body, chat: bool) -> dict:
+        """A request, every field checked (the cheap checks first), its prompt tokenized and
+        its stop strings compiled: run on the pool, off the event loop."""
+        _check_fields(body, chat)
+        name = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
+            else "max_tokens"
+        max_tokens = body.get(name)
+        if max_tokens is not None and (isinstance(max_tokens, bool)
+                                       or not isinstance(max_tokens, int) or max_tokens < 1):
             raise ApiError(400, f"'{name}' must be an integer >= 1", param=name)
         temperature = _opt_number(body, "temperature", 1.0, 0.0, 2.0)
         top_p = _opt_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True)
         top_k = body.get("top_k")
-        if top_k in (None, -1, 0):
-            top_k = None
-        else:
-            top_k = _opt_int(body, "top_k", None, 1)
+        top_k = None if top_k in (None, -1, 0) else _opt_int(body, "top_k", None, 1)
         seed = body.get("seed")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ApiError(400, "'seed' must be an integer", param="seed")
@@ -313,18 +490,26 @@ class Server:
         if not isinstance(stream, bool):
             raise ApiError(400, "'stream' must be a boolean", param="stream")
         stops = _stops(body)
-        _unsupported(body)
+        ids = self.chat_ids(body) if chat else self.prompt_ids(body)
         max_ctx = self.sched.session.max_ctx
+        if max_tokens is None:  # chat: the rest of the context; completions: OpenAI's 16
+            max_tokens = max(1, max_ctx - len(ids)) if chat else 16
         if len(ids) + max_tokens > max_ctx:
             raise ApiError(400, f"this model's context per request is {max_ctx} tokens; the "
                                 f"prompt of {len(ids)} tokens plus {name}={max_tokens} asks "
                                 f"for {len(ids) + max_tokens} (status 606, "
                                 f"resident_context_full)", param=name,
                            code="context_length_exceeded", resident=606)
+        return dict(ids=ids, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
+                    top_p=None if top_p == 1.0 else top_p, seed=seed, stream=stream,
+                    text=TextStream(self.tok, stops))
+
+    def submit(self, req: dict, on_event):
         try:
-            job = self.sched.submit(ids, max_tokens, temperature=temperature, top_k=top_k,
-                                    top_p=None if top_p == 1.0 else top_p, seed=seed,
-                                    stop_ids=self.eos, on_event=on_event)
+            return self.sched.submit(req["ids"], req["max_tokens"],
+                                     temperature=req["temperature"], top_k=req["top_k"],
+                                     top_p=req["top_p"], seed=req["seed"], stop_ids=self.eos,
+                                     on_event=on_event)
         except QueueFull as e:
             raise ApiError(429, f"the server is at capacity: {e}; retry shortly",
                            headers={"Retry-After": "1"}) from None
@@ -332,20 +517,20 @@ class Server:
             raise ApiError(400, str(e), resident=e.status) from None
         except RuntimeError as e:  # closed: shutting down
             raise ApiError(503, str(e), headers={"Retry-After": "5"}) from None
-        return job, stops, stream
 
 
 def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
-              chat_template=None, bos_token="", eos_token="", api_key=None, max_body=1 << 20):
+              chat_template=None, bos_token="", eos_token="", api_key=None, max_body=1 << 20,
+              body_timeout=30.0):
     """The ASGI application (see the module docstring). ``tokenizer``: a ``tokenizers``
-    Tokenizer (``encode(text, add_special_tokens=...)``, ``decode(ids)``)."""
+    Tokenizer (``encode_batch(texts, add_special_tokens=...)``, ``decode(ids)``)."""
     from starlette.applications import Starlette
-    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
     srv = Server(scheduler, tokenizer, model_name=model_name, eos_ids=eos_ids,
                  chat_template=chat_template, bos_token=bos_token, eos_token=eos_token,
-                 api_key=api_key, max_body=max_body)
+                 api_key=api_key, max_body=max_body, body_timeout=body_timeout)
 
     def error_response(e: ApiError):
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
@@ -370,30 +555,30 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
             {"id": srv.model, "object": "model", "created": srv.created, "owned_by": "algenta"}]})
 
     async def generate(request, chat: bool):
+        loop = asyncio.get_running_loop()
         try:
             check_key(request)
             body = await srv.read_json(request)
-            ids = srv.chat_ids(body) if chat else srv.prompt_ids(body)
-            loop = asyncio.get_running_loop()
+            req = await loop.run_in_executor(srv.pool, srv.parse, body, chat)
             events: asyncio.Queue = asyncio.Queue()
 
             def on_event(ev):  # on the scheduler's thread
                 loop.call_soon_threadsafe(events.put_nowait, ev)
 
-            ctx = srv.sched.session.max_ctx
-            job, stops, stream = srv.submit(
-                ids, body, on_event=on_event,
-                default_max=(lambda n: max(1, ctx - n)) if chat else (lambda n: 16))
+            job = srv.submit(req, on_event)
         except ApiError as e:
             return error_response(e)
+        except ClientGone:
+            log.warning("a client disconnected while sending its request body")
+            return Response(status_code=499)  # nginx's "client closed request"
+        ids, text, stream = req["ids"], req["text"], req["stream"]
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
-        text = TextStream(srv.tok, stops)
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage")) \
-            if isinstance(body.get("stream_options"), dict) else False
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        eos_seen = [0]  # an eos id ends the output: counted as generated, never shown as text
 
         def usage():
-            n = len(text.ids)  # the tokens the text took (none past a stop string)
+            n = len(text.ids) + eos_seen[0]  # the tokens the text took (none past a stop)
             return {"prompt_tokens": len(ids), "completion_tokens": n,
                     "total_tokens": len(ids) + n}
 
@@ -404,6 +589,9 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
             """An event of the job -> ("piece", text, "stop" when a stop string ended it),
             ("done", reason) or ("error", ApiError)."""
             if ev[0] == "token":
+                if ev[1] in srv.eos:
+                    eos_seen[0] += not text.stopped
+                    return ("piece", "", None)
                 piece, stopped = text.push(ev[1])
                 if stopped:
                     job.cancel()  # frees the slot; the "cancelled" that follows is ignored
@@ -415,9 +603,6 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
                 return ("error", ApiError(503, "the server is shutting down; the request was "
                                                "cancelled", headers={"Retry-After": "5"}))
             return ("done", ev[1])
-
-        async def next_event():
-            return on(await events.get())
 
         def chunk(delta_text, reason=None, *, role=False):
             if chat:
@@ -441,7 +626,7 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
                     if chat:
                         yield chunk("", role=True)
                     while True:
-                        ev = await next_event()
+                        ev = on(await events.get())
                         if ev[0] == "piece":
                             if ev[1]:
                                 yield chunk(ev[1])
@@ -457,6 +642,9 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
                         else:  # the status line is sent: the error goes in the stream
                             yield "data: " + json.dumps(ev[1].body()) + "\n\n"
                             return
+                        # a backlog of events must not hold the loop: other requests run
+                        # between two chunks (a queued get returns without yielding)
+                        await asyncio.sleep(0)
                     yield chunk("", reason)
                     if include_usage:
                         yield "data: " + json.dumps(
@@ -470,19 +658,23 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
             return StreamingResponse(sse(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
 
-        # not streamed: wait, watching for the client leaving (one pending get, never
-        # cancelled, so no event can be lost to a timeout)
+        # Not streamed: wait for the events and, beside them, for the ASGI server's
+        # "http.disconnect", which it sends when the client leaves (one pending get, never
+        # cancelled while waiting, so no event is lost).
+        async def gone():
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        watcher = asyncio.ensure_future(gone())
         parts = []
         getter = None
         try:
             while True:
                 getter = getter or asyncio.ensure_future(events.get())
-                done, _ = await asyncio.wait({getter}, timeout=0.25)
-                if not done:
-                    if await request.is_disconnected():
-                        job.cancel()
-                        return JSONResponse({}, status_code=499)  # nginx's "client closed request"
-                    continue
+                await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    job.cancel()
+                    return Response(status_code=499)  # nobody is there to read it
                 ev, getter = on(getter.result()), None
                 if ev[0] == "piece":
                     parts.append(ev[1])
@@ -497,6 +689,7 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
                     return error_response(ev[1])
         finally:
             job.cancel()
+            watcher.cancel()
             if getter is not None:
                 getter.cancel()
         out_text = "".join(parts)
@@ -522,6 +715,7 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
         # past its graceful timeout): cancel what is left and stop the worker.
         await asyncio.get_running_loop().run_in_executor(
             None, lambda: scheduler.close(cancel=True))
+        srv.pool.shutdown(wait=False, cancel_futures=True)
 
     from starlette.exceptions import HTTPException
 

@@ -128,7 +128,7 @@ class Scheduler:
         self._waiting = collections.deque()
         self._cv = threading.Condition()
         self._closing = False
-        self._placing = 0
+        self._placing = []  # jobs taken from the queue, being placed in slots
         self._stop_now = False
         # counters since the scheduler started: decode steps and the sequences they carried,
         # prompt tokens prefilled and reused from a cache, jobs cancelled, and the seconds the
@@ -165,7 +165,7 @@ class Scheduler:
         with self._cv:
             if self._closing:
                 raise RuntimeError("the scheduler is closed")
-            free = sum(b is None for b in self._busy) - self._placing
+            free = sum(b is None for b in self._busy) - len(self._placing)
             if len(self._waiting) >= free + self.max_queue:
                 raise QueueFull(f"all {self._slots} slots are busy and {len(self._waiting)} "
                                 f"requests are waiting")
@@ -177,7 +177,7 @@ class Scheduler:
         """Slots in use and jobs waiting, now, and a copy of the counters (``stats``)."""
         with self._cv:
             return {"slots": self._slots,
-                    "active": sum(b is not None for b in self._busy) + self._placing,
+                    "active": sum(b is not None for b in self._busy) + len(self._placing),
                     "waiting": len(self._waiting), "stats": dict(self.stats)}
 
     def close(self, *, cancel: bool = False, timeout=None) -> None:
@@ -188,7 +188,8 @@ class Scheduler:
             self._closing = True
             while self._waiting or self._placing or any(b is not None for b in self._busy):
                 if cancel or (deadline is not None and time.monotonic() >= deadline):
-                    for j in list(self._waiting) + [b for b in self._busy if b is not None]:
+                    for j in list(self._waiting) + self._placing + \
+                            [b for b in self._busy if b is not None]:
                         j.cancel()
                 self._cv.notify_all()
                 self._cv.wait(0.05)
@@ -213,7 +214,7 @@ class Scheduler:
                     self._finish(j, "cancelled")
                 free = sum(b is None for b in self._busy)
                 admit = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
-                self._placing = len(admit)  # counted as busy by submit() until placed
+                self._placing = admit  # counted as busy by submit() until placed
             try:
                 for j in self._busy:
                     if j is not None and j.cancelled:
@@ -221,7 +222,7 @@ class Scheduler:
                 try:
                     self._admit(admit)
                 finally:
-                    self._placing = 0
+                    self._placing = []
                 self._prefill_some()
                 self._decode()
             except Exception as e:  # an engine failure: fail the jobs it touched, keep serving

@@ -1,0 +1,284 @@
+"""``algenta serve`` against what a careless or hostile client sends: every request field
+honoured or refused by name, malformed bodies, slow and vanishing clients, stop strings that
+would stall the event loop, shutdown with streams open, and the command's own arguments."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_serve import (KEY, TEMPLATE, WORDS, Live, random_session,  # noqa: E402
+                        text_of, word_tokenizer)
+
+from algenta.residentk.batch import Scheduler  # noqa: E402
+from algenta.serve import TextStream, build_app  # noqa: E402
+
+pytestmark = pytest.mark.one_order  # host-side: the HTTP layer over the scheduler
+
+
+def serve(eos_ids=(60,), **kw):
+    session = random_session(2, max_ctx=64)
+    sched = Scheduler(session, max_queue=0)
+    app = build_app(sched, word_tokenizer(), model_name="tiny", eos_ids=list(eos_ids),
+                    chat_template=TEMPLATE, api_key=KEY, **kw)
+    srv = Live(app)
+    srv.sched, srv.session = sched, session
+    return srv
+
+
+@pytest.fixture(scope="module")
+def live():
+    srv = serve(body_timeout=0.5)
+    yield srv
+    srv.stop()
+
+
+OK = {"model": "tiny", "prompt": "w5 w6", "max_tokens": 2, "temperature": 0}
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "w3"}], "max_tokens": 2,
+        "temperature": 0}
+
+
+def test_every_field_is_honoured_or_refused_by_name(live):
+    refused = [  # (endpoint body, the field the 400 names)
+        ({**OK, "presence_penalty": 0.5}, "presence_penalty"),
+        ({**OK, "presence_penalty": 99}, "presence_penalty"),
+        ({**OK, "frequency_penalty": -0.1}, "frequency_penalty"),
+        ({**OK, "logit_bias": {"5": 10}}, "logit_bias"),
+        ({**OK, "logprobs": 1}, "logprobs"),
+        ({**OK, "logprobs": 0}, "logprobs"),  # 0 still asks for the chosen token's
+        ({**OK, "echo": True}, "echo"),
+        ({**OK, "n": 2}, "n"),
+        ({**OK, "min_p": 0.1}, "min_p"),
+        ({**OK, "stop_token_ids": [4]}, "stop_token_ids"),
+        ({**OK, "frobnicate": 1}, "frobnicate"),  # unknown: OpenAI refuses it too
+        ({**OK, "messages": []}, "messages"),  # a chat field on completions
+        ({**OK, "stream_options": {"include_usage": True}}, "stream_options"),  # not streamed
+        ({**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
+        ({**CHAT, "response_format": {"type": "bogus"}}, "response_format"),
+        ({**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({**CHAT, "tool_choice": "auto"}, "tool_choice"),  # without tools
+        ({**CHAT, "functions": [{"name": "f"}]}, "functions"),
+        ({**CHAT, "function_call": "auto"}, "function_call"),
+        ({**CHAT, "logprobs": True}, "logprobs"),
+        ({**CHAT, "echo": True}, "echo"),  # a completions field on chat
+    ]
+    for body, name in refused:
+        path = "/v1/chat/completions" if "messages" in body and "prompt" not in body \
+            else "/v1/completions"
+        st, _, r = live.json("POST", path, body)
+        assert st == 400 and r["error"]["param"] == name, (body, r)
+        assert name in r["error"]["message"]
+    accepted = [  # neutral values, informational fields, null as absence
+        ({**OK, "presence_penalty": 0, "frequency_penalty": 0.0, "n": 1, "logprobs": None,
+          "echo": False, "logit_bias": {}, "user": "u", "stream": None}, "/v1/completions"),
+        ({**CHAT, "response_format": {"type": "text"}, "metadata": {"k": "v"}, "store": False,
+          "logprobs": False, "tool_choice": None, "parallel_tool_calls": True},
+         "/v1/chat/completions"),
+    ]
+    for body, path in accepted:
+        st, _, r = live.json("POST", path, body)
+        assert st == 200, (body, r)
+    # max_completion_tokens null beside max_tokens: the one given counts
+    st, _, r = live.json("POST", "/v1/completions", {**OK, "max_completion_tokens": None,
+                                                     "max_tokens": 3, "temperature": 0})
+    assert st == 200 and r["usage"]["completion_tokens"] <= 3
+    st, _, r = live.json("GET", "/v1/completions")
+    assert st == 405 and r["error"]["type"] == "invalid_request_error"
+
+
+def test_malformed_bodies_are_400s_not_500s(live):
+    deep = b'{"model": "tiny", "prompt": ' + b"[" * 1500 + b"]" * 1500 + b"}"
+    st, _, r = live.json("POST", "/v1/completions", raw=deep)
+    assert st in (400, 413) and r["error"]["type"] == "invalid_request_error"
+    for raw, param in [(b'{"model": "tiny", "prompt": "w3 \\ud800 w4"}', "prompt"),
+                       (b'{"model": "tiny", "messages": [{"role": "user", "content": '
+                        b'"\\udfff"}]}', "messages")]:
+        path = "/v1/chat/completions" if b"messages" in raw else "/v1/completions"
+        st, _, r = live.json("POST", path, raw=raw)
+        assert st == 400 and r["error"]["param"] == param, r
+    assert live.json("POST", "/v1/completions", OK)[0] == 200
+
+
+def test_deep_nesting_is_a_400_under_a_large_body_limit():
+    srv = serve(max_body=1 << 20)
+    try:
+        deep = b'{"model": "tiny", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        st, _, r = srv.json("POST", "/v1/completions", raw=deep)
+        assert st == 400 and "nested too deeply" in r["error"]["message"]
+    finally:
+        srv.stop()
+
+
+def raw_request(port, head: bytes, body: bytes):
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(head + body)
+    return s
+
+
+def test_slow_and_vanishing_bodies(live, caplog):
+    body = json.dumps(OK).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    # a body that never completes: 408 once body_timeout (0.5 s here) has passed
+    s = raw_request(live.port, head, body[:10])
+    t0 = time.monotonic()
+    reply = s.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 5
+    s.close()
+    # a client leaving mid-body: one log line, no traceback, and the server serves on
+    with caplog.at_level(logging.WARNING):
+        s = raw_request(live.port, head, body[:10])
+        time.sleep(0.05)  # let the server start reading the body before the client leaves
+        s.close()
+        deadline = time.time() + 5
+        while not any("disconnected while sending" in r.message for r in caplog.records) \
+                and time.time() < deadline:
+            time.sleep(0.01)
+    mine = [r for r in caplog.records if "disconnected while sending" in r.message]
+    assert len(mine) == 1 and not any(r.exc_info for r in caplog.records)
+    assert live.json("POST", "/v1/completions", OK)[0] == 200
+
+
+def test_a_client_leaving_a_plain_request_frees_its_slot(live, monkeypatch):
+    jobs = []
+    submit = live.sched.submit
+
+    def capture(*a, **k):
+        jobs.append(submit(*a, **k))
+        return jobs[-1]
+
+    monkeypatch.setattr(live.sched, "submit", capture)
+    with live.session.hold():  # no step can run until the client has gone
+        body = json.dumps({**OK, "max_tokens": 50}).encode()
+        s = raw_request(live.port, (
+            f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode(), body)
+        deadline = time.time() + 20
+        while not jobs and time.time() < deadline:
+            time.sleep(0.01)
+        s.shutdown(socket.SHUT_RDWR)
+        s.close()
+        while not (jobs and jobs[0].cancelled) and time.time() < deadline:
+            time.sleep(0.01)
+        assert jobs[0].cancelled  # noticed before any token was produced
+    while live.sched.load()["active"] and time.time() < deadline:
+        time.sleep(0.01)
+    assert live.sched.load()["active"] == 0 and len(jobs[0].generated) < 50
+
+
+def test_the_eos_token_ends_the_text_without_appearing_in_it():
+    first = random_session(1).generate([5, 9], 1)[0]  # greedy's first token, made the eos
+    srv = serve(eos_ids=[first])
+    try:
+        st, _, r = srv.json("POST", "/v1/completions", {
+            "model": "tiny", "prompt": "w5 w9", "max_tokens": 5, "temperature": 0})
+        assert st == 200 and r["choices"][0]["text"] == ""
+        assert r["choices"][0]["finish_reason"] == "stop"
+        assert r["usage"]["completion_tokens"] == 1
+    finally:
+        srv.stop()
+
+
+def test_stop_strings_match_like_a_plain_search():
+    # the automata against str.find over random words, stop strings that overlap themselves
+    rng = random.Random(7)
+    tk = word_tokenizer()
+    for _ in range(200):
+        ids = [rng.choice([1, 2, 3, 11, 12]) for _ in range(rng.randint(1, 30))]
+        stops = [" ".join(WORDS[rng.choice([1, 2, 3, 11, 12])] for _ in range(rng.randint(1, 4)))
+                 for _ in range(rng.randint(1, 4))]
+        full = text_of(ids)
+        cuts = [full.find(s) for s in stops if full.find(s) >= 0]
+        ts = TextStream(tk, stops)
+        got, stopped = "", False
+        for t in ids:
+            piece, stopped = ts.push(t)
+            got += piece
+            if stopped:
+                break
+        if not stopped:
+            got += ts.finish()
+        assert got == (full[:min(cuts)] if cuts else full), (ids, stops)
+
+
+def test_long_stop_strings_cost_time_in_the_new_text_only():
+    # Four 12,000-character stop strings that keep almost matching: a rescan per token of
+    # the held-back tail costs O(stop length^2) each (seconds a token); the automata cost
+    # the token's own characters. Timed against the same tokens with no stop strings.
+    tk = word_tokenizer()
+    ids = [1] * 400
+    stops = [" ".join(["w1"] * 4000) + f" w{k}" for k in range(2, 6)]  # 12,002 characters each
+
+    def run(stops):
+        t0 = time.perf_counter()
+        ts = TextStream(tk, stops)
+        out = "".join(ts.push(t)[0] for t in ids) + ts.finish()
+        return time.perf_counter() - t0, out
+
+    plain_s, plain = min(run([]) for _ in range(3))
+    held_s, held = min(run(stops) for _ in range(3))
+    assert held == plain  # never matched: everything comes out at the end
+    assert held_s < 10 * plain_s + 0.5, (held_s, plain_s)
+
+
+def test_shutdown_ends_every_open_stream_with_a_final_event():
+    srv = serve()
+    jobs = []
+    submit = srv.sched.submit
+    srv.sched.submit = lambda *a, **k: jobs.append(submit(*a, **k)) or jobs[-1]
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+        with srv.session.hold():  # the job cannot finish before the shutdown
+            c.request("POST", "/v1/chat/completions", body=json.dumps(
+                {**CHAT, "max_tokens": 40, "stream": True}),
+                headers={"Authorization": f"Bearer {KEY}"})
+            r = c.getresponse()
+            assert r.status == 200 and r.read(6) == b"data: "
+            # what `algenta serve` does when --grace runs out (close waits for the worker,
+            # which waits for this hold: so on a thread)
+            closer = threading.Thread(target=srv.sched.close, kwargs={"cancel": True})
+            closer.start()
+            deadline = time.time() + 20
+            while not (jobs and jobs[0].cancelled) and time.time() < deadline:
+                time.sleep(0.01)
+            assert jobs[0].cancelled  # even while the worker was placing it
+        closer.join(20)
+        rest = r.read().decode()
+        events = [e for e in rest.split("\n\n") if e.strip()]
+        last = json.loads(events[-1].split("data: ", 1)[1])
+        assert "shutting down" in last["error"]["message"]
+    finally:
+        srv.stop()
+
+
+@pytest.mark.slow
+def test_the_commands_arguments_are_refused_in_one_line(tmp_path):
+    from test_residentk_loader import make_ckpt
+
+    make_ckpt(tmp_path)
+    word_tokenizer().save(str(tmp_path / "tokenizer.json"))
+    cmd = [sys.executable, "-m", "algenta", "serve", "--model", str(tmp_path)]
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        for extra, says in [(["--port", "99999"], "[0, 65535]"),
+                            (["--api-key", ""], "API key is empty"),
+                            (["--grace", "-1"], "--grace"),
+                            (["--port", str(busy.getsockname()[1])], "cannot listen")]:
+            p = subprocess.run(cmd + extra, capture_output=True, text=True, timeout=120)
+            assert p.returncode == 2 and says in p.stderr, (extra, p.stderr)
+            assert "Traceback" not in p.stderr and "algenta serve: '" not in p.stderr
+    (tmp_path / "tokenizer.json").unlink()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "--ids" not in p.stderr and "tokenizer.json" in p.stderr
