@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -55,9 +56,6 @@ def test_every_field_is_honoured_or_refused_by_name(live):
         ({**OK, "presence_penalty": 99}, "presence_penalty"),
         ({**OK, "frequency_penalty": -0.1}, "frequency_penalty"),
         ({**OK, "logit_bias": {"5": 10}}, "logit_bias"),
-        ({**OK, "logprobs": 1}, "logprobs"),
-        ({**OK, "logprobs": 0}, "logprobs"),  # 0 still asks for the chosen token's
-        ({**OK, "echo": True}, "echo"),
         ({**OK, "n": 2}, "n"),
         ({**OK, "min_p": 0.1}, "min_p"),
         ({**OK, "stop_token_ids": [4]}, "stop_token_ids"),
@@ -70,8 +68,13 @@ def test_every_field_is_honoured_or_refused_by_name(live):
         ({**CHAT, "tool_choice": "auto"}, "tool_choice"),  # without tools
         ({**CHAT, "functions": [{"name": "f"}]}, "functions"),
         ({**CHAT, "function_call": "auto"}, "function_call"),
-        ({**CHAT, "logprobs": True}, "logprobs"),
         ({**CHAT, "echo": True}, "echo"),  # a completions field on chat
+        ({**OK, "logprobs": 21}, "logprobs"),
+        ({**OK, "logprobs": True}, "logprobs"),  # completions: a count, not a flag
+        ({**OK, "echo": True, "stream": True}, "echo"),
+        ({**OK, "max_tokens": 0}, "max_tokens"),  # 0 only with echo
+        ({**CHAT, "top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
+        ({**CHAT, "logprobs": 1}, "logprobs"),  # chat: a flag
     ]
     for body, name in refused:
         path = "/v1/chat/completions" if "messages" in body and "prompt" not in body \
@@ -282,3 +285,85 @@ def test_the_commands_arguments_are_refused_in_one_line(tmp_path):
     (tmp_path / "tokenizer.json").unlink()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "--ids" not in p.stderr and "tokenizer.json" in p.stderr
+
+
+def log_softmax(logits):
+    x = np.asarray(logits, np.float64)
+    return x - (x.max() + np.log(np.exp(x - x.max()).sum()))
+
+
+def test_logprobs_of_generated_and_echoed_tokens_are_the_models_own(live):
+    prompt = [5, 9, 1, 33]
+    solo = random_session(1)
+    want = solo.generate(prompt, 4, stop_ids=[60])
+    solo.reset()
+    rows = [log_softmax(solo.prefill([t])) for t in prompt + want[:-1]]  # position by position
+    st, _, r = live.json("POST", "/v1/completions", {**OK, "prompt": prompt, "max_tokens": 4,
+                                                     "logprobs": 3, "echo": True})
+    assert st == 200, r
+    lp = r["choices"][0]["logprobs"]
+    assert r["choices"][0]["text"] == text_of(prompt) + text_of([t for t in want if t != 60])
+    seq = prompt + want
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    # the served values are the float64 log-softmax of the session's own float32 logits
+    assert lp["token_logprobs"][1:] == [rows[i][seq[i + 1]] for i in range(len(seq) - 1)]
+    for i, top in enumerate(lp["top_logprobs"][1:]):
+        order = np.argsort(-rows[i], kind="stable")[:3]
+        assert top == {WORDS[k]: rows[i][k] for k in order}
+    assert len(lp["tokens"]) == len(lp["text_offset"]) == len(seq)
+    # greedy: the chosen token is the most likely; the prompt alone scored with max_tokens 0
+    st, _, r0 = live.json("POST", "/v1/completions", {**OK, "prompt": prompt, "max_tokens": 0,
+                                                      "logprobs": 0, "echo": True})
+    assert st == 200 and r0["choices"][0]["text"] == text_of(prompt)
+    assert r0["choices"][0]["logprobs"]["token_logprobs"] == lp["token_logprobs"][:4]
+    assert r0["usage"]["completion_tokens"] == 0
+
+
+def test_chat_logprobs_streamed_and_not_agree(live):
+    body = {**CHAT, "max_tokens": 6, "logprobs": True, "top_logprobs": 2, "temperature": 0.7,
+            "seed": 3}
+    st, _, whole = live.json("POST", "/v1/chat/completions", body)
+    assert st == 200, whole
+    content = whole["choices"][0]["logprobs"]["content"]
+    assert len(content) == whole["usage"]["completion_tokens"]
+    for e in content:
+        assert len(e["top_logprobs"]) == 2 and e["bytes"] == list(e["token"].encode())
+        assert e["top_logprobs"][0]["logprob"] >= e["top_logprobs"][1]["logprob"]
+        assert e["logprob"] <= e["top_logprobs"][0]["logprob"]  # sampled: not always the top
+    c = http.client.HTTPConnection("127.0.0.1", live.port, timeout=60)
+    c.request("POST", "/v1/chat/completions", body=json.dumps({**body, "stream": True}),
+              headers={"Authorization": f"Bearer {KEY}"})
+    events = [e[len("data: "):] for e in c.getresponse().read().decode().split("\n\n")
+              if e.startswith("data: ")]
+    streamed = [x for e in events[:-1] for ch in json.loads(e)["choices"]
+                if ch["logprobs"] for x in ch["logprobs"]["content"]]
+    assert events[-1] == "[DONE]" and streamed == content
+
+
+@pytest.mark.slow
+def test_echoed_logprobs_match_transformers_float32(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from test_residentk_loader import make_ckpt
+
+    from algenta.residentk.session import ResidentSession
+
+    make_ckpt(tmp_path)
+    session = ResidentSession.from_pretrained(tmp_path, max_ctx=64, progress=False)
+    sched = Scheduler(session)
+    srv = Live(build_app(sched, word_tokenizer(), model_name="m", api_key=KEY))
+    try:
+        prompt = [3, 17, 42, 8, 8, 29, 51, 2]
+        st, _, r = srv.json("POST", "/v1/completions", {"model": "m", "prompt": prompt,
+                                                        "max_tokens": 0, "logprobs": 0,
+                                                        "echo": True})
+        assert st == 200, r
+        got = r["choices"][0]["logprobs"]["token_logprobs"]
+    finally:
+        srv.stop()
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, torch_dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0].float()
+    want = torch.log_softmax(logits, -1)[torch.arange(len(prompt) - 1), prompt[1:]].tolist()
+    assert got[0] is None
+    assert np.max(np.abs(np.array(got[1:]) - np.array(want))) < 1e-4

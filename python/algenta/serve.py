@@ -238,8 +238,8 @@ def _stops(body):
 # value that asks for nothing. JSON null is the field's absence, as in OpenAI's API.
 HONOURED = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
             "seed", "stream", "stream_options", "stop"}
-HONOURED_COMPLETIONS = {"prompt"}
-HONOURED_CHAT = {"messages"}
+HONOURED_COMPLETIONS = {"prompt", "logprobs", "echo"}
+HONOURED_CHAT = {"messages", "logprobs", "top_logprobs"}
 INFORMATIONAL = {"user", "metadata", "store"}  # accepted: they change nothing generated
 
 
@@ -260,12 +260,6 @@ def _equal_to(kind, neutral):
     return lambda v: (v == neutral) if isinstance(v, kind) else None
 
 
-def _logprobs(v):  # chat: a boolean; completions: how many alternatives, 0 the chosen only
-    if isinstance(v, bool):
-        return not v
-    return False if isinstance(v, int) and 0 <= v <= 20 else None
-
-
 # Known, not honoured yet: name -> (the endpoint that knows it, or None for both; the neutral
 # test (True neutral, False a value asking for something, None invalid); the valid values;
 # the value this server accepts).
@@ -273,10 +267,6 @@ NOT_YET = {
     "n": (None, lambda v: _int_at(v, 1, 128, 1), "an integer in [1, 128]",
           "1 (send one request per completion)"),
     "best_of": ("completions", lambda v: _int_at(v, 1, 20, 1), "an integer in [1, 20]", "1"),
-    "echo": ("completions", _equal_to(bool, False), "a boolean", "false"),
-    "logprobs": (None, _logprobs, "a boolean (chat) or an integer in [0, 20] (completions)",
-                 "absent or false (log-probabilities are not returned yet)"),
-    "top_logprobs": ("chat", lambda v: _int_at(v, 0, 20, 0), "an integer in [0, 20]", "0"),
     "suffix": ("completions", _equal_to(str, ""), "a string", "absent"),
     "logit_bias": (None, _equal_to(dict, {}), "an object", "absent"),
     "presence_penalty": (None, lambda v: _number_at(v, -2, 2, 0), "a number in [-2, 2]", "0"),
@@ -299,6 +289,68 @@ NOT_YET = {
                         "{'type': 'text'} (structured output is not supported yet)"),
     "modalities": ("chat", _equal_to(list, ["text"]), "a list", "['text']"),
 }
+
+
+def _logprob_fields(body, chat: bool):
+    """(k, echo): k None when no log-probabilities are asked for, else how many alternatives
+    each token carries. Chat: ``logprobs`` a boolean, ``top_logprobs`` 0-20 with it;
+    completions: ``logprobs`` 0-20 (0: the chosen token's alone), ``echo`` a boolean."""
+    lp = body.get("logprobs")
+    if chat:
+        if lp is not None and not isinstance(lp, bool):
+            raise ApiError(400, "'logprobs' must be a boolean", param="logprobs")
+        top = body.get("top_logprobs")
+        if top is not None:
+            if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
+                raise ApiError(400, "'top_logprobs' must be an integer in [0, 20]",
+                               param="top_logprobs")
+            if not lp:
+                raise ApiError(400, "'top_logprobs' needs 'logprobs': true",
+                               param="top_logprobs")
+        return ((top or 0) if lp else None), False
+    if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 20):
+        raise ApiError(400, "'logprobs' must be an integer in [0, 20]", param="logprobs")
+    echo = body.get("echo")
+    if echo is not None and not isinstance(echo, bool):
+        raise ApiError(400, "'echo' must be a boolean", param="echo")
+    return lp, bool(echo)
+
+
+def token_strings(tok, ids, before=None) -> list:
+    """Each id's text as it reads in the decoded sequence (a word's leading space kept): the
+    decode of the id with its left neighbour, less the neighbour's own."""
+    out = []
+    for t in ids:
+        if before is None:
+            out.append(tok.decode([t]))
+        else:
+            a, b = tok.decode([before]), tok.decode([before, t])
+            out.append(b[len(a):] if b.startswith(a) else tok.decode([t]))
+        before = t
+    return out
+
+
+def logprobs_object(tok, entries, *, chat: bool, before=None, offset=0):
+    """OpenAI's ``logprobs`` of a choice (or a chunk) from ``[(id, (logprob, top) or None)]``:
+    completions' ``tokens`` / ``token_logprobs`` / ``top_logprobs`` / ``text_offset``, or
+    chat's ``content`` list."""
+    strings = token_strings(tok, [t for t, _ in entries], before)
+    if chat:
+        def alt(i, lp):
+            s = tok.decode([i])
+            return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8"))}
+        return {"content": [{"token": s, "logprob": info[0], "bytes": list(s.encode("utf-8")),
+                             "top_logprobs": [alt(i, lp) for i, lp in info[1]]}
+                            for s, (_, info) in zip(strings, entries)]}
+    offsets = []
+    for s in strings:
+        offsets.append(offset)
+        offset += len(s)
+    return {"tokens": strings,
+            "token_logprobs": [None if info is None else info[0] for _, info in entries],
+            "top_logprobs": [None if info is None else {tok.decode([i]): lp for i, lp in info[1]}
+                             for _, info in entries],
+            "text_offset": offsets}
 
 
 def _check_fields(body, chat: bool):
@@ -471,12 +523,14 @@ class Server:
         """A request, every field checked (the cheap checks first), its prompt tokenized and
         its stop strings compiled: run on the pool, off the event loop."""
         _check_fields(body, chat)
+        logprobs, echo = _logprob_fields(body, chat)
         name = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
             else "max_tokens"
         max_tokens = body.get(name)
+        least = 0 if echo else 1  # echo with max_tokens 0: the prompt's log-probs alone
         if max_tokens is not None and (isinstance(max_tokens, bool)
-                                       or not isinstance(max_tokens, int) or max_tokens < 1):
-            raise ApiError(400, f"'{name}' must be an integer >= 1", param=name)
+                                       or not isinstance(max_tokens, int) or max_tokens < least):
+            raise ApiError(400, f"'{name}' must be an integer >= {least}", param=name)
         temperature = _opt_number(body, "temperature", 1.0, 0.0, 2.0)
         top_p = _opt_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True)
         top_k = body.get("top_k")
@@ -489,6 +543,8 @@ class Server:
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise ApiError(400, "'stream' must be a boolean", param="stream")
+        if echo and stream:
+            raise ApiError(400, "'echo' is not supported with 'stream'", param="echo")
         stops = _stops(body)
         ids = self.chat_ids(body) if chat else self.prompt_ids(body)
         max_ctx = self.sched.session.max_ctx
@@ -500,8 +556,15 @@ class Server:
                                 f"for {len(ids) + max_tokens} (status 606, "
                                 f"resident_context_full)", param=name,
                            code="context_length_exceeded", resident=606)
+        prompt_text = None
+        if echo:
+            p = body["prompt"][0] if isinstance(body["prompt"], list) and \
+                len(body["prompt"]) == 1 and isinstance(body["prompt"][0], (str, list)) \
+                else body["prompt"]
+            prompt_text = p if isinstance(p, str) else self.tok.decode(ids)
         return dict(ids=ids, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                     top_p=None if top_p == 1.0 else top_p, seed=seed, stream=stream,
+                    logprobs=logprobs, echo=echo, prompt_text=prompt_text,
                     text=TextStream(self.tok, stops))
 
     def submit(self, req: dict, on_event):
@@ -509,7 +572,8 @@ class Server:
             return self.sched.submit(req["ids"], req["max_tokens"],
                                      temperature=req["temperature"], top_k=req["top_k"],
                                      top_p=req["top_p"], seed=req["seed"], stop_ids=self.eos,
-                                     on_event=on_event)
+                                     on_event=on_event, logprobs=req["logprobs"],
+                                     echo=req["echo"])
         except QueueFull as e:
             raise ApiError(429, f"the server is at capacity: {e}; retry shortly",
                            headers={"Retry-After": "1"}) from None
@@ -576,6 +640,19 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
         created = int(time.time())
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         eos_seen = [0]  # an eos id ends the output: counted as generated, never shown as text
+        # log-probabilities: of the generated tokens (id, (logprob, top)), the first not yet in
+        # a chunk, and the prompt's with echo
+        want_lp = req["logprobs"] is not None
+        lp_items, lp_sent, prompt_lp = [], [0], []
+
+        def take_logprobs(final=False):
+            """The logprobs object of the tokens not yet sent (a stream's chunk), or None."""
+            if not want_lp or (lp_sent[0] == len(lp_items) and not final):
+                return None
+            a = lp_sent[0]
+            lp_sent[0] = len(lp_items)
+            before = lp_items[a - 1][0] if a else (ids[-1] if ids else None)
+            return logprobs_object(srv.tok, lp_items[a:], chat=chat, before=before)
 
         def usage():
             n = len(text.ids) + eos_seen[0]  # the tokens the text took (none past a stop)
@@ -588,7 +665,12 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
         def on(ev):
             """An event of the job -> ("piece", text, "stop" when a stop string ended it),
             ("done", reason) or ("error", ApiError)."""
+            if ev[0] == "prompt_logprobs":
+                prompt_lp[:] = ev[1]
+                return ("piece", "", None)
             if ev[0] == "token":
+                if want_lp and not text.stopped:
+                    lp_items.append((ev[1], ev[2]))
                 if ev[1] in srv.eos:
                     eos_seen[0] += not text.stopped
                     return ("piece", "", None)
@@ -605,13 +687,14 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
             return ("done", ev[1])
 
         def chunk(delta_text, reason=None, *, role=False):
+            lps = None if role else take_logprobs()
             if chat:
                 delta = {"role": "assistant", "content": ""} if role else \
                     ({"content": delta_text} if delta_text or reason is None else {})
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+                choice = {"index": 0, "delta": delta, "logprobs": lps, "finish_reason": reason}
                 obj = "chat.completion.chunk"
             else:
-                choice = {"index": 0, "text": delta_text, "logprobs": None,
+                choice = {"index": 0, "text": delta_text, "logprobs": lps,
                           "finish_reason": reason}
                 obj = "text_completion"
             out = {"id": rid, "object": obj, "created": created, "model": srv.model,
@@ -693,11 +776,21 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
             if getter is not None:
                 getter.cancel()
         out_text = "".join(parts)
+        lps = None
+        if want_lp:
+            lps = take_logprobs(final=True)
+            if req["echo"]:  # the prompt's tokens first, the first with no context
+                pre = logprobs_object(srv.tok, list(zip(ids, prompt_lp)), chat=False)
+                n = len(req["prompt_text"])
+                lps = {k: pre[k] + (lps[k] if k != "text_offset" else
+                                    [n + o for o in lps["text_offset"]]) for k in pre}
+        if req["echo"]:
+            out_text = req["prompt_text"] + out_text
         if chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": out_text},
-                      "logprobs": None, "finish_reason": reason}
+                      "logprobs": lps, "finish_reason": reason}
         else:
-            choice = {"index": 0, "text": out_text, "logprobs": None, "finish_reason": reason}
+            choice = {"index": 0, "text": out_text, "logprobs": lps, "finish_reason": reason}
         return JSONResponse({"id": rid, "object": "chat.completion" if chat
                              else "text_completion", "created": created, "model": srv.model,
                              "choices": [choice], "usage": usage()})

@@ -30,6 +30,7 @@ past the slot capacity (606), a bad sampling argument, a full queue (:class:`Que
 from __future__ import annotations
 
 import collections
+import math
 import numbers
 import queue
 import threading
@@ -51,14 +52,20 @@ class QueueFull(Exception):
 class Job:
     """One request's handle. Events, in order, from ``events()`` (blocking) or the
     ``on_event`` callback given to ``submit`` (called on the worker thread):
-    ``("token", id)`` per generated id, then exactly one of ``("done", reason)`` with reason
-    "stop" (a stop id), "length" (``max_tokens``) or "cancelled", or ``("error", exception)``."""
+    ``("token", id)`` per generated id (``("token", id, (logprob, top))`` when log-probabilities
+    were asked for: see :func:`token_logprobs`), then exactly one of ``("done", reason)`` with
+    reason "stop" (a stop id), "length" (``max_tokens``) or "cancelled", or ``("error",
+    exception)``. With ``echo``, ``("prompt_logprobs", [None, (logprob, top), ...])`` comes
+    first: one entry per prompt token, the first having no context."""
 
-    def __init__(self, prompt, max_tokens, pick, stop_ids, on_event):
+    def __init__(self, prompt, max_tokens, pick, stop_ids, on_event, logprobs=None, echo=False):
         self.prompt = prompt  # int64 array
         self.max_tokens = max_tokens
         self.pick = pick
         self.stop_ids = stop_ids
+        self.logprobs = logprobs  # None: off; k: the k most likely alternatives too
+        self.echo = echo
+        self.prompt_logprobs = [None]
         self.generated = []
         self.finish_reason = None
         self._on_event = on_event
@@ -85,7 +92,7 @@ class Job:
         while True:
             ev = self._q.get(timeout=timeout)
             yield ev
-            if ev[0] != "token":
+            if ev[0] in ("done", "error"):
                 return
 
     def result(self, timeout=None) -> list:
@@ -103,6 +110,32 @@ class Job:
             self._on_event(ev)
         except Exception:  # a consumer's failure ends its own job, never the others'
             self._cancel.set()
+
+
+def token_logprobs(logits, token: int, k: int):
+    """(log-probability of ``token``, the ``k`` most likely ``(id, log-probability)`` pairs,
+    most likely first, ties by id) under the model's own distribution: the log-softmax of the
+    float32 logits, in float64. The raw distribution, before temperature, top-k and top-p (as
+    vLLM's default ``raw_logprobs``): what evaluation scores and what a policy-gradient update
+    compares with the trainer's log-probabilities. None for a non-finite value."""
+    x = np.asarray(logits, np.float64)
+    m = x.max()
+    lse = m + math.log(np.exp(x - m).sum()) if np.isfinite(m) else math.nan
+
+    def lp(i):
+        v = x[i] - lse
+        return float(v) if math.isfinite(v) else None
+
+    top = []
+    if k:
+        idx = np.argpartition(-x, k - 1)[:k] if k < x.size else np.arange(x.size)
+        top = [(int(i), lp(i)) for i in sorted(idx.tolist(), key=lambda i: (-x[i], i))]
+    return lp(token), top
+
+
+# Echoed prompts are prefilled a token at a time (each position's logits are needed): at most
+# this many per worker turn, so the decoding jobs keep their pace.
+ECHO_TOKENS_PER_TURN = 32
 
 
 class Scheduler:
@@ -140,8 +173,11 @@ class Scheduler:
 
     # -- submitting ---------------------------------------------------------------------------
     def submit(self, prompt_ids, max_tokens, *, temperature=0.0, top_k=None, top_p=None,
-               seed=None, stop_ids=(), on_event=None) -> Job:
-        """Queue a request; its events arrive on the returned Job. Refused before queueing:
+               seed=None, stop_ids=(), on_event=None, logprobs=None, echo=False) -> Job:
+        """Queue a request; its events arrive on the returned Job. ``logprobs``: None, or k >= 0
+        for each generated token's log-probability and its k most likely alternatives;
+        ``echo``: the prompt's too (prefilled a token at a time, no cached prefix reused), and
+        then max_tokens may be 0. Refused before queueing:
         an empty prompt or an id outside the vocabulary (601), max_tokens < 1 (601), a prompt
         plus max_tokens past the session's max_ctx (606, both numbers named), a bad sampling
         argument, a closed scheduler (RuntimeError), a full queue (QueueFull)."""
@@ -151,8 +187,14 @@ class Scheduler:
             raise ResidentError("the prompt is empty: at least one token is needed", 601)
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral):
             raise TypeError(f"max_tokens must be an int, got {type(max_tokens).__name__}")
-        if max_tokens < 1:
-            raise ResidentError(f"max_tokens must be >= 1, got {max_tokens}", 601)
+        if max_tokens < (0 if echo else 1):
+            raise ResidentError(f"max_tokens must be >= {0 if echo else 1}, got {max_tokens}",
+                                601)
+        if logprobs is not None and (isinstance(logprobs, bool) or
+                                     not isinstance(logprobs, numbers.Integral) or
+                                     not 0 <= logprobs <= 20):
+            raise ResidentError(f"logprobs must be None or an int in [0, 20], got {logprobs!r}",
+                                601)
         st = _c.residentk_context_check(int(ids.size), min(int(max_tokens), 2**62), s.max_ctx)
         if st != _c.RESIDENT_OK:
             raise ResidentError(
@@ -161,7 +203,8 @@ class Scheduler:
         pick = _sampler(temperature, top_k, top_p, seed, s.config.vocab)
         if on_event is not None and not callable(on_event):
             raise TypeError("on_event must be callable")
-        job = Job(ids, int(max_tokens), pick, frozenset(int(t) for t in stop_ids), on_event)
+        job = Job(ids, int(max_tokens), pick, frozenset(int(t) for t in stop_ids), on_event,
+                  None if logprobs is None else int(logprobs), bool(echo))
         with self._cv:
             if self._closing:
                 raise RuntimeError("the scheduler is closed")
@@ -259,9 +302,9 @@ class Scheduler:
 
             dst = max((k for k in range(self._slots) if self._busy[k] is None), key=shared)
             src = max(range(self._slots), key=shared)
-            n = shared(dst)
+            n = 0 if job.echo else shared(dst)  # echo: every position's logits are needed
             try:
-                if shared(src) > n:
+                if not job.echo and shared(src) > n:
                     n = shared(src)
                     s.copy_prefix(src, dst, n)
                     self._cache[dst] = list(self._cache[src][:n])
@@ -286,16 +329,30 @@ class Scheduler:
             if job is None or job.fed >= job.prompt.size:
                 continue
             end = min(job.prompt.size, job.fed + budget)
-            chunk = job.prompt[job.fed:end]
-            t0 = time.perf_counter()
-            logits = self.session.prefill(chunk, slot=job.slot)
-            self.stats["engine_seconds"] += time.perf_counter() - t0
-            self._cache[job.slot].extend(chunk.tolist())
-            self.stats["prefill_tokens"] += int(chunk.size)
-            budget -= int(chunk.size)
+            if job.echo:
+                end = min(end, job.fed + ECHO_TOKENS_PER_TURN)
+            # echo: one position at a time, each one's logits scoring the next prompt token
+            # (bit-identical to a chunked prefill: the session's split invariance)
+            for a in (range(job.fed, end) if job.echo else [job.fed]):
+                b = a + 1 if job.echo else end
+                chunk = job.prompt[a:b]
+                t0 = time.perf_counter()
+                logits = self.session.prefill(chunk, slot=job.slot)
+                self.stats["engine_seconds"] += time.perf_counter() - t0
+                self._cache[job.slot].extend(chunk.tolist())
+                if job.echo and b < job.prompt.size:
+                    job.prompt_logprobs.append(
+                        token_logprobs(logits, int(job.prompt[b]), job.logprobs or 0))
+            self.stats["prefill_tokens"] += end - job.fed
+            budget -= end - job.fed
             job.fed = end
             if end == job.prompt.size:
-                self._produce(job, logits)
+                if job.echo:
+                    job._emit(("prompt_logprobs", job.prompt_logprobs))
+                if job.max_tokens == 0:
+                    self._finish(job, "length")
+                else:
+                    self._produce(job, logits)
 
     def _decode(self) -> None:
         rows = [j for j in self._busy if j is not None and j.pending is not None
@@ -319,7 +376,10 @@ class Scheduler:
             self._finish(job, error=e)
             return
         job.generated.append(t)
-        job._emit(("token", t))
+        if job.logprobs is None:
+            job._emit(("token", t))
+        else:
+            job._emit(("token", t, token_logprobs(logits, t, job.logprobs)))
         if t in job.stop_ids:
             self._finish(job, "stop")
         elif len(job.generated) >= job.max_tokens:
