@@ -56,7 +56,8 @@ def test_every_field_is_honoured_or_refused_by_name(live):
         ({**OK, "presence_penalty": 99}, "presence_penalty"),
         ({**OK, "frequency_penalty": -0.1}, "frequency_penalty"),
         ({**OK, "logit_bias": {"5": 10}}, "logit_bias"),
-        ({**OK, "n": 2}, "n"),
+        ({**OK, "n": 2}, "n"),  # n > 1 at temperature 0: n equal choices
+        ({**OK, "n": 17, "temperature": 1}, "n"),
         ({**OK, "min_p": 0.1}, "min_p"),
         ({**OK, "stop_token_ids": [4]}, "stop_token_ids"),
         ({**OK, "frobnicate": 1}, "frobnicate"),  # unknown: OpenAI refuses it too
@@ -367,3 +368,45 @@ def test_echoed_logprobs_match_transformers_float32(tmp_path):
     want = torch.log_softmax(logits, -1)[torch.arange(len(prompt) - 1), prompt[1:]].tolist()
     assert got[0] is None
     assert np.max(np.abs(np.array(got[1:]) - np.array(want))) < 1e-4
+
+
+def test_n_choices_are_each_what_their_seed_gives_alone(live):
+    prompt = [7, 2, 40]
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 2.0, "seed": 21,
+            "n": 2}
+    before = live.sched.load()["stats"]
+    st, _, r = live.json("POST", "/v1/completions", body)
+    assert st == 200, r
+    after = live.sched.load()["stats"]
+    # the prompt prefilled once: the second choice copied all but its last token
+    assert after["prefill_tokens"] - before["prefill_tokens"] == 3 + 1
+    assert after["reused_tokens"] - before["reused_tokens"] == 2
+    solo = random_session(1)
+    want = []
+    for i in range(2):  # choice i samples with seed + i * 0x9e3779b97f4a7c15 (mod 2^64)
+        solo.reset()
+        ids = solo.generate(prompt, 8, temperature=2.0,
+                            seed=(21 + i * 0x9E3779B97F4A7C15) % (1 << 64), stop_ids=[60])
+        want.append(text_of([t for t in ids if t != 60]))
+    assert [c["index"] for c in r["choices"]] == [0, 1]
+    assert [c["text"] for c in r["choices"]] == want and want[0] != want[1]
+    assert r["usage"]["prompt_tokens"] == 3 and r["usage"]["completion_tokens"] == 16
+    # streamed: the same choices, each chunk naming its index, each with its finish_reason
+    c = http.client.HTTPConnection("127.0.0.1", live.port, timeout=60)
+    c.request("POST", "/v1/completions", body=json.dumps({**body, "stream": True}),
+              headers={"Authorization": f"Bearer {KEY}"})
+    events = [e[len("data: "):] for e in c.getresponse().read().decode().split("\n\n")
+              if e.startswith("data: ")]
+    got, reasons = ["", ""], [None, None]
+    for e in events[:-1]:
+        for ch in json.loads(e)["choices"]:
+            got[ch["index"]] += ch["text"]
+            reasons[ch["index"]] = ch["finish_reason"] or reasons[ch["index"]]
+    assert events[-1] == "[DONE]" and got == want and None not in reasons
+    # more choices than slots and queue: refused whole, nothing left running
+    st, _, r = live.json("POST", "/v1/completions", {**body, "n": 3})
+    assert st == 429
+    deadline = time.time() + 10
+    while live.sched.load()["active"] and time.time() < deadline:
+        time.sleep(0.01)
+    assert live.sched.load()["active"] == 0

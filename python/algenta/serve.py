@@ -36,6 +36,7 @@ from .serve_text import TextStream, logprobs_object
 from .residentk.batch import QueueFull, Scheduler
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
+MAX_CHOICES = 16  # n: each choice takes a slot
 log = logging.getLogger("algenta.serve")
 
 
@@ -129,7 +130,7 @@ def _stops(body):
 # unrecognized argument, and a field this server does not honour yet is accepted only at the
 # value that asks for nothing. JSON null is the field's absence, as in OpenAI's API.
 HONOURED = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-            "seed", "stream", "stream_options", "stop"}
+            "seed", "stream", "stream_options", "stop", "n"}
 HONOURED_COMPLETIONS = {"prompt", "logprobs", "echo"}
 HONOURED_CHAT = {"messages", "logprobs", "top_logprobs"}
 INFORMATIONAL = {"user", "metadata", "store"}  # accepted: they change nothing generated
@@ -156,8 +157,6 @@ def _equal_to(kind, neutral):
 # test (True neutral, False a value asking for something, None invalid); the valid values;
 # the value this server accepts).
 NOT_YET = {
-    "n": (None, lambda v: _int_at(v, 1, 128, 1), "an integer in [1, 128]",
-          "1 (send one request per completion)"),
     "best_of": ("completions", lambda v: _int_at(v, 1, 20, 1), "an integer in [1, 20]", "1"),
     "suffix": ("completions", _equal_to(str, ""), "a string", "absent"),
     "logit_bias": (None, _equal_to(dict, {}), "an object", "absent"),
@@ -401,6 +400,12 @@ class Server:
         if echo and stream:
             raise ApiError(400, "'echo' is not supported with 'stream'", param="echo")
         stops = _stops(body)
+        n = _opt_int(body, "n", 1, 1)
+        if n > MAX_CHOICES:
+            raise ApiError(400, f"'n' must be at most {MAX_CHOICES}, got {n}", param="n")
+        if n > 1 and temperature == 0:
+            raise ApiError(400, "'n' > 1 with temperature 0 would return n equal choices: "
+                                "sample (temperature > 0) or send n = 1", param="n")
         ids = self.chat_ids(body) if chat else self.prompt_ids(body)
         max_ctx = self.sched.session.max_ctx
         if max_tokens is None:  # chat: the rest of the context; completions: OpenAI's 16
@@ -419,23 +424,107 @@ class Server:
             prompt_text = p if isinstance(p, str) else self.tok.decode(ids)
         return dict(ids=ids, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                     top_p=None if top_p == 1.0 else top_p, seed=seed, stream=stream,
-                    logprobs=logprobs, echo=echo, prompt_text=prompt_text,
-                    text=TextStream(self.tok, stops))
+                    logprobs=logprobs, echo=echo, prompt_text=prompt_text, n=n,
+                    texts=[TextStream(self.tok, stops) for _ in range(n)])
 
-    def submit(self, req: dict, on_event):
+    def submit(self, req: dict, on_event_of) -> list:
+        """The request's n jobs, all queued or none. Choice i samples with its own generator:
+        seed + i * 0x9e3779b97f4a7c15 (mod 2^64) when a seed is given, so choice 0 is what
+        n = 1 gives and each choice is reproducible; the later choices follow the first, whose
+        prefilled prompt they copy."""
+        jobs = []
         try:
-            return self.sched.submit(req["ids"], req["max_tokens"],
-                                     temperature=req["temperature"], top_k=req["top_k"],
-                                     top_p=req["top_p"], seed=req["seed"], stop_ids=self.eos,
-                                     on_event=on_event, logprobs=req["logprobs"],
-                                     echo=req["echo"])
+            for i in range(req["n"]):
+                seed = req["seed"]
+                if seed is not None:
+                    seed = (seed + i * 0x9E3779B97F4A7C15) % (1 << 64)
+                jobs.append(self.sched.submit(
+                    req["ids"], req["max_tokens"], temperature=req["temperature"],
+                    top_k=req["top_k"], top_p=req["top_p"], seed=seed, stop_ids=self.eos,
+                    on_event=on_event_of(i), logprobs=req["logprobs"], echo=req["echo"],
+                    follows=jobs[0] if jobs and not req["echo"] else None))
         except QueueFull as e:
-            raise ApiError(429, f"the server is at capacity: {e}; retry shortly",
-                           headers={"Retry-After": "1"}) from None
+            err = ApiError(429, f"the server is at capacity: {e}; retry shortly",
+                           headers={"Retry-After": "1"})
         except ResidentError as e:
-            raise ApiError(400, str(e), resident=e.status) from None
+            err = ApiError(400, str(e), resident=e.status)
         except RuntimeError as e:  # closed: shutting down
-            raise ApiError(503, str(e), headers={"Retry-After": "5"}) from None
+            err = ApiError(503, str(e), headers={"Retry-After": "5"})
+        else:
+            return jobs
+        for j in jobs:  # all of a request's choices, or none
+            j.cancel()
+        raise err
+
+
+def finish_reason(reason):
+    return "length" if reason == "length" else "stop"
+
+
+class Choice:
+    """One of a request's ``n`` outputs: its job, its text and log-probabilities so far."""
+
+    def __init__(self, index, job, req, srv, chat):
+        self.index, self.job, self.req, self.srv, self.chat = index, job, req, srv, chat
+        self.text = req["texts"][index]  # built on the pool: stop automata cost O(length)
+        self.parts = []          # the text returned so far (not streamed)
+        self.reason = None       # finish_reason once decided
+        self.closed = False      # a stream's final chunk of this choice sent
+        self.eos_seen = 0        # an eos id ends the output: counted, never shown as text
+        # log-probabilities of the generated tokens, (id, (logprob, top)); how many went out
+        # in chunks; the prompt's with echo
+        self.lp_items, self.lp_sent, self.prompt_lp = [], 0, []
+
+    def completion_tokens(self) -> int:
+        return len(self.text.ids) + self.eos_seen  # none past a stop string
+
+    def on(self, ev):
+        """An event of the job -> ("piece", text, "stop" when a stop string ended it),
+        ("done", reason) or ("error", ApiError)."""
+        if ev[0] == "prompt_logprobs":
+            self.prompt_lp[:] = ev[1]
+            return ("piece", "", None)
+        if ev[0] == "token":
+            if self.req["logprobs"] is not None and not self.text.stopped:
+                self.lp_items.append((ev[1], ev[2]))
+            if ev[1] in self.srv.eos:
+                self.eos_seen += not self.text.stopped
+                return ("piece", "", None)
+            piece, stopped = self.text.push(ev[1])
+            if stopped:
+                self.job.cancel()  # frees the slot; the "cancelled" that follows is ignored
+                return ("piece", piece, "stop")
+            return ("piece", piece, None)
+        if ev[0] == "error":
+            return ("error", ApiError(500, f"decoding failed: {ev[1]}"))
+        if ev[1] == "cancelled":  # not by this response: the server is shutting down
+            return ("error", ApiError(503, "the server is shutting down; the request was "
+                                           "cancelled", headers={"Retry-After": "5"}))
+        return ("done", ev[1])
+
+    def take_logprobs(self, final=False):
+        """The logprobs object of the tokens not yet sent (a stream's chunk), or None."""
+        if self.req["logprobs"] is None or (self.lp_sent == len(self.lp_items) and not final):
+            return None
+        a, self.lp_sent = self.lp_sent, len(self.lp_items)
+        ids = self.req["ids"]
+        before = self.lp_items[a - 1][0] if a else ids[-1]
+        return logprobs_object(self.srv.tok, self.lp_items[a:], chat=self.chat, before=before)
+
+    def final(self):
+        """(text, logprobs) of a choice returned whole."""
+        text, lps = "".join(self.parts), None
+        if self.req["logprobs"] is not None:
+            lps = self.take_logprobs(final=True)
+            if self.req["echo"]:  # the prompt's tokens first, the first with no context
+                pre = logprobs_object(self.srv.tok, list(zip(self.req["ids"], self.prompt_lp)),
+                                      chat=False)
+                n = len(self.req["prompt_text"])
+                lps = {k: pre[k] + (lps[k] if k != "text_offset" else
+                                    [n + o for o in lps["text_offset"]]) for k in pre}
+        if self.req["echo"]:
+            text = self.req["prompt_text"] + text
+        return text, lps
 
 
 def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
@@ -481,75 +570,42 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
             req = await loop.run_in_executor(srv.pool, srv.parse, body, chat)
             events: asyncio.Queue = asyncio.Queue()
 
-            def on_event(ev):  # on the scheduler's thread
-                loop.call_soon_threadsafe(events.put_nowait, ev)
+            def on_event_of(i):
+                def on_event(ev):  # on the scheduler's thread
+                    loop.call_soon_threadsafe(events.put_nowait, (i, ev))
+                return on_event
 
-            job = srv.submit(req, on_event)
+            jobs = srv.submit(req, on_event_of)
         except ApiError as e:
             return error_response(e)
         except ClientGone:
             log.warning("a client disconnected while sending its request body")
             return Response(status_code=499)  # nginx's "client closed request"
-        ids, text, stream = req["ids"], req["text"], req["stream"]
+        ids, stream = req["ids"], req["stream"]
+        choices = [Choice(i, job, req, srv, chat) for i, job in enumerate(jobs)]
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        eos_seen = [0]  # an eos id ends the output: counted as generated, never shown as text
-        # log-probabilities: of the generated tokens (id, (logprob, top)), the first not yet in
-        # a chunk, and the prompt's with echo
-        want_lp = req["logprobs"] is not None
-        lp_items, lp_sent, prompt_lp = [], [0], []
-
-        def take_logprobs(final=False):
-            """The logprobs object of the tokens not yet sent (a stream's chunk), or None."""
-            if not want_lp or (lp_sent[0] == len(lp_items) and not final):
-                return None
-            a = lp_sent[0]
-            lp_sent[0] = len(lp_items)
-            before = lp_items[a - 1][0] if a else (ids[-1] if ids else None)
-            return logprobs_object(srv.tok, lp_items[a:], chat=chat, before=before)
 
         def usage():
-            n = len(text.ids) + eos_seen[0]  # the tokens the text took (none past a stop)
+            n = sum(c.completion_tokens() for c in choices)
             return {"prompt_tokens": len(ids), "completion_tokens": n,
                     "total_tokens": len(ids) + n}
 
-        def finish_reason(reason):
-            return "length" if reason == "length" else "stop"
+        def cancel_all():
+            for c in choices:
+                c.job.cancel()
 
-        def on(ev):
-            """An event of the job -> ("piece", text, "stop" when a stop string ended it),
-            ("done", reason) or ("error", ApiError)."""
-            if ev[0] == "prompt_logprobs":
-                prompt_lp[:] = ev[1]
-                return ("piece", "", None)
-            if ev[0] == "token":
-                if want_lp and not text.stopped:
-                    lp_items.append((ev[1], ev[2]))
-                if ev[1] in srv.eos:
-                    eos_seen[0] += not text.stopped
-                    return ("piece", "", None)
-                piece, stopped = text.push(ev[1])
-                if stopped:
-                    job.cancel()  # frees the slot; the "cancelled" that follows is ignored
-                    return ("piece", piece, "stop")
-                return ("piece", piece, None)
-            if ev[0] == "error":
-                return ("error", ApiError(500, f"decoding failed: {ev[1]}"))
-            if ev[1] == "cancelled":  # not by this response: the server is shutting down
-                return ("error", ApiError(503, "the server is shutting down; the request was "
-                                               "cancelled", headers={"Retry-After": "5"}))
-            return ("done", ev[1])
-
-        def chunk(delta_text, reason=None, *, role=False):
-            lps = None if role else take_logprobs()
+        def chunk(c, delta_text, reason=None, *, role=False):
+            lps = None if role else c.take_logprobs()
             if chat:
                 delta = {"role": "assistant", "content": ""} if role else \
                     ({"content": delta_text} if delta_text or reason is None else {})
-                choice = {"index": 0, "delta": delta, "logprobs": lps, "finish_reason": reason}
+                choice = {"index": c.index, "delta": delta, "logprobs": lps,
+                          "finish_reason": reason}
                 obj = "chat.completion.chunk"
             else:
-                choice = {"index": 0, "text": delta_text, "logprobs": lps,
+                choice = {"index": c.index, "text": delta_text, "logprobs": lps,
                           "finish_reason": reason}
                 obj = "text_completion"
             out = {"id": rid, "object": obj, "created": created, "model": srv.model,
@@ -562,28 +618,33 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
             async def sse():
                 try:
                     if chat:
-                        yield chunk("", role=True)
-                    while True:
-                        ev = on(await events.get())
+                        for c in choices:
+                            yield chunk(c, "", role=True)
+                    live = len(choices)
+                    while live:
+                        i, raw = await events.get()
+                        c = choices[i]
+                        ev = c.on(raw)
                         if ev[0] == "piece":
                             if ev[1]:
-                                yield chunk(ev[1])
+                                yield chunk(c, ev[1])
                             if ev[2]:
-                                reason = ev[2]
-                                break
+                                c.reason = ev[2]
                         elif ev[0] == "done":
-                            tail = text.finish()
+                            tail = c.text.finish()
                             if tail:
-                                yield chunk(tail)
-                            reason = finish_reason(ev[1])
-                            break
-                        else:  # the status line is sent: the error goes in the stream
+                                yield chunk(c, tail)
+                            c.reason = finish_reason(ev[1])
+                        elif ev[0] == "error":  # the status line is sent: it goes in the stream
                             yield "data: " + json.dumps(ev[1].body()) + "\n\n"
                             return
+                        if c.reason is not None and not c.closed:
+                            c.closed = True
+                            live -= 1
+                            yield chunk(c, "", c.reason)
                         # a backlog of events must not hold the loop: other requests run
                         # between two chunks (a queued get returns without yielding)
                         await asyncio.sleep(0)
-                    yield chunk("", reason)
                     if include_usage:
                         yield "data: " + json.dumps(
                             {"id": rid, "object": "chat.completion.chunk" if chat
@@ -591,7 +652,7 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
                              "choices": [], "usage": usage()}) + "\n\n"
                     yield "data: [DONE]\n\n"
                 finally:
-                    job.cancel()  # a client gone mid-stream frees its slot now
+                    cancel_all()  # a client gone mid-stream frees its slots now
 
             return StreamingResponse(sse(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
@@ -604,51 +665,47 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
                 pass
 
         watcher = asyncio.ensure_future(gone())
-        parts = []
         getter = None
         try:
-            while True:
+            live = len(choices)
+            while live:
                 getter = getter or asyncio.ensure_future(events.get())
                 await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
                 if not getter.done():
-                    job.cancel()
+                    cancel_all()
                     return Response(status_code=499)  # nobody is there to read it
-                ev, getter = on(getter.result()), None
+                (i, raw), getter = getter.result(), None
+                c = choices[i]
+                if c.reason is not None:
+                    continue  # the "cancelled" after a stop string
+                ev = c.on(raw)
                 if ev[0] == "piece":
-                    parts.append(ev[1])
+                    c.parts.append(ev[1])
                     if ev[2]:
-                        reason = ev[2]
-                        break
+                        c.reason = ev[2]
                 elif ev[0] == "done":
-                    parts.append(text.finish())
-                    reason = finish_reason(ev[1])
-                    break
+                    c.parts.append(c.text.finish())
+                    c.reason = finish_reason(ev[1])
                 else:
                     return error_response(ev[1])
+                live -= c.reason is not None
         finally:
-            job.cancel()
+            cancel_all()
             watcher.cancel()
             if getter is not None:
                 getter.cancel()
-        out_text = "".join(parts)
-        lps = None
-        if want_lp:
-            lps = take_logprobs(final=True)
-            if req["echo"]:  # the prompt's tokens first, the first with no context
-                pre = logprobs_object(srv.tok, list(zip(ids, prompt_lp)), chat=False)
-                n = len(req["prompt_text"])
-                lps = {k: pre[k] + (lps[k] if k != "text_offset" else
-                                    [n + o for o in lps["text_offset"]]) for k in pre}
-        if req["echo"]:
-            out_text = req["prompt_text"] + out_text
-        if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": out_text},
-                      "logprobs": lps, "finish_reason": reason}
-        else:
-            choice = {"index": 0, "text": out_text, "logprobs": lps, "finish_reason": reason}
+        out = []
+        for c in choices:
+            text, lps = c.final()
+            if chat:
+                out.append({"index": c.index, "message": {"role": "assistant", "content": text},
+                            "logprobs": lps, "finish_reason": c.reason})
+            else:
+                out.append({"index": c.index, "text": text, "logprobs": lps,
+                            "finish_reason": c.reason})
         return JSONResponse({"id": rid, "object": "chat.completion" if chat
                              else "text_completion", "created": created, "model": srv.model,
-                             "choices": [choice], "usage": usage()})
+                             "choices": out, "usage": usage()})
 
     async def completions(request):
         return await generate(request, chat=False)

@@ -65,6 +65,7 @@ class Job:
         self.stop_ids = stop_ids
         self.logprobs = logprobs  # None: off; k: the k most likely alternatives too
         self.echo = echo
+        self.follows = None  # a job with the same prompt whose prefill this one copies
         self.prompt_logprobs = [None]
         self.generated = []
         self.finish_reason = None
@@ -173,11 +174,14 @@ class Scheduler:
 
     # -- submitting ---------------------------------------------------------------------------
     def submit(self, prompt_ids, max_tokens, *, temperature=0.0, top_k=None, top_p=None,
-               seed=None, stop_ids=(), on_event=None, logprobs=None, echo=False) -> Job:
+               seed=None, stop_ids=(), on_event=None, logprobs=None, echo=False,
+               follows=None) -> Job:
         """Queue a request; its events arrive on the returned Job. ``logprobs``: None, or k >= 0
         for each generated token's log-probability and its k most likely alternatives;
         ``echo``: the prompt's too (prefilled a token at a time, no cached prefix reused), and
-        then max_tokens may be 0. Refused before queueing:
+        then max_tokens may be 0; ``follows``: an earlier job of the same prompt (another
+        sample of one request), which this one waits for in the queue and whose prefilled
+        prompt it copies instead of computing it again. Refused before queueing:
         an empty prompt or an id outside the vocabulary (601), max_tokens < 1 (601), a prompt
         plus max_tokens past the session's max_ctx (606, both numbers named), a bad sampling
         argument, a closed scheduler (RuntimeError), a full queue (QueueFull)."""
@@ -203,8 +207,12 @@ class Scheduler:
         pick = _sampler(temperature, top_k, top_p, seed, s.config.vocab)
         if on_event is not None and not callable(on_event):
             raise TypeError("on_event must be callable")
+        if follows is not None and (not isinstance(follows, Job) or
+                                    not np.array_equal(follows.prompt, ids)):
+            raise ValueError("follows must be a Job of the same prompt")
         job = Job(ids, int(max_tokens), pick, frozenset(int(t) for t in stop_ids), on_event,
                   None if logprobs is None else int(logprobs), bool(echo))
+        job.follows = follows
         with self._cv:
             if self._closing:
                 raise RuntimeError("the scheduler is closed")
@@ -256,7 +264,15 @@ class Scheduler:
                     self._waiting.remove(j)
                     self._finish(j, "cancelled")
                 free = sum(b is None for b in self._busy)
-                admit = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+                admit = []
+                for j in list(self._waiting):  # in order, but a follower after its leader's
+                    if len(admit) == free:    # prefill, so that it copies it
+                        break
+                    lead = j.follows
+                    if lead is None or lead.fed >= lead.prompt.size or \
+                            lead.finish_reason is not None:
+                        self._waiting.remove(j)
+                        admit.append(j)
                 self._placing = admit  # counted as busy by submit() until placed
             try:
                 for j in self._busy:
