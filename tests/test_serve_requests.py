@@ -403,6 +403,28 @@ def test_n_choices_are_each_what_their_seed_gives_alone(live):
             got[ch["index"]] += ch["text"]
             reasons[ch["index"]] = ch["finish_reason"] or reasons[ch["index"]]
     assert events[-1] == "[DONE]" and got == want and None not in reasons
+    # a stop string ending one choice early leaves the other running (its job's "cancelled"
+    # is not the stream's end): 40 tokens, so the other is still decoding when it comes
+    want = []
+    for i in range(2):
+        solo.reset()
+        ids = solo.generate(prompt, 40, temperature=2.0,
+                            seed=(21 + i * 0x9E3779B97F4A7C15) % (1 << 64), stop_ids=[60])
+        want.append(text_of([t for t in ids if t != 60]))
+    assert "w25" in want[0][:40] and "w25" not in want[1]
+    c = http.client.HTTPConnection("127.0.0.1", live.port, timeout=60)
+    c.request("POST", "/v1/completions", body=json.dumps({**body, "stream": True,
+                                                          "stop": "w25", "max_tokens": 40}),
+              headers={"Authorization": f"Bearer {KEY}"})
+    events = [e[len("data: "):] for e in c.getresponse().read().decode().split("\n\n")
+              if e.startswith("data: ")]
+    got, reasons = ["", ""], [None, None]
+    for e in events[:-1]:
+        for ch in json.loads(e)["choices"]:
+            got[ch["index"]] += ch["text"]
+            reasons[ch["index"]] = ch["finish_reason"] or reasons[ch["index"]]
+    assert events[-1] == "[DONE]" and reasons == ["stop", "length"]
+    assert got == [want[0][:want[0].index("w25")], want[1]]
     # more choices than slots and queue: refused whole, nothing left running
     st, _, r = live.json("POST", "/v1/completions", {**body, "n": 3})
     assert st == 429

@@ -624,6 +624,8 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
                     while live:
                         i, raw = await events.get()
                         c = choices[i]
+                        if c.closed:
+                            continue  # the "cancelled" after its stop string
                         ev = c.on(raw)
                         if ev[0] == "piece":
                             if ev[1]:
