@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_serve import (KEY, TEMPLATE, WORDS, Live, random_session,  # noqa: E402
+from test_serve import (DIMS, KEY, TEMPLATE, WORDS, Live, random_session,  # noqa: E402
                         text_of, word_tokenizer)
 
 from algenta.residentk.batch import Scheduler  # noqa: E402
@@ -52,14 +52,18 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "w3"}], "max_t
 
 def test_every_field_is_honoured_or_refused_by_name(live):
     refused = [  # (endpoint body, the field the 400 names)
-        ({**OK, "presence_penalty": 0.5}, "presence_penalty"),
         ({**OK, "presence_penalty": 99}, "presence_penalty"),
-        ({**OK, "frequency_penalty": -0.1}, "frequency_penalty"),
-        ({**OK, "logit_bias": {"5": 10}}, "logit_bias"),
+        ({**OK, "frequency_penalty": -2.5}, "frequency_penalty"),
+        ({**OK, "repetition_penalty": 0}, "repetition_penalty"),
+        ({**OK, "min_p": 1.5}, "min_p"),
+        ({**OK, "logit_bias": {"999": 1}}, "logit_bias"),
+        ({**OK, "logit_bias": {"5": 101}}, "logit_bias"),
+        ({**OK, "logit_bias": {"x": 1}}, "logit_bias"),
+        ({**OK, "stop_token_ids": [61]}, "stop_token_ids"),
+        ({**OK, "best_of": 2}, "best_of"),
+        ({**OK, "suffix": "w3"}, "suffix"),
         ({**OK, "n": 2}, "n"),  # n > 1 at temperature 0: n equal choices
         ({**OK, "n": 17, "temperature": 1}, "n"),
-        ({**OK, "min_p": 0.1}, "min_p"),
-        ({**OK, "stop_token_ids": [4]}, "stop_token_ids"),
         ({**OK, "frobnicate": 1}, "frobnicate"),  # unknown: OpenAI refuses it too
         ({**OK, "messages": []}, "messages"),  # a chat field on completions
         ({**OK, "stream_options": {"include_usage": True}}, "stream_options"),  # not streamed
@@ -432,3 +436,60 @@ def test_n_choices_are_each_what_their_seed_gives_alone(live):
     while live.sched.load()["active"] and time.time() < deadline:
         time.sleep(0.01)
     assert live.sched.load()["active"] == 0
+
+
+def test_penalties_bias_and_min_p_against_their_formulas(live):
+    prompt = [7, 2, 40]  # greedy repeats w40, by a margin of about 4 over the next
+    solo = random_session(1)
+
+    def greedy(adjust, n=8):  # the reference: the session's logits changed by the formula
+        solo.reset()
+        out, logits = [], solo.prefill(prompt)
+        for _ in range(n):
+            x = adjust(np.asarray(logits, np.float64), out)
+            out.append(int(np.argmax(x)))
+            logits = solo.step(out[-1])
+        return out
+
+    def pres_freq(x, out):  # OpenAI's: the output's counts only
+        c = np.bincount(np.array(out, np.int64), minlength=x.size)
+        return x - c * 1.5 - (c > 0) * 2.0
+
+    def repetition(x, out):  # transformers': prompt and output, / a positive logit, * a negative
+        seen = np.zeros(x.size, bool)
+        seen[prompt + out] = True
+        x[seen] = np.where(x[seen] > 0, x[seen] / 1.5, x[seen] * 1.5)
+        return x
+
+    for extra, adjust in [({"presence_penalty": 2.0, "frequency_penalty": 1.5}, pres_freq),
+                          ({"repetition_penalty": 1.5}, repetition)]:
+        want = greedy(adjust)
+        assert want != greedy(lambda x, out: x)  # the penalty changes this output
+        st, _, r = live.json("POST", "/v1/completions", {
+            "model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0, **extra})
+        assert st == 200 and r["choices"][0]["text"] == text_of(want), (extra, r)
+    # a +100 bias makes its token every choice; as a stop token id it ends the output unseen
+    st, _, r = live.json("POST", "/v1/completions", {**OK, "max_tokens": 3,
+                                                     "logit_bias": {"17": 100}})
+    assert r["choices"][0]["text"] == "w17 w17 w17"
+    st, _, r = live.json("POST", "/v1/completions", {**OK, "max_tokens": 3,
+                                                     "logit_bias": {"17": 100},
+                                                     "stop_token_ids": [17]})
+    assert r["choices"][0]["text"] == "" and r["choices"][0]["finish_reason"] == "stop"
+    assert r["usage"]["completion_tokens"] == 1
+    # min_p: sampled with the session's own sampler over the logits the rule leaves
+    from algenta.residentk.session import _sampler
+
+    pick = _sampler(1.5, None, None, 4, DIMS["vocab"])
+    solo.reset()
+    out, logits = [], solo.prefill(prompt)
+    for _ in range(8):
+        x = np.asarray(logits, np.float64).copy()
+        p = np.exp((x - x.max()) / 1.5)
+        x[p < 0.3 * p.max()] = np.finfo(np.float64).min
+        out.append(pick(x))
+        logits = solo.step(out[-1])
+    st, _, r = live.json("POST", "/v1/completions", {
+        "model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 1.5, "seed": 4,
+        "min_p": 0.3})
+    assert r["choices"][0]["text"] == text_of([t for t in out if t != 60])

@@ -130,20 +130,15 @@ def _stops(body):
 # unrecognized argument, and a field this server does not honour yet is accepted only at the
 # value that asks for nothing. JSON null is the field's absence, as in OpenAI's API.
 HONOURED = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-            "seed", "stream", "stream_options", "stop", "n"}
+            "seed", "stream", "stream_options", "stop", "n", "logit_bias", "presence_penalty",
+            "frequency_penalty", "repetition_penalty", "min_p", "stop_token_ids"}
 HONOURED_COMPLETIONS = {"prompt", "logprobs", "echo"}
 HONOURED_CHAT = {"messages", "logprobs", "top_logprobs"}
 INFORMATIONAL = {"user", "metadata", "store"}  # accepted: they change nothing generated
 
 
-def _number_at(v, lo, hi, neutral):
-    """True: the neutral value; False: a valid value that asks for something; None: invalid."""
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not lo <= v <= hi:
-        return None
-    return v == neutral
-
-
 def _int_at(v, lo, hi, neutral):
+    """True: the neutral value; False: a valid value that asks for something; None: invalid."""
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
         return None
     return v == neutral
@@ -159,13 +154,6 @@ def _equal_to(kind, neutral):
 NOT_YET = {
     "best_of": ("completions", lambda v: _int_at(v, 1, 20, 1), "an integer in [1, 20]", "1"),
     "suffix": ("completions", _equal_to(str, ""), "a string", "absent"),
-    "logit_bias": (None, _equal_to(dict, {}), "an object", "absent"),
-    "presence_penalty": (None, lambda v: _number_at(v, -2, 2, 0), "a number in [-2, 2]", "0"),
-    "frequency_penalty": (None, lambda v: _number_at(v, -2, 2, 0), "a number in [-2, 2]", "0"),
-    "repetition_penalty": (None, lambda v: _number_at(v, 1e-6, math.inf, 1), "a number > 0",
-                           "1"),
-    "min_p": (None, lambda v: _number_at(v, 0, 1, 0), "a number in [0, 1]", "0"),
-    "stop_token_ids": (None, _equal_to(list, []), "a list of token ids", "absent"),
     "tools": ("chat", _equal_to(list, []), "a list", "absent (tool calls are not supported yet)"),
     "tool_choice": ("chat", lambda v: (v == "none") if isinstance(v, (str, dict)) else None,
                     "a string or an object", "absent or 'none'"),
@@ -205,6 +193,40 @@ def _logprob_fields(body, chat: bool):
     if echo is not None and not isinstance(echo, bool):
         raise ApiError(400, "'echo' must be a boolean", param="echo")
     return lp, bool(echo)
+
+
+def _logit_bias(body, vocab) -> dict:
+    """OpenAI's ``logit_bias``: {token id (a JSON key, so a string): bias in [-100, 100]}."""
+    v = body.get("logit_bias")
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise ApiError(400, "'logit_bias' must be an object of token id -> bias",
+                       param="logit_bias")
+    out = {}
+    for k, b in v.items():
+        try:
+            t = int(k)
+        except ValueError:
+            t = -1
+        if not 0 <= t < vocab or str(t) != str(k).strip():
+            raise ApiError(400, f"'logit_bias': {k!r} is not a token id in [0, {vocab})",
+                           param="logit_bias")
+        if isinstance(b, bool) or not isinstance(b, numbers.Real) or not -100 <= b <= 100:
+            raise ApiError(400, f"'logit_bias': the bias of {k} must be a number in "
+                                f"[-100, 100], got {b!r}", param="logit_bias")
+        out[t] = float(b)
+    return out
+
+
+def _token_ids(body, name, vocab) -> list:
+    v = body.get(name)
+    if v is None:
+        return []
+    if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                          and 0 <= t < vocab for t in v):
+        raise ApiError(400, f"'{name}' must be a list of token ids in [0, {vocab})", param=name)
+    return v
 
 
 def _check_fields(body, chat: bool):
@@ -400,6 +422,14 @@ class Server:
         if echo and stream:
             raise ApiError(400, "'echo' is not supported with 'stream'", param="echo")
         stops = _stops(body)
+        vocab = self.sched.session.config.vocab
+        penalties = {"presence_penalty": _opt_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+                     "frequency_penalty": _opt_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+                     "repetition_penalty": _opt_number(body, "repetition_penalty", 1.0, 0.0,
+                                                       math.inf, lo_open=True),
+                     "min_p": _opt_number(body, "min_p", 0.0, 0.0, 1.0),
+                     "logit_bias": _logit_bias(body, vocab)}
+        stop_token_ids = _token_ids(body, "stop_token_ids", vocab)
         n = _opt_int(body, "n", 1, 1)
         if n > MAX_CHOICES:
             raise ApiError(400, f"'n' must be at most {MAX_CHOICES}, got {n}", param="n")
@@ -425,6 +455,7 @@ class Server:
         return dict(ids=ids, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                     top_p=None if top_p == 1.0 else top_p, seed=seed, stream=stream,
                     logprobs=logprobs, echo=echo, prompt_text=prompt_text, n=n,
+                    penalties=penalties, stop_token_ids=frozenset(stop_token_ids),
                     texts=[TextStream(self.tok, stops) for _ in range(n)])
 
     def submit(self, req: dict, on_event_of) -> list:
@@ -440,9 +471,11 @@ class Server:
                     seed = (seed + i * 0x9E3779B97F4A7C15) % (1 << 64)
                 jobs.append(self.sched.submit(
                     req["ids"], req["max_tokens"], temperature=req["temperature"],
-                    top_k=req["top_k"], top_p=req["top_p"], seed=seed, stop_ids=self.eos,
-                    on_event=on_event_of(i), logprobs=req["logprobs"], echo=req["echo"],
-                    follows=jobs[0] if jobs and not req["echo"] else None))
+                    top_k=req["top_k"], top_p=req["top_p"], seed=seed,
+                    stop_ids=self.eos | req["stop_token_ids"], on_event=on_event_of(i),
+                    logprobs=req["logprobs"], echo=req["echo"],
+                    follows=jobs[0] if jobs and not req["echo"] else None,
+                    **req["penalties"]))
         except QueueFull as e:
             err = ApiError(429, f"the server is at capacity: {e}; retry shortly",
                            headers={"Retry-After": "1"})
@@ -487,7 +520,7 @@ class Choice:
         if ev[0] == "token":
             if self.req["logprobs"] is not None and not self.text.stopped:
                 self.lp_items.append((ev[1], ev[2]))
-            if ev[1] in self.srv.eos:
+            if ev[1] in self.srv.eos or ev[1] in self.req["stop_token_ids"]:
                 self.eos_seen += not self.text.stopped
                 return ("piece", "", None)
             piece, stopped = self.text.push(ev[1])

@@ -66,6 +66,7 @@ class Job:
         self.logprobs = logprobs  # None: off; k: the k most likely alternatives too
         self.echo = echo
         self.follows = None  # a job with the same prompt whose prefill this one copies
+        self.penalties = None  # a Penalties, when any is asked for
         self.prompt_logprobs = [None]
         self.generated = []
         self.finish_reason = None
@@ -134,6 +135,49 @@ def token_logprobs(logits, token: int, k: int):
     return lp(token), top
 
 
+class Penalties:
+    """A job's changes to its logits before sampling, each row on its own (so a batched step
+    stays batch-invariant), in this order: ``logit_bias`` added (OpenAI's, [-100, 100] per
+    id); ``repetition_penalty`` over every id of the prompt and the output (the CTRL paper's
+    and transformers' rule: a positive logit divided by it, a negative one multiplied);
+    ``frequency_penalty`` times an id's count in the output plus ``presence_penalty`` once it
+    occurred (OpenAI's definition, the output only); then ``min_p``: ids whose probability at
+    the sampling temperature is below min_p times the most likely's leave the draw (a logit
+    below max + temperature * ln(min_p)). Log-probabilities stay the raw model's."""
+
+    def __init__(self, vocab, prompt, *, logit_bias=None, repetition_penalty=1.0,
+                 frequency_penalty=0.0, presence_penalty=0.0, min_p=0.0, temperature=1.0):
+        self.bias = None
+        if logit_bias:
+            self.bias = np.zeros(vocab, np.float64)
+            for k, v in logit_bias.items():
+                self.bias[int(k)] = float(v)
+        self.rep, self.freq, self.pres = repetition_penalty, frequency_penalty, presence_penalty
+        self.counts = np.zeros(vocab, np.int64)  # the output's ids
+        self.seen = np.zeros(vocab, bool)  # the prompt's and the output's
+        self.seen[np.asarray(prompt, np.int64)] = True
+        # min_p as a logit margin; at temperature 0 (greedy) it never removes the maximum
+        self.margin = temperature * math.log(min_p) if min_p > 0 and temperature > 0 else None
+
+    def __call__(self, logits) -> np.ndarray:
+        x = np.asarray(logits, np.float64).copy()
+        if self.bias is not None:
+            x += self.bias
+        if self.rep != 1.0:
+            v = x[self.seen]
+            x[self.seen] = np.where(v > 0, v / self.rep, v * self.rep)
+        if self.freq or self.pres:
+            x -= self.counts * self.freq + (self.counts > 0) * self.pres
+        if self.margin is not None:
+            # the lowest finite float, not -inf: the sampler refuses non-finite logits
+            x[x < x.max() + self.margin] = np.finfo(np.float64).min
+        return x
+
+    def record(self, token: int) -> None:
+        self.counts[token] += 1
+        self.seen[token] = True
+
+
 # Echoed prompts are prefilled a token at a time (each position's logits are needed): at most
 # this many per worker turn, so the decoding jobs keep their pace.
 ECHO_TOKENS_PER_TURN = 32
@@ -175,13 +219,16 @@ class Scheduler:
     # -- submitting ---------------------------------------------------------------------------
     def submit(self, prompt_ids, max_tokens, *, temperature=0.0, top_k=None, top_p=None,
                seed=None, stop_ids=(), on_event=None, logprobs=None, echo=False,
-               follows=None) -> Job:
+               follows=None, logit_bias=None, repetition_penalty=1.0, frequency_penalty=0.0,
+               presence_penalty=0.0, min_p=0.0) -> Job:
         """Queue a request; its events arrive on the returned Job. ``logprobs``: None, or k >= 0
         for each generated token's log-probability and its k most likely alternatives;
         ``echo``: the prompt's too (prefilled a token at a time, no cached prefix reused), and
         then max_tokens may be 0; ``follows``: an earlier job of the same prompt (another
         sample of one request), which this one waits for in the queue and whose prefilled
-        prompt it copies instead of computing it again. Refused before queueing:
+        prompt it copies instead of computing it again; ``logit_bias`` ({id: bias}),
+        ``repetition_penalty``, ``frequency_penalty``, ``presence_penalty``, ``min_p``: see
+        :class:`Penalties`. Refused before queueing:
         an empty prompt or an id outside the vocabulary (601), max_tokens < 1 (601), a prompt
         plus max_tokens past the session's max_ctx (606, both numbers named), a bad sampling
         argument, a closed scheduler (RuntimeError), a full queue (QueueFull)."""
@@ -213,6 +260,29 @@ class Scheduler:
         job = Job(ids, int(max_tokens), pick, frozenset(int(t) for t in stop_ids), on_event,
                   None if logprobs is None else int(logprobs), bool(echo))
         job.follows = follows
+        vocab = s.config.vocab
+        for name, v, lo, hi in (("repetition_penalty", repetition_penalty, 0.0, math.inf),
+                                ("frequency_penalty", frequency_penalty, -2.0, 2.0),
+                                ("presence_penalty", presence_penalty, -2.0, 2.0),
+                                ("min_p", min_p, 0.0, 1.0)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not lo <= v <= hi or \
+                    (name == "repetition_penalty" and v == 0):
+                raise ResidentError(f"{name} must be a number in [{lo}, {hi}]"
+                                    f"{' (not 0)' if lo == 0 and name != 'min_p' else ''}, got "
+                                    f"{v!r}", 609)
+        for k, v in (logit_bias or {}).items():
+            if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= k < vocab:
+                raise ResidentError(f"logit_bias: token id {k!r} outside [0, {vocab})", 601)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not -100 <= v <= 100:
+                raise ResidentError(f"logit_bias: the bias of {k} must be a number in "
+                                    f"[-100, 100], got {v!r}", 609)
+        if logit_bias or repetition_penalty != 1 or frequency_penalty or presence_penalty or \
+                min_p:
+            job.penalties = Penalties(vocab, ids, logit_bias=logit_bias,
+                                      repetition_penalty=float(repetition_penalty),
+                                      frequency_penalty=float(frequency_penalty),
+                                      presence_penalty=float(presence_penalty),
+                                      min_p=float(min_p), temperature=float(temperature))
         with self._cv:
             if self._closing:
                 raise RuntimeError("the scheduler is closed")
@@ -387,10 +457,12 @@ class Scheduler:
 
     def _produce(self, job: Job, logits) -> None:
         try:
-            t = job.pick(logits)
+            t = job.pick(logits if job.penalties is None else job.penalties(logits))
         except Exception as e:  # NaN logits under sampling (609): this job alone fails
             self._finish(job, error=e)
             return
+        if job.penalties is not None:
+            job.penalties.record(t)
         job.generated.append(t)
         if job.logprobs is None:
             job._emit(("token", t))
