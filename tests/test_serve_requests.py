@@ -493,3 +493,35 @@ def test_penalties_bias_and_min_p_against_their_formulas(live):
         "model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 1.5, "seed": 4,
         "min_p": 0.3})
     assert r["choices"][0]["text"] == text_of([t for t in out if t != 60])
+
+
+def test_metrics_count_requests_tokens_and_latencies():
+    parser = pytest.importorskip("prometheus_client.parser")
+    srv = serve()
+    try:
+        def scrape():
+            st, h, data = srv.request("GET", "/metrics", key=None)  # open, like /health
+            assert st == 200 and h["content-type"].startswith("text/plain")
+            return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                    for f in parser.text_string_to_metric_families(data.decode())
+                    for s in f.samples}
+
+        before = scrape()
+        assert before[("algenta_slots", ())] == 2 and before[("algenta_slots_in_use", ())] == 0
+        for _ in range(3):
+            assert srv.json("POST", "/v1/completions", {**OK, "max_tokens": 4})[0] == 200
+        assert srv.json("POST", "/v1/completions", {**OK, "n": 99})[0] == 400
+        assert srv.json("GET", "/nowhere")[0] == 404
+        m = scrape()
+        assert m[("algenta_requests_total", (("route", "/v1/completions"),
+                                             ("status", "200")))] == 3
+        assert m[("algenta_requests_total", (("route", "/v1/completions"),
+                                             ("status", "400")))] == 1
+        assert m[("algenta_requests_total", (("route", "unmatched"), ("status", "404")))] == 1
+        assert m[("algenta_prompt_tokens_total", ())] == 3 * 2
+        assert m[("algenta_generation_tokens_total", ())] == 3 * 4
+        assert m[("algenta_time_to_first_token_seconds_count", ())] == 3
+        assert m[("algenta_inter_token_latency_seconds_count", ())] == 3 * 3
+        assert m[("algenta_model_info", (("model", "tiny"),))] == 1
+    finally:
+        srv.stop()

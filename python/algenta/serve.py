@@ -2,7 +2,7 @@
 
 ``build_app(scheduler, tokenizer, ...)`` returns an ASGI application (Starlette) with
 ``POST /v1/completions``, ``POST /v1/chat/completions`` (both with ``stream``),
-``GET /v1/models`` and ``GET /health``. Requests are decoded by a
+``GET /v1/models``, ``GET /health`` and ``GET /metrics`` (Prometheus). Requests are decoded by a
 :class:`algenta.residentk.batch.Scheduler`: every slot steps together, a new prompt is prefilled
 in chunks between steps, a cached prefix is reused. Starlette and uvicorn (the ``serve`` extra):
 the ASGI toolkit and server FastAPI itself runs on, maintained together, with streaming
@@ -497,8 +497,9 @@ def finish_reason(reason):
 class Choice:
     """One of a request's ``n`` outputs: its job, its text and log-probabilities so far."""
 
-    def __init__(self, index, job, req, srv, chat):
+    def __init__(self, index, job, req, srv, chat, t0):
         self.index, self.job, self.req, self.srv, self.chat = index, job, req, srv, chat
+        self.last = t0  # when the request arrived, then when the last token came
         self.text = req["texts"][index]  # built on the pool: stop automata cost O(length)
         self.parts = []          # the text returned so far (not streamed)
         self.reason = None       # finish_reason once decided
@@ -518,6 +519,10 @@ class Choice:
             self.prompt_lp[:] = ev[1]
             return ("piece", "", None)
         if ev[0] == "token":
+            now, m = time.monotonic(), self.srv.metrics
+            (m.itl if self.text.ids or self.eos_seen else m.ttft).observe(now - self.last)
+            self.last = now
+            m.generation_tokens.inc()
             if self.req["logprobs"] is not None and not self.text.stopped:
                 self.lp_items.append((ev[1], ev[2]))
             if ev[1] in self.srv.eos or ev[1] in self.req["stop_token_ids"]:
@@ -569,9 +574,24 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
+    from .serve_metrics import Metrics
+
     srv = Server(scheduler, tokenizer, model_name=model_name, eos_ids=eos_ids,
                  chat_template=chat_template, bos_token=bos_token, eos_token=eos_token,
                  api_key=api_key, max_body=max_body, body_timeout=body_timeout)
+
+    srv.metrics = metrics = Metrics(scheduler, model_name)
+
+    def counted(route, handler):  # requests by route and status (a stream: its 200)
+        async def run(request):
+            response = await handler(request)
+            metrics.requests.labels(route=route, status=str(response.status_code)).inc()
+            return response
+        return run
+
+    async def scrape(request):
+        body, ctype = metrics.render()
+        return Response(body, media_type=ctype)
 
     def error_response(e: ApiError):
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
@@ -597,6 +617,7 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
 
     async def generate(request, chat: bool):
         loop = asyncio.get_running_loop()
+        t0 = time.monotonic()
         try:
             check_key(request)
             body = await srv.read_json(request)
@@ -615,7 +636,8 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
             log.warning("a client disconnected while sending its request body")
             return Response(status_code=499)  # nginx's "client closed request"
         ids, stream = req["ids"], req["stream"]
-        choices = [Choice(i, job, req, srv, chat) for i, job in enumerate(jobs)]
+        choices = [Choice(i, job, req, srv, chat, t0) for i, job in enumerate(jobs)]
+        srv.metrics.prompt_tokens.inc(len(ids))
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -760,6 +782,7 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
     from starlette.exceptions import HTTPException
 
     async def http_error(request, exc):  # an unknown route or method, in OpenAI's shape
+        metrics.requests.labels(route="unmatched", status=str(exc.status_code)).inc()
         return error_response(ApiError(exc.status_code, str(exc.detail)))
 
     async def internal_error(request, exc):
@@ -768,9 +791,11 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
     app = Starlette(exception_handlers={HTTPException: http_error, Exception: internal_error},
                     routes=[
         Route("/health", health, methods=["GET"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/metrics", scrape, methods=["GET"]),
+        Route("/v1/models", counted("/v1/models", models), methods=["GET"]),
+        Route("/v1/completions", counted("/v1/completions", completions), methods=["POST"]),
+        Route("/v1/chat/completions", counted("/v1/chat/completions", chat_completions),
+              methods=["POST"]),
     ], lifespan=lifespan)
     app.state.server = srv
     return app
