@@ -23,6 +23,7 @@ from test_serve import (DIMS, KEY, TEMPLATE, WORDS, Live, random_session,  # noq
                         text_of, word_tokenizer)
 
 from algenta.residentk.batch import Scheduler  # noqa: E402
+from algenta.residentk.session import ResidentSession  # noqa: E402
 from algenta.serve import TextStream, build_app  # noqa: E402
 
 pytestmark = pytest.mark.one_order  # host-side: the HTTP layer over the scheduler
@@ -67,7 +68,6 @@ def test_every_field_is_honoured_or_refused_by_name(live):
         ({**OK, "frobnicate": 1}, "frobnicate"),  # unknown: OpenAI refuses it too
         ({**OK, "messages": []}, "messages"),  # a chat field on completions
         ({**OK, "stream_options": {"include_usage": True}}, "stream_options"),  # not streamed
-        ({**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
         ({**CHAT, "response_format": {"type": "bogus"}}, "response_format"),
         ({**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({**CHAT, "tool_choice": "auto"}, "tool_choice"),  # without tools
@@ -351,8 +351,6 @@ def test_echoed_logprobs_match_transformers_float32(tmp_path):
     transformers = pytest.importorskip("transformers")
     from test_residentk_loader import make_ckpt
 
-    from algenta.residentk.session import ResidentSession
-
     make_ckpt(tmp_path)
     session = ResidentSession.from_pretrained(tmp_path, max_ctx=64, progress=False)
     sched = Scheduler(session)
@@ -523,5 +521,75 @@ def test_metrics_count_requests_tokens_and_latencies():
         assert m[("algenta_time_to_first_token_seconds_count", ())] == 3
         assert m[("algenta_inter_token_latency_seconds_count", ())] == 3 * 3
         assert m[("algenta_model_info", (("model", "tiny"),))] == 1
+    finally:
+        srv.stop()
+
+
+def json_server():
+    """A byte-level BPE tokenizer that can spell JSON, over a random session of its vocabulary;
+    its id 0 is the eos."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tk = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tk.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = tokenizers.decoders.ByteLevel()
+    tk.train_from_iterator(['{"name": "Ann", "age": 31, "tags": ["a", "b"]}'] * 20,
+                           tokenizers.trainers.BpeTrainer(
+                               vocab_size=300, special_tokens=["<eos>"],
+                               initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
+    session = ResidentSession.random(d_model=48, h_q=4, h_kv=2, d_head=16, d_ff=96, n_layers=2,
+                                     vocab=tk.get_vocab_size(), slots=2, seed=5, max_ctx=128)
+    sched = Scheduler(session, max_queue=4)
+    srv = Live(build_app(sched, tk, model_name="tiny", eos_ids=[0], api_key=KEY,
+                         chat_template=TEMPLATE))
+    srv.sched, srv.session = sched, session
+    return srv
+
+
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 6},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 150},
+                         "tags": {"type": "array", "maxItems": 2,
+                                  "items": {"enum": ["a", "b"]}}}}
+
+
+def test_structured_output_is_valid_json_of_the_schema_from_a_random_model():
+    pytest.importorskip("llguidance")
+    jsonschema = pytest.importorskip("jsonschema")
+    srv = json_server()
+    try:
+        fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON,
+                                                      "strict": True}}
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "Ann"}],
+                "max_tokens": 100, "temperature": 1.0, "seed": 1, "n": 2,
+                "response_format": fmt}
+        st, _, r = srv.json("POST", "/v1/chat/completions", body)
+        assert st == 200, r
+        for ch in r["choices"]:  # a random model's sampling, held to the schema
+            assert ch["finish_reason"] == "stop"
+            jsonschema.validate(json.loads(ch["message"]["content"]), PERSON)
+        st, _, r = srv.json("POST", "/v1/chat/completions", {
+            **body, "n": 1, "temperature": 0, "response_format": {"type": "json_object"}})
+        assert st == 200
+        if r["choices"][0]["finish_reason"] == "stop":
+            assert isinstance(json.loads(r["choices"][0]["message"]["content"]), dict)
+        for bad in [{"type": "json_schema", "json_schema": {"name": "x",
+                                                            "schema": {"type": "bogus"}}},
+                    {"type": "json_schema"}, {"type": "xml"}, "json"]:
+            st, _, r = srv.json("POST", "/v1/chat/completions", {**body, "response_format": bad})
+            assert st == 400 and r["error"]["param"] == "response_format", (bad, r)
+        # one sequence's mask never changes another's bits: a plain request beside a
+        # constrained one decodes as alone
+        plain = {"model": "tiny", "prompt": "Ann is", "max_tokens": 12, "temperature": 0}
+        alone = srv.json("POST", "/v1/completions", plain)[2]["choices"][0]["text"]
+        got = {}
+        threads = [threading.Thread(target=lambda: got.setdefault("c", srv.json(
+                       "POST", "/v1/chat/completions", {**body, "n": 1}))),
+                   threading.Thread(target=lambda: got.setdefault("p", srv.json(
+                       "POST", "/v1/completions", plain)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert got["p"][2]["choices"][0]["text"] == alone and got["c"][0] == 200
     finally:
         srv.stop()

@@ -67,6 +67,7 @@ class Job:
         self.echo = echo
         self.follows = None  # a job with the same prompt whose prefill this one copies
         self.penalties = None  # a Penalties, when any is asked for
+        self.constraint = None  # a grammar: mask(logits) -> logits, advance(id) -> bool
         self.prompt_logprobs = [None]
         self.generated = []
         self.finish_reason = None
@@ -220,7 +221,7 @@ class Scheduler:
     def submit(self, prompt_ids, max_tokens, *, temperature=0.0, top_k=None, top_p=None,
                seed=None, stop_ids=(), on_event=None, logprobs=None, echo=False,
                follows=None, logit_bias=None, repetition_penalty=1.0, frequency_penalty=0.0,
-               presence_penalty=0.0, min_p=0.0) -> Job:
+               presence_penalty=0.0, min_p=0.0, constraint=None) -> Job:
         """Queue a request; its events arrive on the returned Job. ``logprobs``: None, or k >= 0
         for each generated token's log-probability and its k most likely alternatives;
         ``echo``: the prompt's too (prefilled a token at a time, no cached prefix reused), and
@@ -228,7 +229,10 @@ class Scheduler:
         sample of one request), which this one waits for in the queue and whose prefilled
         prompt it copies instead of computing it again; ``logit_bias`` ({id: bias}),
         ``repetition_penalty``, ``frequency_penalty``, ``presence_penalty``, ``min_p``: see
-        :class:`Penalties`. Refused before queueing:
+        :class:`Penalties`; ``constraint``: an object whose ``mask(logits)`` returns the
+        logits with the ids it forbids made the lowest finite value and whose ``advance(id)``
+        takes the sampled id (False: the id broke the grammar, the job fails), applied after
+        the penalties, on this job's row alone. Refused before queueing:
         an empty prompt or an id outside the vocabulary (601), max_tokens < 1 (601), a prompt
         plus max_tokens past the session's max_ctx (606, both numbers named), a bad sampling
         argument, a closed scheduler (RuntimeError), a full queue (QueueFull)."""
@@ -260,6 +264,7 @@ class Scheduler:
         job = Job(ids, int(max_tokens), pick, frozenset(int(t) for t in stop_ids), on_event,
                   None if logprobs is None else int(logprobs), bool(echo))
         job.follows = follows
+        job.constraint = constraint
         vocab = s.config.vocab
         for name, v, lo, hi in (("repetition_penalty", repetition_penalty, 0.0, math.inf),
                                 ("frequency_penalty", frequency_penalty, -2.0, 2.0),
@@ -457,7 +462,12 @@ class Scheduler:
 
     def _produce(self, job: Job, logits) -> None:
         try:
-            t = job.pick(logits if job.penalties is None else job.penalties(logits))
+            x = logits if job.penalties is None else job.penalties(logits)
+            if job.constraint is not None:
+                x = job.constraint.mask(x)
+            t = job.pick(x)
+            if job.constraint is not None and not job.constraint.advance(t):
+                raise ResidentError(f"token {t} broke the output's grammar", 609)
         except Exception as e:  # NaN logits under sampling (609): this job alone fails
             self._finish(job, error=e)
             return
