@@ -10,7 +10,7 @@ The stop-string load against the plain load isolates what the stop strings cost 
 event loop (issue 59's target: within 10%); against idle, what sharing the engine costs. Each
 figure is the median of the probe requests of its round, the rounds' minimum reported.
 
-    python perf/stall_serve.py [--clients 4 --rounds 3 --probes 10 --json]
+    python perf/stall_serve.py [--clients 4 --rounds 3 --probes 10 --warmup 1 --json]
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def loaded(port, args, stops):
                for k in range(args.clients)]
     for t in threads:
         t.start()
-    time.sleep(1.0)  # the streams are decoding before the first probe
+    time.sleep(args.warmup)  # the streams are decoding (their outputs long) before the probes
     try:
         return probe(port, args, args.probes)
     finally:
@@ -84,6 +84,9 @@ def main():
     ap.add_argument("--probe-new", type=int, default=4)
     ap.add_argument("--load-new", type=int, default=200)
     ap.add_argument("--stop-chars", type=int, default=12000)
+    ap.add_argument("--warmup", type=float, default=1.0,
+                    help="seconds the streams decode before the probes (a rescan's cost grows "
+                         "with the output, up to the stop strings' length)")
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--weights", default="int8")
     ap.add_argument("--max-ctx", type=int, default=512)
