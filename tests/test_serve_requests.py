@@ -525,7 +525,7 @@ def test_metrics_count_requests_tokens_and_latencies():
         srv.stop()
 
 
-def json_server():
+def json_server(template=TEMPLATE):
     """A byte-level BPE tokenizer that can spell JSON, over a random session of its vocabulary;
     its id 0 is the eos."""
     tokenizers = pytest.importorskip("tokenizers")
@@ -537,10 +537,10 @@ def json_server():
                                vocab_size=300, special_tokens=["<eos>"],
                                initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
     session = ResidentSession.random(d_model=48, h_q=4, h_kv=2, d_head=16, d_ff=96, n_layers=2,
-                                     vocab=tk.get_vocab_size(), slots=2, seed=5, max_ctx=128)
+                                     vocab=tk.get_vocab_size(), slots=2, seed=5, max_ctx=256)
     sched = Scheduler(session, max_queue=4)
     srv = Live(build_app(sched, tk, model_name="tiny", eos_ids=[0], api_key=KEY,
-                         chat_template=TEMPLATE))
+                         chat_template=template))
     srv.sched, srv.session = sched, session
     return srv
 
@@ -593,3 +593,96 @@ def test_structured_output_is_valid_json_of_the_schema_from_a_random_model():
         assert got["p"][2]["choices"][0]["text"] == alone and got["c"][0] == 200
     finally:
         srv.stop()
+
+
+HERMES = ("{%- if tools %}<tools>{% for t in tools %}{{ t.function.name }} {% endfor %}</tools>"
+          "{% endif %}{%- for m in messages %}{%- if m.role == 'tool' %}<tool_response>"
+          "{{ m.content }}</tool_response>{%- elif m.tool_calls %}{% for c in m.tool_calls %}"
+          "<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}{%- else %}{{ m.role }}: "
+          "{{ m.content }} {% endif %}{% endfor %}assistant:")
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["city"],
+    "properties": {"city": {"type": "string", "maxLength": 8}}}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "additionalProperties": False, "properties": {}}}}
+
+
+def test_tool_calls_required_named_streamed_and_answered():
+    pytest.importorskip("llguidance")
+    srv = json_server(HERMES)
+    try:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "Oslo?"}],
+                "max_tokens": 150, "temperature": 1.0, "seed": 3, "tools": [WEATHER, TIME],
+                "tool_choice": "required"}
+        st, _, r = srv.json("POST", "/v1/chat/completions", body)
+        assert st == 200, r
+        ch = r["choices"][0]
+        assert ch["finish_reason"] == "tool_calls" and ch["message"]["content"] is None
+        (call,) = ch["message"]["tool_calls"]
+        assert call["type"] == "function" and call["id"].startswith("call_")
+        assert call["function"]["name"] in ("get_weather", "get_time")
+        args = json.loads(call["function"]["arguments"])
+        assert set(args) == ({"city"} if call["function"]["name"] == "get_weather" else set())
+        # the tools are in the prompt: it is longer than without them
+        plain = srv.json("POST", "/v1/chat/completions", {**body, "tools": None,
+                                                          "tool_choice": None})[2]
+        assert r["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"]
+        named = {**body, "tool_choice": {"type": "function", "function": {"name": "get_time"}}}
+        st, _, r = srv.json("POST", "/v1/chat/completions", named)
+        assert [c["function"]["name"] for c in r["choices"][0]["message"]["tool_calls"]] == \
+            ["get_time"]
+        # streamed: the call as one delta, then finish_reason tool_calls
+        c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+        c.request("POST", "/v1/chat/completions", body=json.dumps({**named, "stream": True}),
+                  headers={"Authorization": f"Bearer {KEY}"})
+        events = [e[len("data: "):] for e in c.getresponse().read().decode().split("\n\n")
+                  if e.startswith("data: ")]
+        chunks = [json.loads(e)["choices"][0] for e in events[:-1]]
+        deltas = [d["delta"]["tool_calls"] for d in chunks if "tool_calls" in d["delta"]]
+        assert events[-1] == "[DONE]" and chunks[-1]["finish_reason"] == "tool_calls"
+        assert len(deltas) == 1 and deltas[0][0]["function"]["name"] == "get_time"
+        assert deltas[0][0]["index"] == 0
+        # the tool's result as the next request's message
+        follow = {"model": "tiny", "max_tokens": 5, "temperature": 0, "tools": [WEATHER],
+                  "messages": [{"role": "user", "content": "Oslo?"},
+                               {"role": "assistant", "content": None, "tool_calls": [
+                                   {"id": "call_1", "type": "function", "function": {
+                                       "name": "get_weather",
+                                       "arguments": '{"city": "Oslo"}'}}]},
+                               {"role": "tool", "tool_call_id": "call_1", "content": "7 C"}]}
+        assert srv.json("POST", "/v1/chat/completions", follow)[0] == 200
+        for bad, param in [({**body, "tool_choice": {"type": "function",
+                                                     "function": {"name": "nope"}}},
+                            "tool_choice"),
+                           ({**body, "tools": [{"type": "function", "function": {
+                               "name": "bad name"}}]}, "tools"),
+                           ({**body, "tools": [WEATHER, WEATHER]}, "tools"),
+                           ({**body, "response_format": {"type": "json_object"}},
+                            "response_format")]:
+            st, _, r = srv.json("POST", "/v1/chat/completions", bad)
+            assert st == 400 and r["error"]["param"] == param, (bad, r)
+    finally:
+        srv.stop()
+    # a template that writes no tool-call format: tools are refused, not ignored
+    srv = json_server()
+    try:
+        st, _, r = srv.json("POST", "/v1/chat/completions", {**body, "tool_choice": "auto"})
+        assert st == 400 and r["error"]["param"] == "tools"
+    finally:
+        srv.stop()
+
+
+def test_tool_calls_are_parsed_in_each_familys_format():
+    from algenta.serve_tools import parse_calls
+
+    text = ('Let me look. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+            '\n</tool_call>\n<tool_call>{"name": "get_time", "arguments": {}}</tool_call>')
+    content, calls = parse_calls("hermes", text)
+    assert content == "Let me look." and [c["function"]["name"] for c in calls] == \
+        ["get_weather", "get_time"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo"}
+    assert parse_calls("hermes", "<tool_call>{not json}</tool_call>") == \
+        ("<tool_call>{not json}</tool_call>", [])
+    content, calls = parse_calls("llama3_json", ' {"name": "f", "parameters": {"x": 1}}')
+    assert content is None and calls[0]["function"]["arguments"] == '{"x": 1}'
+    assert parse_calls("llama3_json", "plain text") == ("plain text", [])

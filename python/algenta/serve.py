@@ -34,6 +34,7 @@ from .errors import ResidentError
 from .serve_fields import (ApiError, check_fields, logit_bias_field, logprob_fields, opt_int,
                            opt_number, stop_strings, token_id_list)
 from .serve_text import TextStream, logprobs_object
+from .serve_tools import call_grammar, check_tools, clean_message, parse_calls, tool_format
 from .residentk.batch import QueueFull, Scheduler
 
 MAX_CHOICES = 16  # n: each choice takes a slot
@@ -44,7 +45,7 @@ class ClientGone(Exception):
     """The client disconnected before its request was read: nobody to answer."""
 
 
-def render_chat(template: str, messages, *, bos_token="", eos_token="") -> str:
+def render_chat(template: str, messages, *, bos_token="", eos_token="", tools=None) -> str:
     """A checkpoint's chat template (tokenizer_config.json's Jinja) rendered for ``messages``
     with the generation prompt, in a sandbox, with the names templates expect."""
     import jinja2
@@ -61,7 +62,8 @@ def render_chat(template: str, messages, *, bos_token="", eos_token="") -> str:
     env.globals["strftime_now"] = lambda fmt: time.strftime(fmt)
     try:
         return env.from_string(template).render(messages=messages, add_generation_prompt=True,
-                                                bos_token=bos_token, eos_token=eos_token)
+                                                bos_token=bos_token, eos_token=eos_token,
+                                                tools=tools)
     except jinja2.TemplateError as e:
         raise ApiError(400, f"the chat template failed on these messages: {e}",
                        param="messages") from None
@@ -170,7 +172,7 @@ class Server:
             raise ApiError(400, "the prompt encodes to no tokens", param="prompt")
         return ids
 
-    def chat_ids(self, body) -> list:
+    def chat_ids(self, body, tools_of=(None, "none")) -> list:
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
             raise ApiError(400, "'messages' must be a non-empty list", param="messages")
@@ -191,12 +193,14 @@ class Server:
             if not isinstance(c, str):
                 raise ApiError(400, f"messages[{i}].content must be a string",
                                param="messages")
-            clean.append({"role": m["role"], "content": c})
+            clean.append(clean_message({**m, "content": c}, i))
         if not self.chat_template:
             raise ApiError(400, "this checkpoint has no chat template (tokenizer_config.json's "
                                 "'chat_template'): use /v1/completions", param="messages")
+        tools, choice = tools_of
         text = render_chat(self.chat_template, clean, bos_token=self.bos_token,
-                           eos_token=self.eos_token)
+                           eos_token=self.eos_token,
+                           tools=tools if choice != "none" else None)
         ids = self.encode(text, special=False)  # the template wrote its special tokens
         if not ids:
             raise ApiError(400, "the messages render to no tokens", param="messages")
@@ -254,7 +258,25 @@ class Server:
                 grammar = self.grammars.compile(rf)
             except ValueError as e:
                 raise ApiError(400, f"'response_format': {e}", param="response_format") from None
-        ids = self.chat_ids(body) if chat else self.prompt_ids(body)
+        tools, choice = check_tools(body) if chat else (None, "none")
+        fmt = tool_format(self.chat_template)
+        if tools and choice != "none":
+            if fmt is None:
+                raise ApiError(400, "'tools': this checkpoint's chat template writes no tool-call "
+                                    "format this server parses (hermes <tool_call> or Llama 3 "
+                                    "JSON)", param="tools")
+            if choice != "auto":  # "required" or a named function: a grammar enforces it
+                if fmt != "hermes":
+                    raise ApiError(400, f"'tool_choice' {choice!r} is enforced for <tool_call> "
+                                        f"templates only", param="tool_choice")
+                if grammar is not None:
+                    raise ApiError(400, "'response_format' and a required tool call cannot "
+                                        "both shape the output", param="response_format")
+                try:
+                    grammar = self.grammars.compile_lark(call_grammar(tools, choice))
+                except ValueError as e:
+                    raise ApiError(400, f"'tools': {e}", param="tools") from None
+        ids = self.chat_ids(body, (tools, choice)) if chat else self.prompt_ids(body)
         max_ctx = self.sched.session.max_ctx
         if max_tokens is None:  # chat: the rest of the context; completions: OpenAI's 16
             max_tokens = max(1, max_ctx - len(ids)) if chat else 16
@@ -276,7 +298,8 @@ class Server:
                     penalties=penalties, stop_token_ids=frozenset(stop_token_ids),
                     texts=[TextStream(self.tok, stops) for _ in range(n)],
                     constraints=[grammar and self.grammars.constraint(grammar)
-                                 for _ in range(n)])
+                                 for _ in range(n)],
+                    tool_format=fmt if tools and choice != "none" else None)
 
     def submit(self, req: dict, on_event_of) -> list:
         """The request's n jobs, all queued or none. Choice i samples with its own generator:
@@ -370,8 +393,13 @@ class Choice:
         return logprobs_object(self.srv.tok, self.lp_items[a:], chat=self.chat, before=before)
 
     def final(self):
-        """(text, logprobs) of a choice returned whole."""
-        text, lps = "".join(self.parts), None
+        """(text, logprobs, tool calls) of a choice returned whole (or a stream's buffered
+        choice); a stop with calls becomes finish_reason "tool_calls"."""
+        text, lps, calls = "".join(self.parts), None, []
+        if self.req["tool_format"] is not None:
+            text, calls = parse_calls(self.req["tool_format"], text)
+            if calls and self.reason == "stop":
+                self.reason = "tool_calls"
         if self.req["logprobs"] is not None:
             lps = self.take_logprobs(final=True)
             if self.req["echo"]:  # the prompt's tokens first, the first with no context
@@ -382,7 +410,7 @@ class Choice:
                                     [n + o for o in lps["text_offset"]]) for k in pre}
         if self.req["echo"]:
             text = self.req["prompt_text"] + text
-        return text, lps
+        return text, lps, calls
 
 
 def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
@@ -471,10 +499,11 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
             for c in choices:
                 c.job.cancel()
 
-        def chunk(c, delta_text, reason=None, *, role=False):
-            lps = None if role else c.take_logprobs()
+        def chunk(c, delta_text, reason=None, *, role=False, delta=None, lps=None):
+            lps = lps if lps is not None or role or delta is not None else c.take_logprobs()
             if chat:
-                delta = {"role": "assistant", "content": ""} if role else \
+                delta = delta if delta is not None else \
+                    {"role": "assistant", "content": ""} if role else \
                     ({"content": delta_text} if delta_text or reason is None else {})
                 choice = {"index": c.index, "delta": delta, "logprobs": lps,
                           "finish_reason": reason}
@@ -502,14 +531,22 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
                         if c.closed:
                             continue  # the "cancelled" after its stop string
                         ev = c.on(raw)
+                        # with tools, a choice's text is held until it ends: its calls are
+                        # parsed from the whole output and sent as one delta each
+                        buffered = req["tool_format"] is not None
                         if ev[0] == "piece":
                             if ev[1]:
-                                yield chunk(c, ev[1])
+                                if buffered:
+                                    c.parts.append(ev[1])
+                                else:
+                                    yield chunk(c, ev[1])
                             if ev[2]:
                                 c.reason = ev[2]
                         elif ev[0] == "done":
                             tail = c.text.finish()
-                            if tail:
+                            if tail and buffered:
+                                c.parts.append(tail)
+                            elif tail:
                                 yield chunk(c, tail)
                             c.reason = finish_reason(ev[1])
                         elif ev[0] == "error":  # the status line is sent: it goes in the stream
@@ -518,6 +555,13 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
                         if c.reason is not None and not c.closed:
                             c.closed = True
                             live -= 1
+                            if buffered:
+                                text, lps, calls = c.final()
+                                if text:
+                                    yield chunk(c, text, lps=lps)
+                                for k, call in enumerate(calls):
+                                    yield chunk(c, "", delta={"tool_calls": [{"index": k,
+                                                                              **call}]})
                             yield chunk(c, "", c.reason)
                         # a backlog of events must not hold the loop: other requests run
                         # between two chunks (a queued get returns without yielding)
@@ -573,10 +617,13 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
                 getter.cancel()
         out = []
         for c in choices:
-            text, lps = c.final()
+            text, lps, calls = c.final()
             if chat:
-                out.append({"index": c.index, "message": {"role": "assistant", "content": text},
-                            "logprobs": lps, "finish_reason": c.reason})
+                msg = {"role": "assistant", "content": text}
+                if calls:
+                    msg["tool_calls"] = calls
+                out.append({"index": c.index, "message": msg, "logprobs": lps,
+                            "finish_reason": c.reason})
             else:
                 out.append({"index": c.index, "text": text, "logprobs": lps,
                             "finish_reason": c.reason})

@@ -75,7 +75,8 @@ HONOURED = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_
             "seed", "stream", "stream_options", "stop", "n", "logit_bias", "presence_penalty",
             "frequency_penalty", "repetition_penalty", "min_p", "stop_token_ids"}
 HONOURED_COMPLETIONS = {"prompt", "logprobs", "echo"}
-HONOURED_CHAT = {"messages", "logprobs", "top_logprobs", "response_format"}
+HONOURED_CHAT = {"messages", "logprobs", "top_logprobs", "response_format", "tools",
+                 "tool_choice", "parallel_tool_calls"}
 INFORMATIONAL = {"user", "metadata", "store"}  # accepted: they change nothing generated
 
 
@@ -96,11 +97,6 @@ def _equal_to(kind, neutral):
 NOT_YET = {
     "best_of": ("completions", lambda v: _int_at(v, 1, 20, 1), "an integer in [1, 20]", "1"),
     "suffix": ("completions", _equal_to(str, ""), "a string", "absent"),
-    "tools": ("chat", _equal_to(list, []), "a list", "absent (tool calls are not supported yet)"),
-    "tool_choice": ("chat", lambda v: (v == "none") if isinstance(v, (str, dict)) else None,
-                    "a string or an object", "absent or 'none'"),
-    "parallel_tool_calls": ("chat", lambda v: True if isinstance(v, bool) else None,
-                            "a boolean", "a boolean"),
     "functions": ("chat", _equal_to(list, []), "a list", "absent"),
     "function_call": ("chat", lambda v: (v == "none") if isinstance(v, (str, dict)) else None,
                       "a string or an object", "absent or 'none'"),

@@ -65,6 +65,16 @@ class Grammars:
             raise ValueError(f"the schema cannot be enforced: {err}")
         return grammar
 
+    def compile_lark(self, lark: str) -> str:
+        """A checked grammar of a Lark text (llguidance's dialect, ``%json`` inside)."""
+        import llguidance
+
+        grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+        err = llguidance.LLMatcher.validate_grammar(grammar, self._tokenizer())
+        if err and not err.startswith("WARNING"):
+            raise ValueError(f"the tool call cannot be enforced: {err}")
+        return grammar
+
     def constraint(self, grammar: str) -> "Constraint":
         return Constraint(self._tokenizer(), grammar, self.vocab)
 
