@@ -686,3 +686,48 @@ def test_tool_calls_are_parsed_in_each_familys_format():
     content, calls = parse_calls("llama3_json", ' {"name": "f", "parameters": {"x": 1}}')
     assert content is None and calls[0]["function"]["arguments"] == '{"x": 1}'
     assert parse_calls("llama3_json", "plain text") == ("plain text", [])
+
+
+def test_think_text_is_split_from_the_content_however_it_is_cut():
+    from algenta.serve_text import ThinkSplit
+
+    rng = random.Random(3)
+    for text, opened, want in [
+            ("<think>step one</think>\n\nThe answer.", False, ("step one", "The answer.")),
+            ("step one</think>\n\nThe answer.", True, ("step one", "The answer.")),
+            ("Just text <think> inside", False, ("", "Just text <think> inside")),
+            ("<think>cut by max_tokens", False, ("cut by max_tokens", "")),
+            ("<thi", False, ("", "<thi")),
+            ("", True, ("", ""))]:
+        for _ in range(30):
+            cuts = sorted(rng.sample(range(len(text) + 1), min(3, len(text) + 1)))
+            pieces = [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
+            sp = ThinkSplit(opened)
+            parts = [p for piece in pieces for p in sp.push(piece)] + sp.finish()
+            got = ("".join(t for k, t in parts if k == "reasoning"),
+                   "".join(t for k, t in parts if k == "content"))
+            assert got == want, (text, pieces, got)
+
+
+def test_a_thinking_templates_reasoning_comes_apart_streamed_and_not():
+    session = random_session(1, max_ctx=64)
+    srv = Live(build_app(Scheduler(session), word_tokenizer(), model_name="tiny", api_key=KEY,
+                         chat_template=TEMPLATE.replace("w3{% endif %}",
+                                                        "w3 <think>{% endif %}")))
+    try:
+        body = {**CHAT, "max_tokens": 6}
+        st, _, r = srv.json("POST", "/v1/chat/completions", body)
+        msg = r["choices"][0]["message"]
+        # the template opened <think> and this model never closes it: all reasoning
+        assert st == 200 and msg["content"] == "" and len(msg["reasoning_content"].split()) == 6
+        c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+        c.request("POST", "/v1/chat/completions", body=json.dumps({**body, "stream": True}),
+                  headers={"Authorization": f"Bearer {KEY}"})
+        events = [json.loads(e[len("data: "):]) for e in
+                  c.getresponse().read().decode().split("\n\n") if e.startswith("data: {")]
+        deltas = [e["choices"][0]["delta"] for e in events]
+        assert "".join(d.get("reasoning_content", "") for d in deltas) == \
+            msg["reasoning_content"]
+        assert "".join(d.get("content", "") for d in deltas) == ""
+    finally:
+        srv.stop()

@@ -33,7 +33,7 @@ import uuid
 from .errors import ResidentError
 from .serve_fields import (ApiError, check_fields, logit_bias_field, logprob_fields, opt_int,
                            opt_number, stop_strings, token_id_list)
-from .serve_text import TextStream, logprobs_object
+from .serve_text import TextStream, ThinkSplit, logprobs_object
 from .serve_tools import call_grammar, check_tools, clean_message, parse_calls, tool_format
 from .residentk.batch import QueueFull, Scheduler
 
@@ -204,7 +204,7 @@ class Server:
         ids = self.encode(text, special=False)  # the template wrote its special tokens
         if not ids:
             raise ApiError(400, "the messages render to no tokens", param="messages")
-        return ids
+        return ids, text.rstrip().endswith(ThinkSplit.OPEN)
 
     def parse(self, body, chat: bool) -> dict:
         """A request, every field checked (the cheap checks first), its prompt tokenized and
@@ -276,7 +276,10 @@ class Server:
                     grammar = self.grammars.compile_lark(call_grammar(tools, choice))
                 except ValueError as e:
                     raise ApiError(400, f"'tools': {e}", param="tools") from None
-        ids = self.chat_ids(body, (tools, choice)) if chat else self.prompt_ids(body)
+        ids, opened = self.chat_ids(body, (tools, choice)) if chat else \
+            (self.prompt_ids(body), False)
+        # a thinking model's template (it writes <think>): reasoning split from content
+        thinking = chat and ThinkSplit.OPEN in (self.chat_template or "")
         max_ctx = self.sched.session.max_ctx
         if max_tokens is None:  # chat: the rest of the context; completions: OpenAI's 16
             max_tokens = max(1, max_ctx - len(ids)) if chat else 16
@@ -299,7 +302,8 @@ class Server:
                     texts=[TextStream(self.tok, stops) for _ in range(n)],
                     constraints=[grammar and self.grammars.constraint(grammar)
                                  for _ in range(n)],
-                    tool_format=fmt if tools and choice != "none" else None)
+                    tool_format=fmt if tools and choice != "none" else None,
+                    thinking=thinking, think_opened=opened)
 
     def submit(self, req: dict, on_event_of) -> list:
         """The request's n jobs, all queued or none. Choice i samples with its own generator:
@@ -351,6 +355,7 @@ class Choice:
         # log-probabilities of the generated tokens, (id, (logprob, top)); how many went out
         # in chunks; the prompt's with echo
         self.lp_items, self.lp_sent, self.prompt_lp = [], 0, []
+        self.think = ThinkSplit(req["think_opened"]) if req["thinking"] else None
 
     def completion_tokens(self) -> int:
         return len(self.text.ids) + self.eos_seen  # none past a stop string
@@ -396,6 +401,11 @@ class Choice:
         """(text, logprobs, tool calls) of a choice returned whole (or a stream's buffered
         choice); a stop with calls becomes finish_reason "tool_calls"."""
         text, lps, calls = "".join(self.parts), None, []
+        self.reasoning = None
+        if self.think is not None:  # a whole output's reasoning and content
+            split = self.think.push(text) + self.think.finish()
+            self.reasoning = "".join(t for k, t in split if k == "reasoning")
+            text = "".join(t for k, t in split if k == "content")
         if self.req["tool_format"] is not None:
             text, calls = parse_calls(self.req["tool_format"], text)
             if calls and self.reason == "stop":
@@ -518,6 +528,14 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
                 out["usage"] = None
             return "data: " + json.dumps(out, ensure_ascii=False) + "\n\n"
 
+        def pieces(c, text, final=False):
+            """A stream's chunks of new text: content, or a thinking model's reasoning."""
+            if c.think is None:
+                return [chunk(c, text)]
+            parts = c.think.push(text) + (c.think.finish() if final else [])
+            return [chunk(c, t) if k == "content" else
+                    chunk(c, "", delta={"reasoning_content": t}) for k, t in parts]
+
         if stream:
             async def sse():
                 try:
@@ -539,7 +557,8 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
                                 if buffered:
                                     c.parts.append(ev[1])
                                 else:
-                                    yield chunk(c, ev[1])
+                                    for out in pieces(c, ev[1]):
+                                        yield out
                             if ev[2]:
                                 c.reason = ev[2]
                         elif ev[0] == "done":
@@ -547,7 +566,8 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
                             if tail and buffered:
                                 c.parts.append(tail)
                             elif tail:
-                                yield chunk(c, tail)
+                                for out in pieces(c, tail):
+                                    yield out
                             c.reason = finish_reason(ev[1])
                         elif ev[0] == "error":  # the status line is sent: it goes in the stream
                             yield "data: " + json.dumps(ev[1].body()) + "\n\n"
@@ -555,8 +575,13 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
                         if c.reason is not None and not c.closed:
                             c.closed = True
                             live -= 1
+                            if c.think is not None and not buffered:
+                                for out in pieces(c, "", final=True):
+                                    yield out
                             if buffered:
                                 text, lps, calls = c.final()
+                                if c.reasoning:
+                                    yield chunk(c, "", delta={"reasoning_content": c.reasoning})
                                 if text:
                                     yield chunk(c, text, lps=lps)
                                 for k, call in enumerate(calls):
@@ -620,6 +645,8 @@ def build_app(scheduler: Scheduler, tokenizer, *, model_name: str, eos_ids=(),
             text, lps, calls = c.final()
             if chat:
                 msg = {"role": "assistant", "content": text}
+                if c.think is not None:
+                    msg["reasoning_content"] = c.reasoning
                 if calls:
                     msg["tool_calls"] = calls
                 out.append({"index": c.index, "message": msg, "logprobs": lps,

@@ -147,3 +147,60 @@ def logprobs_object(tok, entries, *, chat: bool, before=None, offset=0):
             "top_logprobs": [None if info is None else {tok.decode([i]): lp for i, lp in info[1]}
                              for _, info in entries],
             "text_offset": offsets}
+
+
+class ThinkSplit:
+    """A thinking model's output split, as it streams, into reasoning (between ``<think>`` and
+    ``</think>``) and content. The reasoning opens where the chat template opened it (the
+    prompt ends with ``<think>``) or where the model does (its first text). A marker split
+    across pieces is held back until decided; the blank lines after ``</think>`` are dropped.
+    ``push`` and ``finish`` return ``[(kind, text)]``, kind "reasoning" or "content"."""
+
+    OPEN, CLOSE = "<think>", "</think>"
+
+    def __init__(self, opened: bool):
+        self.state = "in" if opened else "start"
+        self.buf = ""
+
+    def push(self, piece: str) -> list:
+        self.buf += piece
+        out = []
+        while True:
+            if self.state == "start":  # does the output open a <think>?
+                s = self.buf.lstrip()
+                if len(s) < len(self.OPEN) and self.OPEN.startswith(s):
+                    return out
+                if s.startswith(self.OPEN):
+                    self.buf, self.state = s[len(self.OPEN):], "in"
+                else:
+                    self.state = "out"
+            elif self.state == "in":
+                i = self.buf.find(self.CLOSE)
+                if i >= 0:
+                    if i:
+                        out.append(("reasoning", self.buf[:i]))
+                    self.buf, self.state = self.buf[i + len(self.CLOSE):], "after"
+                    continue
+                keep = next((k for k in range(min(len(self.CLOSE) - 1, len(self.buf)), 0, -1)
+                             if self.buf.endswith(self.CLOSE[:k])), 0)
+                if len(self.buf) > keep:
+                    out.append(("reasoning", self.buf[:len(self.buf) - keep]))
+                    self.buf = self.buf[len(self.buf) - keep:]
+                return out
+            elif self.state == "after":  # the blank lines after </think>
+                self.buf = self.buf.lstrip()
+                if not self.buf:
+                    return out
+                self.state = "out"
+            else:
+                if self.buf:
+                    out.append(("content", self.buf))
+                    self.buf = ""
+                return out
+
+    def finish(self) -> list:
+        kind = "reasoning" if self.state == "in" else "content"
+        text, self.buf = self.buf, ""
+        if self.state in ("start", "after"):
+            text = text.lstrip() if self.state == "after" else text
+        return [(kind, text)] if text else []
