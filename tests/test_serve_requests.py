@@ -731,3 +731,50 @@ def test_a_thinking_templates_reasoning_comes_apart_streamed_and_not():
         assert "".join(d.get("content", "") for d in deltas) == ""
     finally:
         srv.stop()
+
+
+def test_the_openai_client_gets_logprobs_choices_schemas_tools_and_refusals():
+    openai = pytest.importorskip("openai")
+    pytest.importorskip("llguidance")
+    jsonschema = pytest.importorskip("jsonschema")
+    srv = json_server(HERMES)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{srv.port}/v1", api_key=KEY,
+                               max_retries=0)
+        msgs = [{"role": "user", "content": "Ann"}]
+        r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, n=2,
+                                           temperature=1.0, seed=5, logprobs=True,
+                                           top_logprobs=2)
+        assert [c.index for c in r.choices] == [0, 1]
+        assert sum(len(c.logprobs.content) for c in r.choices) == r.usage.completion_tokens
+        assert all(len(e.top_logprobs) == 2 for c in r.choices for e in c.logprobs.content)
+        r = client.chat.completions.create(
+            model="tiny", messages=msgs, max_tokens=100, temperature=1.0, seed=2,
+            response_format={"type": "json_schema", "json_schema": {
+                "name": "person", "schema": PERSON, "strict": True}})
+        jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+        r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=150,
+                                           temperature=1.0, seed=3, tools=[WEATHER],
+                                           tool_choice="required")
+        call = r.choices[0].message.tool_calls[0]
+        assert r.choices[0].finish_reason == "tool_calls"
+        assert call.function.name == "get_weather" and "city" in json.loads(
+            call.function.arguments)
+        stream = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=150,
+                                                temperature=1.0, seed=3, tools=[WEATHER],
+                                                tool_choice="required", stream=True)
+        deltas = [d for ch in stream for d in (ch.choices[0].delta.tool_calls or [])]
+        assert [d.function.name for d in deltas] == ["get_weather"]
+        assert deltas[0].function.arguments == call.function.arguments  # same seed, same call
+        r = client.completions.create(model="tiny", prompt="Ann is", max_tokens=3, logprobs=2,
+                                      echo=True, temperature=0)
+        lp = r.choices[0].logprobs
+        assert lp.token_logprobs[0] is None and len(lp.tokens) == len(lp.top_logprobs)
+        for kw, name in [({"presence_penalty": 9}, "presence_penalty"),
+                         ({"extra_body": {"best_of": 3}}, "best_of"),
+                         ({"extra_body": {"frobnicate": 1}}, "frobnicate")]:
+            with pytest.raises(openai.BadRequestError) as e:
+                client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2, **kw)
+            assert e.value.body["param"] == name
+    finally:
+        srv.stop()
