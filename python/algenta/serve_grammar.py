@@ -100,3 +100,8 @@ class Constraint:
 
     def advance(self, token: int) -> bool:
         return self.m.consume_token(int(token))
+
+    def finished(self) -> bool:
+        """The grammar is complete: only an eos could follow, so the output ends here (also
+        for a checkpoint without eos ids, which would otherwise have nothing left to sample)."""
+        return self.m.is_stopped()

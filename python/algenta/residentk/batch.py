@@ -230,9 +230,10 @@ class Scheduler:
         prompt it copies instead of computing it again; ``logit_bias`` ({id: bias}),
         ``repetition_penalty``, ``frequency_penalty``, ``presence_penalty``, ``min_p``: see
         :class:`Penalties`; ``constraint``: an object whose ``mask(logits)`` returns the
-        logits with the ids it forbids made the lowest finite value and whose ``advance(id)``
-        takes the sampled id (False: the id broke the grammar, the job fails), applied after
-        the penalties, on this job's row alone. Refused before queueing:
+        logits with the ids it forbids made the lowest finite value, whose ``advance(id)``
+        takes the sampled id (False: the id broke the grammar, the job fails) and whose
+        ``finished()`` ends the job ("stop") once the grammar is complete, applied after the
+        penalties, on this job's row alone. Refused before queueing:
         an empty prompt or an id outside the vocabulary (601), max_tokens < 1 (601), a prompt
         plus max_tokens past the session's max_ctx (606, both numbers named), a bad sampling
         argument, a closed scheduler (RuntimeError), a full queue (QueueFull)."""
@@ -478,7 +479,7 @@ class Scheduler:
             job._emit(("token", t))
         else:
             job._emit(("token", t, token_logprobs(logits, t, job.logprobs)))
-        if t in job.stop_ids:
+        if t in job.stop_ids or (job.constraint is not None and job.constraint.finished()):
             self._finish(job, "stop")
         elif len(job.generated) >= job.max_tokens:
             self._finish(job, "length")
