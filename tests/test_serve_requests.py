@@ -733,6 +733,7 @@ def test_a_thinking_templates_reasoning_comes_apart_streamed_and_not():
         srv.stop()
 
 
+@pytest.mark.slow
 def test_the_openai_client_gets_logprobs_choices_schemas_tools_and_refusals():
     openai = pytest.importorskip("openai")
     pytest.importorskip("llguidance")
