@@ -26,8 +26,6 @@ from algenta.residentk.batch import Scheduler  # noqa: E402
 from algenta.residentk.session import ResidentSession  # noqa: E402
 from algenta.serve import TextStream, build_app  # noqa: E402
 
-pytestmark = pytest.mark.one_order  # host-side: the HTTP layer over the scheduler
-
 
 def serve(eos_ids=(60,), **kw):
     session = random_session(2, max_ctx=64)
