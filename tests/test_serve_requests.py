@@ -196,6 +196,7 @@ def test_the_eos_token_ends_the_text_without_appearing_in_it():
         srv.stop()
 
 
+@pytest.mark.python_only
 def test_stop_strings_match_like_a_plain_search():
     # the automata against str.find over random words, stop strings that overlap themselves
     rng = random.Random(7)
@@ -218,6 +219,7 @@ def test_stop_strings_match_like_a_plain_search():
         assert got == (full[:min(cuts)] if cuts else full), (ids, stops)
 
 
+@pytest.mark.python_only
 def test_long_stop_strings_cost_time_in_the_new_text_only():
     # Four 12,000-character stop strings that keep almost matching: a rescan per token of
     # the held-back tail costs O(stop length^2) each (seconds a token); the automata cost
@@ -670,6 +672,7 @@ def test_tool_calls_required_named_streamed_and_answered():
         srv.stop()
 
 
+@pytest.mark.python_only
 def test_tool_calls_are_parsed_in_each_familys_format():
     from algenta.serve_tools import parse_calls
 
@@ -686,6 +689,7 @@ def test_tool_calls_are_parsed_in_each_familys_format():
     assert parse_calls("llama3_json", "plain text") == ("plain text", [])
 
 
+@pytest.mark.python_only
 def test_think_text_is_split_from_the_content_however_it_is_cut():
     from algenta.serve_text import ThinkSplit
 
