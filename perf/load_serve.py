@@ -75,6 +75,30 @@ def write_checkpoint(path, args):
     tk.save(os.path.join(path, "tokenizer.json"))
 
 
+def start_server(path, args, max_queue):
+    """``algenta serve`` on the checkpoint at ``path`` (model id "bench", --slots, --max-ctx,
+    --weights from args) on a free loopback port, once /health answers: (process, port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = subprocess.Popen([sys.executable, "-m", "algenta", "serve", "--model", path, "--name",
+                            "bench", "--port", str(port), "--slots", str(args.slots),
+                            "--max-ctx", str(args.max_ctx), "--weights", args.weights,
+                            "--max-queue", str(max_queue)])
+    deadline = time.time() + 120
+    while True:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            c.request("GET", "/health")
+            c.getresponse().read()
+            return srv, port
+        except OSError:
+            if time.time() > deadline or srv.poll() is not None:
+                srv.kill()
+                sys.exit("the server did not start")
+            time.sleep(0.2)
+
+
 def bare_rate(path, args, B):
     """Aggregate tokens/s of the engine alone at B sequences, in a fresh process."""
     code = f"""
@@ -153,25 +177,8 @@ def main():
         write_checkpoint(work, args)
         B = min(args.clients, args.slots)
         bare = bare_rate(work, args, B)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        srv = subprocess.Popen([sys.executable, "-m", "algenta", "serve", "--model", work,
-                                "--name", "bench", "--port", str(port), "--slots",
-                                str(args.slots), "--max-ctx", str(args.max_ctx), "--weights",
-                                args.weights, "--max-queue", str(args.clients * args.requests)])
+        srv, port = start_server(work, args, args.clients * args.requests)
         try:
-            deadline = time.time() + 120
-            while True:
-                try:
-                    c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-                    c.request("GET", "/health")
-                    c.getresponse().read()
-                    break
-                except OSError:
-                    if time.time() > deadline or srv.poll() is not None:
-                        sys.exit("the server did not start")
-                    time.sleep(0.2)
             def engine_seconds():
                 c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
                 c.request("GET", "/health")

@@ -19,8 +19,6 @@ import argparse
 import http.client
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -30,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import SMALL, add_model_dims_args, cpu_flags, cpu_name  # noqa: E402
-from load_serve import write_checkpoint  # noqa: E402
+from load_serve import start_server, write_checkpoint  # noqa: E402
 
 
 def post(port, body, timeout=600):
@@ -103,25 +101,8 @@ def main():
 
     with tempfile.TemporaryDirectory() as work:
         write_checkpoint(work, args)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        srv = subprocess.Popen([sys.executable, "-m", "algenta", "serve", "--model", work,
-                                "--name", "bench", "--port", str(port), "--slots",
-                                str(args.slots), "--max-ctx", str(args.max_ctx), "--weights",
-                                args.weights, "--max-queue", "64"])
+        srv, port = start_server(work, args, 64)
         try:
-            deadline = time.time() + 120
-            while True:
-                try:
-                    c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-                    c.request("GET", "/health")
-                    c.getresponse().read()
-                    break
-                except OSError:
-                    if time.time() > deadline or srv.poll() is not None:
-                        sys.exit("the server did not start")
-                    time.sleep(0.2)
             rounds = {"idle": [], "plain": [], "stops": []}
             for _ in range(args.rounds):  # interleaved: the machine's drift hits all three
                 rounds["idle"].append(probe(port, args, args.probes))
