@@ -81,6 +81,10 @@ class Server:
         self.model = model_name
         self.eos = frozenset(int(t) for t in eos_ids)
         self.chat_template = chat_template
+        # what the template writes, read once: its tool-call format, and whether it is a
+        # thinking model's (reasoning split from content)
+        self.tool_format = tool_format(chat_template)
+        self.thinking = ThinkSplit.OPEN in (chat_template or "")
         self.bos_token, self.eos_token = bos_token, eos_token
         self.api_key = api_key
         self.max_body = int(max_body)
@@ -259,7 +263,7 @@ class Server:
             except ValueError as e:
                 raise ApiError(400, f"'response_format': {e}", param="response_format") from None
         tools, choice = check_tools(body) if chat else (None, "none")
-        fmt = tool_format(self.chat_template)
+        fmt = self.tool_format
         if tools and choice != "none":
             if fmt is None:
                 raise ApiError(400, "'tools': this checkpoint's chat template writes no tool-call "
@@ -278,8 +282,7 @@ class Server:
                     raise ApiError(400, f"'tools': {e}", param="tools") from None
         ids, opened = self.chat_ids(body, (tools, choice)) if chat else \
             (self.prompt_ids(body), False)
-        # a thinking model's template (it writes <think>): reasoning split from content
-        thinking = chat and ThinkSplit.OPEN in (self.chat_template or "")
+        thinking = chat and self.thinking
         max_ctx = self.sched.session.max_ctx
         if max_tokens is None:  # chat: the rest of the context; completions: OpenAI's 16
             max_tokens = max(1, max_ctx - len(ids)) if chat else 16
