@@ -75,6 +75,13 @@ def write_checkpoint(path, args):
     tk.save(os.path.join(path, "tokenizer.json"))
 
 
+def add_server_args(ap):
+    """The options start_server reads: the server's slots, weights and context."""
+    ap.add_argument("--slots", type=int, default=8)
+    ap.add_argument("--weights", default="int8")
+    ap.add_argument("--max-ctx", type=int, default=512)
+
+
 def start_server(path, args, max_queue):
     """``algenta serve`` on the checkpoint at ``path`` (model id "bench", --slots, --max-ctx,
     --weights from args) on a free loopback port, once /health answers: (process, port)."""
@@ -164,11 +171,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--requests", type=int, default=4, help="per client, one after another")
-    ap.add_argument("--slots", type=int, default=8)
-    ap.add_argument("--weights", default="int8")
+    add_server_args(ap)
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--new", type=int, default=64)
-    ap.add_argument("--max-ctx", type=int, default=512)
     add_model_dims_args(ap, dims=SMALL)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()

@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import SMALL, add_model_dims_args, cpu_flags, cpu_name  # noqa: E402
-from load_serve import start_server, write_checkpoint  # noqa: E402
+from load_serve import add_server_args, start_server, write_checkpoint  # noqa: E402
 
 
 def post(port, body, timeout=600):
@@ -85,11 +85,7 @@ def main():
     ap.add_argument("--warmup", type=float, default=1.0,
                     help="seconds the streams decode before the probes (a rescan's cost grows "
                          "with the output, up to the stop strings' length)")
-    ap.add_argument("--slots", type=int, default=8)
-    ap.add_argument("--weights", default="int8")
-    ap.add_argument("--max-ctx", type=int, default=512)
-    ap.add_argument("--prompt", type=int, default=8)
-    ap.add_argument("--new", type=int, default=4)
+    add_server_args(ap)
     add_model_dims_args(ap, dims=SMALL)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
