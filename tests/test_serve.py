@@ -244,13 +244,35 @@ def test_concurrent_clients_each_get_what_they_get_alone(live):
     assert got == [(200, w) for w in want]
 
 
-def sse(live, body):
+def sse(live, body, path="/v1/chat/completions"):
     c = http.client.HTTPConnection("127.0.0.1", live.port, timeout=60)
-    c.request("POST", "/v1/chat/completions", body=json.dumps(body),
-              headers={"Authorization": f"Bearer {KEY}"})
+    c.request("POST", path, body=json.dumps(body), headers={"Authorization": f"Bearer {KEY}"})
     r = c.getresponse()
     assert r.status == 200 and r.getheader("content-type").startswith("text/event-stream")
     return c, r
+
+
+def sse_chunks(live, body, path="/v1/chat/completions"):
+    """A whole stream's chunks, parsed, once it has ended with [DONE]."""
+    c, r = sse(live, body, path)
+    events = [e[len("data: "):] for e in r.read().decode().split("\n\n")
+              if e.startswith("data: ")]
+    c.close()
+    assert events[-1] == "[DONE]", events[-1:]
+    return [json.loads(e) for e in events[:-1]]
+
+
+def capture_jobs(sched, monkeypatch) -> list:
+    """The jobs the scheduler's submit returns from now on, in order."""
+    jobs = []
+    submit = sched.submit
+
+    def capture(*a, **k):
+        jobs.append(submit(*a, **k))
+        return jobs[-1]
+
+    monkeypatch.setattr(sched, "submit", capture)
+    return jobs
 
 
 def test_chat_streamed_and_not_agree_and_stop_strings_cut(live):
@@ -266,11 +288,8 @@ def test_chat_streamed_and_not_agree_and_stop_strings_cut(live):
     ids = [1, 4, 4, 2, 1, 7, 8, 2, 3]  # the template's rendering, tokenized
     want = solo.generate(ids, 10, temperature=0.6, seed=9, stop_ids=[60])
     assert msg["content"] == text_of([t for t in want if t != 60])
-    c, r = sse(live, {**body, "stream": True, "stream_options": {"include_usage": True}})
-    events = [line[6:] for line in r.read().decode().split("\n\n") if line.startswith("data: ")]
-    c.close()
-    assert events[-1] == "[DONE]"
-    chunks = [json.loads(e) for e in events[:-1]]
+    chunks = sse_chunks(live, {**body, "stream": True,
+                               "stream_options": {"include_usage": True}})
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     text = "".join(ch["choices"][0]["delta"].get("content", "") for ch in chunks[:-1])
     assert text == msg["content"]
@@ -351,14 +370,7 @@ def test_errors_answer_in_openai_shape_and_the_server_keeps_serving(live):
 
 
 def test_a_client_leaving_mid_stream_frees_its_slot(live, monkeypatch):
-    jobs = []
-    submit = live.sched.submit
-
-    def capture(*a, **k):
-        jobs.append(submit(*a, **k))
-        return jobs[-1]
-
-    monkeypatch.setattr(live.sched, "submit", capture)
+    jobs = capture_jobs(live.sched, monkeypatch)
     before = live.sched.stats["cancelled"]
     with live.session.hold():  # the worker cannot run a step until the client has left
         c, r = sse(live, {"model": "tiny", "messages": [{"role": "user", "content": "w9"}],

@@ -4,7 +4,6 @@ would stall the event loop, shutdown with streams open, and the command's own ar
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import os
@@ -19,8 +18,8 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_serve import (DIMS, KEY, TEMPLATE, WORDS, Live, random_session,  # noqa: E402
-                        text_of, word_tokenizer)
+from test_serve import (DIMS, KEY, TEMPLATE, WORDS, Live, capture_jobs,  # noqa: E402
+                        random_session, sse, sse_chunks, text_of, word_tokenizer)
 
 from algenta.residentk.batch import Scheduler  # noqa: E402
 from algenta.residentk.session import ResidentSession  # noqa: E402
@@ -157,14 +156,7 @@ def test_slow_and_vanishing_bodies(live, caplog):
 
 
 def test_a_client_leaving_a_plain_request_frees_its_slot(live, monkeypatch):
-    jobs = []
-    submit = live.sched.submit
-
-    def capture(*a, **k):
-        jobs.append(submit(*a, **k))
-        return jobs[-1]
-
-    monkeypatch.setattr(live.sched, "submit", capture)
+    jobs = capture_jobs(live.sched, monkeypatch)
     with live.session.hold():  # no step can run until the client has gone
         body = json.dumps({**OK, "max_tokens": 50}).encode()
         s = raw_request(live.port, (
@@ -240,19 +232,13 @@ def test_long_stop_strings_cost_time_in_the_new_text_only():
     assert held_s < 10 * plain_s + 0.5, (held_s, plain_s)
 
 
-def test_shutdown_ends_every_open_stream_with_a_final_event():
+def test_shutdown_ends_every_open_stream_with_a_final_event(monkeypatch):
     srv = serve()
-    jobs = []
-    submit = srv.sched.submit
-    srv.sched.submit = lambda *a, **k: jobs.append(submit(*a, **k)) or jobs[-1]
+    jobs = capture_jobs(srv.sched, monkeypatch)
     try:
-        c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
         with srv.session.hold():  # the job cannot finish before the shutdown
-            c.request("POST", "/v1/chat/completions", body=json.dumps(
-                {**CHAT, "max_tokens": 40, "stream": True}),
-                headers={"Authorization": f"Bearer {KEY}"})
-            r = c.getresponse()
-            assert r.status == 200 and r.read(6) == b"data: "
+            c, r = sse(srv, {**CHAT, "max_tokens": 40, "stream": True})
+            assert r.read(6) == b"data: "
             # what `algenta serve` does when --grace runs out (close waits for the worker,
             # which waits for this hold: so on a thread)
             closer = threading.Thread(target=srv.sched.close, kwargs={"cancel": True})
@@ -335,14 +321,9 @@ def test_chat_logprobs_streamed_and_not_agree(live):
         assert len(e["top_logprobs"]) == 2 and e["bytes"] == list(e["token"].encode())
         assert e["top_logprobs"][0]["logprob"] >= e["top_logprobs"][1]["logprob"]
         assert e["logprob"] <= e["top_logprobs"][0]["logprob"]  # sampled: not always the top
-    c = http.client.HTTPConnection("127.0.0.1", live.port, timeout=60)
-    c.request("POST", "/v1/chat/completions", body=json.dumps({**body, "stream": True}),
-              headers={"Authorization": f"Bearer {KEY}"})
-    events = [e[len("data: "):] for e in c.getresponse().read().decode().split("\n\n")
-              if e.startswith("data: ")]
-    streamed = [x for e in events[:-1] for ch in json.loads(e)["choices"]
+    streamed = [x for e in sse_chunks(live, {**body, "stream": True}) for ch in e["choices"]
                 if ch["logprobs"] for x in ch["logprobs"]["content"]]
-    assert events[-1] == "[DONE]" and streamed == content
+    assert streamed == content
 
 
 @pytest.mark.slow
@@ -384,48 +365,36 @@ def test_n_choices_are_each_what_their_seed_gives_alone(live):
     assert after["prefill_tokens"] - before["prefill_tokens"] == 3 + 1
     assert after["reused_tokens"] - before["reused_tokens"] == 2
     solo = random_session(1)
-    want = []
-    for i in range(2):  # choice i samples with seed + i * 0x9e3779b97f4a7c15 (mod 2^64)
-        solo.reset()
-        ids = solo.generate(prompt, 8, temperature=2.0,
-                            seed=(21 + i * 0x9E3779B97F4A7C15) % (1 << 64), stop_ids=[60])
-        want.append(text_of([t for t in ids if t != 60]))
+
+    def alone(n_tokens):  # choice i samples with seed + i * 0x9e3779b97f4a7c15 (mod 2^64)
+        out = []
+        for i in range(2):
+            solo.reset()
+            ids = solo.generate(prompt, n_tokens, temperature=2.0,
+                                seed=(21 + i * 0x9E3779B97F4A7C15) % (1 << 64), stop_ids=[60])
+            out.append(text_of([t for t in ids if t != 60]))
+        return out
+
+    def streamed(extra):  # each choice's text and finish_reason, from chunks naming its index
+        got, reasons = ["", ""], [None, None]
+        for e in sse_chunks(live, {**body, "stream": True, **extra}, "/v1/completions"):
+            for ch in e["choices"]:
+                got[ch["index"]] += ch["text"]
+                reasons[ch["index"]] = ch["finish_reason"] or reasons[ch["index"]]
+        return got, reasons
+
+    want = alone(8)
     assert [c["index"] for c in r["choices"]] == [0, 1]
     assert [c["text"] for c in r["choices"]] == want and want[0] != want[1]
     assert r["usage"]["prompt_tokens"] == 3 and r["usage"]["completion_tokens"] == 16
-    # streamed: the same choices, each chunk naming its index, each with its finish_reason
-    c = http.client.HTTPConnection("127.0.0.1", live.port, timeout=60)
-    c.request("POST", "/v1/completions", body=json.dumps({**body, "stream": True}),
-              headers={"Authorization": f"Bearer {KEY}"})
-    events = [e[len("data: "):] for e in c.getresponse().read().decode().split("\n\n")
-              if e.startswith("data: ")]
-    got, reasons = ["", ""], [None, None]
-    for e in events[:-1]:
-        for ch in json.loads(e)["choices"]:
-            got[ch["index"]] += ch["text"]
-            reasons[ch["index"]] = ch["finish_reason"] or reasons[ch["index"]]
-    assert events[-1] == "[DONE]" and got == want and None not in reasons
+    got, reasons = streamed({})  # streamed: the same choices, each with its finish_reason
+    assert got == want and None not in reasons
     # a stop string ending one choice early leaves the other running (its job's "cancelled"
     # is not the stream's end): 40 tokens, so the other is still decoding when it comes
-    want = []
-    for i in range(2):
-        solo.reset()
-        ids = solo.generate(prompt, 40, temperature=2.0,
-                            seed=(21 + i * 0x9E3779B97F4A7C15) % (1 << 64), stop_ids=[60])
-        want.append(text_of([t for t in ids if t != 60]))
+    want = alone(40)
     assert "w25" in want[0][:40] and "w25" not in want[1]
-    c = http.client.HTTPConnection("127.0.0.1", live.port, timeout=60)
-    c.request("POST", "/v1/completions", body=json.dumps({**body, "stream": True,
-                                                          "stop": "w25", "max_tokens": 40}),
-              headers={"Authorization": f"Bearer {KEY}"})
-    events = [e[len("data: "):] for e in c.getresponse().read().decode().split("\n\n")
-              if e.startswith("data: ")]
-    got, reasons = ["", ""], [None, None]
-    for e in events[:-1]:
-        for ch in json.loads(e)["choices"]:
-            got[ch["index"]] += ch["text"]
-            reasons[ch["index"]] = ch["finish_reason"] or reasons[ch["index"]]
-    assert events[-1] == "[DONE]" and reasons == ["stop", "length"]
+    got, reasons = streamed({"stop": "w25", "max_tokens": 40})
+    assert reasons == ["stop", "length"]
     assert got == [want[0][:want[0].index("w25")], want[1]]
     # more choices than slots and queue: refused whole, nothing left running
     st, _, r = live.json("POST", "/v1/completions", {**body, "n": 3})
@@ -632,14 +601,9 @@ def test_tool_calls_required_named_streamed_and_answered():
         assert [c["function"]["name"] for c in r["choices"][0]["message"]["tool_calls"]] == \
             ["get_time"]
         # streamed: the call as one delta, then finish_reason tool_calls
-        c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
-        c.request("POST", "/v1/chat/completions", body=json.dumps({**named, "stream": True}),
-                  headers={"Authorization": f"Bearer {KEY}"})
-        events = [e[len("data: "):] for e in c.getresponse().read().decode().split("\n\n")
-                  if e.startswith("data: ")]
-        chunks = [json.loads(e)["choices"][0] for e in events[:-1]]
+        chunks = [e["choices"][0] for e in sse_chunks(srv, {**named, "stream": True})]
         deltas = [d["delta"]["tool_calls"] for d in chunks if "tool_calls" in d["delta"]]
-        assert events[-1] == "[DONE]" and chunks[-1]["finish_reason"] == "tool_calls"
+        assert chunks[-1]["finish_reason"] == "tool_calls"
         assert len(deltas) == 1 and deltas[0][0]["function"]["name"] == "get_time"
         assert deltas[0][0]["index"] == 0
         # the tool's result as the next request's message
@@ -722,12 +686,7 @@ def test_a_thinking_templates_reasoning_comes_apart_streamed_and_not():
         msg = r["choices"][0]["message"]
         # the template opened <think> and this model never closes it: all reasoning
         assert st == 200 and msg["content"] == "" and len(msg["reasoning_content"].split()) == 6
-        c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
-        c.request("POST", "/v1/chat/completions", body=json.dumps({**body, "stream": True}),
-                  headers={"Authorization": f"Bearer {KEY}"})
-        events = [json.loads(e[len("data: "):]) for e in
-                  c.getresponse().read().decode().split("\n\n") if e.startswith("data: {")]
-        deltas = [e["choices"][0]["delta"] for e in events]
+        deltas = [e["choices"][0]["delta"] for e in sse_chunks(srv, {**body, "stream": True})]
         assert "".join(d.get("reasoning_content", "") for d in deltas) == \
             msg["reasoning_content"]
         assert "".join(d.get("content", "") for d in deltas) == ""
