@@ -86,6 +86,34 @@ void bind_session_cuda(py::module_& s);
 void bind_session(py::module_& m) {
   py::module_ s = m.def_submodule("session", "resident decode session engines");
 
+  s.def(
+      "widen",
+      [](const py::array& a, const std::string& source, int64_t n) {
+        // What set_weight stores before its format: a ggml block type's bytes widened to
+        // float32 (tests compare it block by block with the gguf package's dequantizers).
+        static constexpr Dtype kBlocks[] = {Dtype::Q8_0, Dtype::Q4_0, Dtype::Q4_K, Dtype::Q6_K};
+        const Dtype t = algenta::dtype_arg(source, kBlocks, "source");
+        const algenta::DtypeInfo& info = dtype_info(t);
+        if (a.itemsize() != 1 || !(a.flags() & py::array::c_style) || n < 0 ||
+            n % info.block != 0 || int64_t(a.nbytes()) != n / info.block * info.bytes)
+          throw py::value_error(std::string("widen: a C-contiguous uint8 array of whole ") +
+                                info.long_name + " blocks holding n values");
+        py::array_t<float> out(n);
+        const void* p = a.data();
+        float* o = out.mutable_data();
+        int64_t bad;
+        {
+          py::gil_scoped_release nogil;
+          bad = algenta::residentk::widen_checked(p, t, 0, n, o);
+        }
+        if (bad >= 0)
+          refuse(algenta::residentk::RESIDENT_ERR_NON_FINITE,
+                 "value " + std::to_string(bad) + " widens to a non-finite number");
+        return out;
+      },
+      py::arg("data"), py::arg("source"), py::arg("n"),
+      "n float32 values of ggml blocks (q8_0, q4_0, q4_k, q6_k), as a session widens them.");
+
   py::class_<Session>(s, "Session")
       .def_property_readonly("device", [](const Session& x) { return std::string(x.device()); })
       .def_property_readonly("max_ctx", &Session::max_ctx)
@@ -93,24 +121,60 @@ void bind_session(py::module_& m) {
       .def_property_readonly("position", &Session::position)
       .def_property_readonly("dispatches_per_token", &Session::dispatches_per_token)
       .def("set_weight",
-           [](Session& x, const std::string& name, const py::array& a,
-              const std::string& source) {
-             // The element type is named by the caller (bf16 arrives as uint16 bit patterns);
-             // the binding only checks that the buffer holds elements of that width, densely.
-             static constexpr Dtype kSources[] = {Dtype::F32, Dtype::BF16, Dtype::F16};
+           [](Session& x, const std::string& name, const py::array& a, const std::string& source,
+              py::object shape_arg) {
+             // The element type is named by the caller (bf16 arrives as uint16 bit patterns, a
+             // ggml block type as its raw bytes with the tensor's shape beside them); the
+             // binding only checks that the buffer holds exactly that many bytes, densely.
+             static constexpr Dtype kSources[] = {Dtype::F32,  Dtype::BF16, Dtype::F16,
+                                                  Dtype::Q8_0, Dtype::Q4_0, Dtype::Q4_K,
+                                                  Dtype::Q6_K};
              const Dtype t = dtype_arg(source, kSources, "source");
-             const py::ssize_t width = dtype_info(t).bytes;
-             if (a.itemsize() != width || !(a.flags() & py::array::c_style))
-               throw py::type_error("set_weight(source='" + source + "') needs a C-contiguous "
-                                    "array of " + std::to_string(width) + "-byte elements");
-             std::vector<int64_t> shape(a.shape(), a.shape() + a.ndim());
+             const algenta::DtypeInfo& info = dtype_info(t);
+             std::vector<int64_t> shape;
+             if (!algenta::is_ggml_block(t)) {
+               if (!shape_arg.is_none())
+                 throw py::type_error("set_weight: shape= is only for a ggml block source");
+               if (a.itemsize() != info.bytes || !(a.flags() & py::array::c_style))
+                 throw py::type_error("set_weight(source='" + source + "') needs a C-contiguous "
+                                      "array of " + std::to_string(info.bytes) +
+                                      "-byte elements");
+               shape.assign(a.shape(), a.shape() + a.ndim());
+             } else {
+               if (shape_arg.is_none())
+                 throw py::type_error("set_weight(source='" + source + "') needs shape=");
+               shape = shape_arg.cast<std::vector<int64_t>>();
+               if (a.itemsize() != 1 || !(a.flags() & py::array::c_style))
+                 throw py::type_error("set_weight(source='" + source + "') needs a C-contiguous "
+                                      "uint8 array of the blocks' bytes");
+               // Whole blocks per row, and exactly the bytes they take: a row split inside a
+               // block, or a short buffer, would be read past its end.
+               int64_t elems = 1;
+               for (int64_t d : shape) {
+                 if (d < 1 || elems > (int64_t(1) << 40) / d)
+                   refuse(algenta::residentk::RESIDENT_ERR_WEIGHT_LENGTH,
+                                   "tensor '" + name + "': shape is empty or too large");
+                 elems *= d;
+               }
+               if (shape.empty() || shape.back() % info.block != 0)
+                 refuse(algenta::residentk::RESIDENT_ERR_WEIGHT_LENGTH,
+                                 "tensor '" + name + "': a " + info.long_name + " row holds whole "
+                                 "blocks of " + std::to_string(info.block) + " values");
+               if (int64_t(a.nbytes()) != elems / info.block * info.bytes)
+                 refuse(algenta::residentk::RESIDENT_ERR_WEIGHT_LENGTH,
+                                 "tensor '" + name + "': " + std::to_string(a.nbytes()) +
+                                 " bytes, its " + info.long_name + " blocks take " +
+                                 std::to_string(elems / info.block * info.bytes));
+             }
              const void* p = a.data();
              py::gil_scoped_release nogil;
              x.set_weight(name, shape, p, t);
            },
            py::arg("name"), py::arg("array"), py::arg("source") = "f32",
-           "Set a tensor from its f32, f16 or bf16 (uint16 bit patterns) elements, widened "
-           "exactly to float32 and checked finite.")
+           py::arg("shape") = py::none(),
+           "Set a tensor from its f32, f16 or bf16 (uint16 bit patterns) elements, or from a "
+           "ggml block type's bytes (q8_0, q4_0, q4_k, q6_k; shape= the tensor's shape), "
+           "widened exactly to float32 and checked finite.")
       .def("missing_weights", &Session::missing_weights,
            py::call_guard<py::gil_scoped_release>())
       .def("weight_shape", &Session::weight_shape, py::arg("name"))

@@ -44,11 +44,12 @@ PYBIND11_MODULE(_core, m) {
         "(bf16 dot products; both round d_logits to bf16 for the gradient products) or 'widen' "
         "(to float32, FMA).");
 
-  // The one dtype vocabulary (dtype.hpp): (name, long name, bytes per element), in enum order.
+  // The one dtype vocabulary (dtype.hpp): (name, long name, bytes per element or block, values
+  // per block), in enum order.
   py::tuple dtypes(algenta::kNumDtypes);
   for (int i = 0; i < algenta::kNumDtypes; ++i) {
     const algenta::DtypeInfo& d = algenta::kDtypes[i];
-    dtypes[i] = py::make_tuple(d.name, d.long_name, d.bytes);
+    dtypes[i] = py::make_tuple(d.name, d.long_name, d.bytes, d.block);
   }
   m.attr("DTYPES") = dtypes;
 

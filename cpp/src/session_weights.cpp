@@ -6,6 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "algenta/ggml_blocks.hpp"
 #include "algenta/half.hpp"
 #include "algenta/quant.hpp"
 #include "algenta/residentk.hpp"
@@ -273,8 +274,23 @@ int64_t widen_checked(const void* src, Dtype t, int64_t i0, int64_t n, float* ds
     case Dtype::F16:
       widen16<half::f16_to_f32>(s, i0, n, dst);
       break;
+    case Dtype::Q8_0:
+    case Dtype::Q4_0:
+    case Dtype::Q4_K:
+    case Dtype::Q6_K: {
+      // Whole blocks only: the registry hands whole rows, and set_weight refuses a row length
+      // that is not a multiple of the block.
+      const DtypeInfo& d = dtype_info(t);
+      void (*deq)(const unsigned char*, float*) =
+          t == Dtype::Q8_0 ? ggml::dequant_q8_0
+          : t == Dtype::Q4_0 ? ggml::dequant_q4_0
+          : t == Dtype::Q4_K ? ggml::dequant_q4_k : ggml::dequant_q6_k;
+      for (int64_t b = 0; b < n / d.block; ++b)
+        deq(s + (i0 / d.block + b) * d.bytes, dst + b * d.block);
+      break;
+    }
     case Dtype::F64:
-    case Dtype::Int8:  // not source types (the set_weight binding takes f32, bf16, f16 only)
+    case Dtype::Int8:  // not source types (the set_weight binding refuses them)
       for (int64_t i = 0; i < n; ++i) dst[i] = NAN;
       return i0;
   }
@@ -309,7 +325,7 @@ int64_t narrow_row(Dtype f, const float* x, int64_t cols, void* dst, float* scal
       }
       return -1;
     }
-    case Dtype::F64: break;  // not a weight format: session_open_status refuses it (601)
+    default: break;  // f64 and the ggml block types are not formats a session holds (601)
   }
   return -1;
 }

@@ -26,7 +26,7 @@ def isa_note() -> str:
     """
     Why a better instruction set the CPU reports was passed over (AMX's tile state refused by the kernel), or '' when none was.
     """
-DTYPES: tuple = (('f32', 'float32', 4), ('f64', 'float64', 8), ('bf16', 'bfloat16', 2), ('f16', 'float16', 2), ('int8', 'int8', 1))
+DTYPES: tuple = (('f32', 'float32', 4, 1), ('f64', 'float64', 8, 1), ('bf16', 'bfloat16', 2, 1), ('f16', 'float16', 2, 1), ('int8', 'int8', 1, 1), ('q8_0', 'Q8_0', 34, 32), ('q4_0', 'Q4_0', 18, 32), ('q4_k', 'Q4_K', 144, 256), ('q6_k', 'Q6_K', 210, 256))
 __version__: str = '0.1.0'
 class lossk:
     class LossSum:
@@ -244,9 +244,9 @@ class session:
             ...
         def seal(self, why: str) -> None:
             ...
-        def set_weight(self, name: str, array: numpy.ndarray, source: str = 'f32') -> None:
+        def set_weight(self, name: str, array: numpy.ndarray, source: str = 'f32', shape: typing.Any = None) -> None:
             """
-            Set a tensor from its f32, f16 or bf16 (uint16 bit patterns) elements, widened exactly to float32 and checked finite.
+            Set a tensor from its f32, f16 or bf16 (uint16 bit patterns) elements, or from a ggml block type's bytes (q8_0, q4_0, q4_k, q6_k; shape= the tensor's shape), widened exactly to float32 and checked finite.
             """
         def slot_position(self, slot: typing.SupportsInt | typing.SupportsIndex) -> int:
             ...
@@ -378,6 +378,11 @@ class session:
     def tensor_table(d_model: typing.SupportsInt | typing.SupportsIndex, h_q: typing.SupportsInt | typing.SupportsIndex, h_kv: typing.SupportsInt | typing.SupportsIndex, d_head: typing.SupportsInt | typing.SupportsIndex, d_ff: typing.SupportsInt | typing.SupportsIndex, n_layers: typing.SupportsInt | typing.SupportsIndex, vocab: typing.SupportsInt | typing.SupportsIndex, tie_word_embeddings: bool, family: dict = {}) -> list:
         """
         (name, shape, layer, field) of every tensor a session with this config holds, in checkpoint order: the engines' own table.
+        """
+    @staticmethod
+    def widen(data: numpy.ndarray, source: str, n: typing.SupportsInt | typing.SupportsIndex) -> numpy.typing.NDArray[numpy.float32]:
+        """
+        n float32 values of ggml blocks (q8_0, q4_0, q4_k, q6_k), as a session widens them.
         """
     ARCHS: list = [{'name': 'qwen3', 'hf_class': 'Qwen3ForCausalLM', 'qk_norm': True, 'qkv_bias': False, 'norm_plus_one': False, 'embed_scaled': False, 'sandwich': False, 'act': 'silu', 'mlp_norm': 'post_attention_layernorm'}, {'name': 'llama', 'hf_class': 'LlamaForCausalLM', 'qk_norm': False, 'qkv_bias': False, 'norm_plus_one': False, 'embed_scaled': False, 'sandwich': False, 'act': 'silu', 'mlp_norm': 'post_attention_layernorm'}, {'name': 'qwen2', 'hf_class': 'Qwen2ForCausalLM', 'qk_norm': False, 'qkv_bias': True, 'norm_plus_one': False, 'embed_scaled': False, 'sandwich': False, 'act': 'silu', 'mlp_norm': 'post_attention_layernorm'}, {'name': 'mistral', 'hf_class': 'MistralForCausalLM', 'qk_norm': False, 'qkv_bias': False, 'norm_plus_one': False, 'embed_scaled': False, 'sandwich': False, 'act': 'silu', 'mlp_norm': 'post_attention_layernorm'}, {'name': 'gemma2', 'hf_class': 'Gemma2ForCausalLM', 'qk_norm': False, 'qkv_bias': False, 'norm_plus_one': True, 'embed_scaled': True, 'sandwich': True, 'act': 'gelu_pytorch_tanh', 'mlp_norm': 'pre_feedforward_layernorm'}, {'name': 'gemma3_text', 'hf_class': 'Gemma3ForCausalLM', 'qk_norm': True, 'qkv_bias': False, 'norm_plus_one': True, 'embed_scaled': True, 'sandwich': True, 'act': 'gelu_pytorch_tanh', 'mlp_norm': 'pre_feedforward_layernorm'}]
     class cuda_plan:

@@ -9,8 +9,13 @@ import numpy as np
 
 from . import _core
 
-#: short name -> (long name, bytes per element), in the core's order
-DTYPES = {name: (long_name, nbytes) for name, long_name, nbytes in _core.DTYPES}
+#: short name -> (long name, bytes per element), in the core's order; llama.cpp's block types
+#: (GGUF sources only) are in BLOCKS instead
+DTYPES = {name: (long_name, nbytes) for name, long_name, nbytes, block in _core.DTYPES
+          if block == 1}
+#: ggml block type short name ("q8_0", ...) -> (GGUF name, bytes per block, values per block)
+BLOCKS = {name: (long_name, nbytes, block) for name, long_name, nbytes, block in _core.DTYPES
+          if block > 1}
 #: long name ("float32", "bfloat16", ...) -> short name
 SHORT = {long_name: name for name, (long_name, _) in DTYPES.items()}
 
@@ -63,4 +68,4 @@ def torch_short_name(dtype) -> str | None:
     return SHORT.get(n) if n != "int8" else None
 
 
-__all__ = ["DTYPES", "SHORT", "HalfBits", "Bf16Bits", "short_name", "torch_short_name"]
+__all__ = ["DTYPES", "BLOCKS", "SHORT", "HalfBits", "Bf16Bits", "short_name", "torch_short_name"]
