@@ -61,8 +61,9 @@ def register(subparsers) -> None:
         description="Decode from a HuggingFace checkpoint directory (Qwen3, Llama, Qwen2, "
                     "Mistral, Gemma 2 or 3) with a resident session (weights and a "
                     "fixed-capacity KV cache held for the whole run).")
-    p.add_argument("--model", required=True, metavar="DIR",
-                   help="checkpoint directory (config.json + model.safetensors or an index)")
+    p.add_argument("--model", required=True, metavar="PATH",
+                   help="checkpoint directory (config.json + model.safetensors or an index), "
+                        "or a llama.cpp .gguf file (Qwen3, Qwen2, Llama)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", metavar="TEXT", help="text prompt (needs tokenizer.json and "
                                                       "the 'tokenizers' package)")
@@ -77,9 +78,10 @@ def register(subparsers) -> None:
     p.add_argument("--max-ctx", type=_positive_int, default=None, metavar="N",
                    help="session capacity request (default: prompt + max-new, at least 512)")
     p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
-    p.add_argument("--weights", choices=RESIDENT_WEIGHT_FORMATS, default="f32",
-                   help="how the weight matrices are held resident (default f32; bf16/f16 "
-                        "halve the bytes each token reads, int8 about quarters them)")
+    p.add_argument("--weights", choices=RESIDENT_WEIGHT_FORMATS, default=None,
+                   help="how the weight matrices are held resident (default f32, a GGUF file's "
+                        "as stored; bf16/f16 halve the bytes each token reads, int8 about "
+                        "quarters them)")
     p.add_argument("--kv", choices=RESIDENT_KV_FORMATS, default="f32",
                    help="how the KV cache holds keys and values (default f32; bf16/f16 halve "
                         "its memory)")
@@ -98,6 +100,51 @@ def _eos_ids(root: Path) -> set:
             if isinstance(x, int) and not isinstance(x, bool):
                 ids.add(x)
     return ids
+
+
+class ModelPath:
+    """What --model names: a checkpoint directory or a GGUF file (its header read and checked
+    here, nothing allocated), with the tokenizer, eos ids and chat template each one holds."""
+
+    def __init__(self, path):
+        from .errors import AlgentaError
+        from .residentk.gguf_model import is_gguf, open_gguf
+
+        self.root = Path(path)
+        self.gguf = None
+        if is_gguf(self.root):
+            try:
+                self.gguf = open_gguf(self.root)
+            except AlgentaError as e:
+                raise CliError(str(e)) from None
+        elif not self.root.is_dir():
+            raise CliError(f"{self.root}: not a checkpoint directory or a GGUF file")
+
+    def weights(self, asked):
+        """The session format: `asked`, else f32 for a directory and the stored one for GGUF."""
+        if self.gguf is None:
+            return asked or "f32"
+        from .errors import AlgentaError
+
+        try:
+            return self.gguf.check_format(asked)
+        except AlgentaError as e:
+            raise CliError(f"{e} (--weights)") from None
+
+    def tokenizer(self, **kw):
+        if self.gguf is None:
+            return _tokenizer(self.root, **kw)
+        from .errors import AlgentaError
+
+        try:
+            return self.gguf.tokenizer()
+        except ImportError:
+            raise CliError(f"the 'tokenizers' package is not installed ({kw.get('why', '')})")
+        except AlgentaError as e:
+            raise CliError(str(e)) from None
+
+    def eos_ids(self) -> set:
+        return self.gguf.eos_ids() if self.gguf is not None else _eos_ids(self.root)
 
 
 def _tokenizer(root: Path, *, why="--prompt needs it", instead="pass token ids with --ids"):
@@ -121,12 +168,12 @@ def run(args) -> int:
 
     from .residentk.contract import RESIDENT_MAX_CONTEXT, residentk_context_check
 
-    root = Path(args.model)
-    if not root.is_dir():
-        raise CliError(f"{root}: not a checkpoint directory")
+    model = ModelPath(args.model)
+    root = model.root
+    weights = model.weights(args.weights)
     tok = None
     if args.prompt is not None:
-        tok = _tokenizer(root)
+        tok = model.tokenizer()
         prompt = tok.encode(args.prompt).ids
         if not prompt:
             raise CliError("the prompt encodes to no tokens")
@@ -147,7 +194,7 @@ def run(args) -> int:
     try:
         t0 = time.perf_counter()
         session = ResidentSession.from_pretrained(root, max_ctx=max_ctx, device=args.device,
-                                                  weights=args.weights, kv=args.kv)
+                                                  weights=weights, kv=args.kv)
         t_load = time.perf_counter() - t0
     except (AlgentaError, FileNotFoundError) as e:
         raise CliError(str(e)) from None
@@ -175,7 +222,7 @@ def run(args) -> int:
     if tok is not None:
         out.write(args.prompt)
         out.flush()
-    stop = () if args.ignore_eos else tuple(_eos_ids(root))
+    stop = () if args.ignore_eos else tuple(model.eos_ids())
     try:
         t1 = time.perf_counter()
         session.generate(prompt, args.max_new, temperature=args.temperature, top_k=args.top_k,

@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 
 from .cli import CliError
-from .cli_generate import _eos_ids, _positive_int, _tokenizer
+from .cli_generate import ModelPath, _positive_int
 
 
 def register(subparsers) -> None:
@@ -35,10 +35,12 @@ def register(subparsers) -> None:
                     "to OpenAI clients: /v1/completions, "
                     "/v1/chat/completions (streamed or not), /v1/models, /health. Every slot "
                     "decodes in the same step (continuous batching).")
-    p.add_argument("--model", required=True, metavar="DIR", help="checkpoint directory")
+    p.add_argument("--model", required=True, metavar="PATH",
+                   help="checkpoint directory, or a llama.cpp .gguf file (Qwen3, Qwen2, Llama)")
     p.add_argument("--name", metavar="NAME",
-                   help="the model id clients send (default: the directory's name)")
-    p.add_argument("--weights", choices=RESIDENT_WEIGHT_FORMATS, default="f32")
+                   help="the model id clients send (default: the directory's or file's name)")
+    p.add_argument("--weights", choices=RESIDENT_WEIGHT_FORMATS, default=None,
+                   help="default f32; a GGUF file's matrices as stored")
     p.add_argument("--kv", choices=RESIDENT_KV_FORMATS, default="f32")
     p.add_argument("--slots", type=_positive_int, default=4, metavar="N",
                    help="sequences decoded together (default 4)")
@@ -156,13 +158,13 @@ def run(args) -> int:
         if not (math.isfinite(v) and v > 0):
             raise CliError(f"--{name.replace('_', '-')} must be a positive number of seconds, "
                            f"got {v}")
-    root = Path(args.model)
-    if not root.is_dir():
-        raise CliError(f"{root}: not a checkpoint directory")
-    tok = _tokenizer(root, why="algenta serve reads prompts and writes text with it",
-                     instead="serve a checkpoint directory that has its tokenizer.json")
+    model = ModelPath(args.model)
+    root = model.root
+    weights = model.weights(args.weights)
+    tok = model.tokenizer(why="algenta serve reads prompts and writes text with it",
+                          instead="serve a checkpoint directory that has its tokenizer.json")
     try:
-        ck = open_checkpoint(root)  # headers only: nothing allocated yet
+        ck = model.gguf or open_checkpoint(root)  # headers only: nothing allocated yet
     except (AlgentaError, FileNotFoundError) as e:
         raise CliError(str(e)) from None
     c = ck.config
@@ -171,7 +173,7 @@ def run(args) -> int:
     cap = resident_bucket_ctx(args.max_ctx)
     fp = residentk_footprint(c.d_model, c.h_q, c.h_kv, c.d_head, c.d_ff, c.n_layers, c.vocab,
                              cap, tied=c.tie_word_embeddings, check_tier=False,
-                             format=args.weights, kv_format=args.kv, family=c.family)
+                             format=weights, kv_format=args.kv, family=c.family)
     need = int(fp["weight_bytes"]) + args.slots * int(fp["kv_bytes"])
     from . import _core
 
@@ -184,9 +186,9 @@ def run(args) -> int:
         per = int(fp["kv_bytes"])
         fit = residentk_slots_fitting(c.d_model, c.h_q, c.h_kv, c.d_head, c.d_ff, c.n_layers,
                                       c.vocab, args.max_ctx, avail, tied=c.tie_word_embeddings,
-                                      check_tier=False, format=args.weights,
+                                      check_tier=False, format=weights,
                                       kv_format=args.kv, family=c.family)
-        raise CliError(f"the weights ({int(fp['weight_bytes']) / 2**30:.2f} GiB, {args.weights}) "
+        raise CliError(f"the weights ({int(fp['weight_bytes']) / 2**30:.2f} GiB, {weights}) "
                        f"and {args.slots} slots of {cap} positions ({per / 2**30:.2f} GiB each, "
                        f"kv {args.kv}) need {need / 2**30:.2f} GiB; this host has "
                        f"{avail / 2**30:.2f} GiB available: at most {fit} slots fit "
@@ -201,17 +203,21 @@ def run(args) -> int:
     except OSError as e:
         raise CliError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     session = _load_in_passing_thread(lambda: ResidentSession.from_pretrained(
-        root, max_ctx=args.max_ctx, device=args.device, weights=args.weights, kv=args.kv,
+        root, max_ctx=args.max_ctx, device=args.device, weights=weights, kv=args.kv,
         slots=args.slots))
-    tpl, bos, eos = _chat_template(root)
+    if model.gguf is not None:
+        g = model.gguf
+        tpl, bos, eos = g.chat_template, g.special_text("bos"), g.special_text("eos")
+    else:
+        tpl, bos, eos = _chat_template(root)
     sched = Scheduler(session, prefill_chunk=args.prefill_chunk, max_queue=args.max_queue)
-    name = args.name or root.resolve().name
-    app = build_app(sched, tok, model_name=name, eos_ids=_eos_ids(root), chat_template=tpl,
+    name = args.name or (root.resolve().stem if model.gguf is not None else root.resolve().name)
+    app = build_app(sched, tok, model_name=name, eos_ids=model.eos_ids(), chat_template=tpl,
                     bos_token=bos, eos_token=eos, api_key=args.api_key, max_body=args.max_body,
                     body_timeout=args.body_timeout)
     port = sock.getsockname()[1]
     print(f"algenta serve: '{name}' on http://{args.host}:{port} ({session.device}, "
-          f"weights {args.weights}, kv {args.kv}, {args.slots} slots of {args.max_ctx} "
+          f"weights {weights}, kv {args.kv}, {args.slots} slots of {args.max_ctx} "
           f"positions, {need / 2**30:.2f} GiB resident)", file=sys.stderr, flush=True)
     # uvicorn's own graceful limit is a little past --grace: at --grace the jobs still running
     # are cancelled by us, so every open stream ends with a final event instead of being cut.

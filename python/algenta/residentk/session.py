@@ -270,17 +270,28 @@ class ResidentSession:
 
     @classmethod
     def from_pretrained(cls, path, *, max_ctx: int = 512, device: str = "cpu", progress=None,
-                        weights: str = "f32", kv: str = "f32", slots: int = 1):
+                        weights: str | None = None, kv: str = "f32", slots: int = 1):
         """A HuggingFace checkpoint directory of a family the session computes (Qwen3, Llama,
         Qwen2, Mistral, Gemma 2, Gemma 3 text) (config.json + model.safetensors or a sharded
-        index), streamed tensor by tensor into the engine. Every header is checked against
-        config.json before the session allocates anything (see algenta.residentk.loader).
+        index), or a llama.cpp GGUF file (Qwen3, Qwen2, Llama; see algenta.residentk.gguf_model),
+        streamed tensor by tensor into the engine. Every header is checked against the config
+        before the session allocates anything (see algenta.residentk.loader).
+
+        weights: None holds a directory's matrices as "f32" and a GGUF file's as they are
+        stored ("f32", "f16", "bf16", or "int8" for Q8_0); a file of 4-bit or mixed types needs
+        one named (607 says so).
 
         progress: None shows a progress line when stderr is a terminal; True/False force it; a
         callable receives (bytes_done, bytes_total) after each tensor."""
+        from .gguf_model import is_gguf, open_gguf
         from .loader import open_checkpoint
 
-        ck = open_checkpoint(path)  # decides the tie as transformers does (see there)
+        if is_gguf(path):
+            ck = open_gguf(path)
+            weights = ck.check_format(weights)
+        else:
+            ck = open_checkpoint(path)  # decides the tie as transformers does (see there)
+            weights = "f32" if weights is None else weights
         self = cls.__new__(cls)
         self._open(ck.config, ck.tensors(progress), max_ctx, device, weights, kv,
                    check_head=False, slots=slots)

@@ -87,14 +87,29 @@ def random_weights(config, seed: int = 0) -> Iterator:
             yield name, a
 
 
+class BlockTensor:
+    """A tensor in one of llama.cpp's block types (a GGUF file's Q8_0, Q4_0, Q4_K, Q6_K): its
+    raw bytes ``data`` (rows, bytes per row) uint8, ``dtype`` (the short name, "q8_0" ...) and
+    ``shape`` (rows, cols). The engine widens each row exactly (ggml_blocks.hpp) and stores it in
+    its own format."""
+
+    def __init__(self, data, dtype: str, shape):
+        self.data, self.dtype, self.shape = data, dtype, tuple(int(d) for d in shape)
+
+    def __repr__(self):
+        return f"BlockTensor({self.dtype}, {list(self.shape)})"
+
+
 def engine_tensor(x, name: str = "weights") -> tuple:
-    """(C-contiguous ndarray, source) for Session.set_weight: source 'f32', 'f16' or 'bf16'
-    (uint16 bit patterns). float32, float16 and bfloat16 data go through unconverted; float64 is
+    """(C-contiguous ndarray, source[, shape]) for Session.set_weight: source 'f32', 'f16' or
+    'bf16' (uint16 bit patterns), or a BlockTensor's type with its raw bytes and shape. float32, float16 and bfloat16 data go through unconverted; float64 is
     rounded to float32. torch tensors of any device are accepted. Anything else (integers, bool,
     complex, objects) is refused: an integer tensor is most likely a packed quantized format,
     whose values are not the weights, and a complex one would lose its imaginary part."""
     if isinstance(x, HalfBits):
         return np.ascontiguousarray(x.bits).view(np.uint16), x.name
+    if isinstance(x, BlockTensor):
+        return np.ascontiguousarray(x.data, dtype=np.uint8), x.dtype, list(x.shape)
     if hasattr(x, "detach") and hasattr(x, "dtype") and hasattr(x, "cpu"):  # a torch tensor
         import torch
 
@@ -153,6 +168,8 @@ def _same_values(a: tuple, b: tuple, rows_per_block: int = 4096) -> bool:
     """Whether two engine_tensor results hold the same values (compared as float32, which
     every source type widens to exactly), a block of rows at a time so two memory-mapped
     embedding tables are never copied whole."""
+    if len(a) != 2 or len(b) != 2:
+        raise TypeError("a tied head is compared as float data, not as ggml blocks")
     (x, sx), (y, sy) = a, b
     if x.shape != y.shape:
         return False
@@ -165,6 +182,6 @@ def _same_values(a: tuple, b: tuple, rows_per_block: int = 4096) -> bool:
                for lo in range(0, x.shape[0], rows_per_block))
 
 
-__all__ = ["Bf16Bits", "tensor_table", "expected_shapes", "family_vector_elems",
+__all__ = ["Bf16Bits", "BlockTensor", "tensor_table", "expected_shapes", "family_vector_elems",
            "random_weights", "engine_tensor",
            "head_differs", "warn_untied_head", "HEAD", "EMBED"]
