@@ -16,9 +16,10 @@ it is never used to tokenize text; it needs vocab >= 259.
 from __future__ import annotations
 
 # ggml type name -> (gguf type, file type); every 2-D matrix is written in it, norms in F32.
-FORMATS = ("F32", "F16", "BF16", "Q8_0")
-# bytes one element of a matrix costs in each type (Q8_0: 32 int8 + one float16 scale = 34 B)
-BYTES_PER_ELEM = {"F32": 4.0, "F16": 2.0, "BF16": 2.0, "Q8_0": 34.0 / 32.0}
+FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
+# bytes one element of a matrix costs in each type (Q8_0: 32 int8 + one float16 scale = 34 B;
+# Q4_0: 16 B of 4-bit codes + one float16 scale = 18 B a block of 32)
+BYTES_PER_ELEM = {"F32": 4.0, "F16": 2.0, "BF16": 2.0, "Q8_0": 34.0 / 32.0, "Q4_0": 18.0 / 32.0}
 
 _LAYER = {  # HF name inside model.layers.N -> llama.cpp name inside blk.N
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -47,9 +48,9 @@ def gguf_name(hf_name: str) -> str | None:
 
 
 def matrix_bytes(rows: int, cols: int, fmt: str) -> int:
-    """Bytes of one (rows, cols) matrix in a ggml type (Q8_0 rows must be multiples of 32)."""
-    if fmt == "Q8_0":
-        return rows * (cols // 32) * 34
+    """Bytes of one (rows, cols) matrix in a ggml type (Q8_0/Q4_0 rows: multiples of 32)."""
+    if fmt in ("Q8_0", "Q4_0"):
+        return rows * (cols // 32) * (34 if fmt == "Q8_0" else 18)
     return int(rows * cols * BYTES_PER_ELEM[fmt])
 
 
@@ -76,9 +77,10 @@ def write_qwen3_gguf(path, cfg, tensors, fmt: str) -> None:
     if V < 259:
         raise ValueError(f"the placeholder tokenizer needs vocab >= 259, got {V}")
     qt = gguf.GGMLQuantizationType
-    qtype = {"F32": qt.F32, "F16": qt.F16, "BF16": qt.BF16, "Q8_0": qt.Q8_0}[fmt]
+    qtype = {"F32": qt.F32, "F16": qt.F16, "BF16": qt.BF16, "Q8_0": qt.Q8_0, "Q4_0": qt.Q4_0}[fmt]
     ftype = {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
-             "BF16": gguf.LlamaFileType.MOSTLY_BF16, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[fmt]
+             "BF16": gguf.LlamaFileType.MOSTLY_BF16, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+             "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[fmt]
 
     w = gguf.GGUFWriter(str(path), "qwen3")
     w.add_name(f"random-qwen3-{fmt}")
@@ -119,7 +121,7 @@ def write_qwen3_gguf(path, cfg, tensors, fmt: str) -> None:
             w.add_tensor(gguf_name(name), arr)
         elif fmt == "F16":
             w.add_tensor(gguf_name(name), arr.astype(np.float16))
-        else:  # BF16 / Q8_0: the bytes gguf.quants makes (bit-exact with ggml's own)
+        else:  # BF16 / Q8_0 / Q4_0: the bytes gguf.quants makes (bit-exact with ggml's own)
             w.add_tensor(gguf_name(name), gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()

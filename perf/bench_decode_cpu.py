@@ -3,14 +3,14 @@ precision, HuggingFace transformers and the memory roofline, measured side by si
 
 One random Qwen3 checkpoint (transformers' Qwen3ForCausalLM with O(1)-scale random weights,
 written with save_pretrained in float32) is loaded by algenta once per weight format
-(ResidentSession.from_pretrained(..., weights=f32|bf16|f16|int8)) and, when `llama_cpp` and
-`gguf` import, written as GGUF in the matching llama.cpp type (F32, BF16, F16, Q8_0; perf/_gguf.py)
+(ResidentSession.from_pretrained(..., weights=f32|bf16|f16|int8|q4_0)) and, when `llama_cpp` and
+`gguf` import, written as GGUF in the matching llama.cpp type (F32, BF16, F16, Q8_0, Q4_0; perf/_gguf.py)
 and loaded by llama.cpp (llama-cpp-python, CPU, KV cache in F32 like algenta's).
 
 Validated before any timing, against transformers' prefill logits and greedy tokens for the
 prompt (computed once, in float32):
 - algenta f32: prefill logits within 1e-5 x max|logit| and the greedy tokens identical (asserted);
-- algenta bf16/f16/int8: max |logit - f32 engine's| / max|logit| and how many of the greedy new
+- algenta bf16/f16/int8/q4_0: max |logit - f32 engine's| / max|logit| and how many of the greedy new
   tokens match the f32 ones before the first difference (reported, not asserted);
 - llama.cpp: the same two figures against transformers; F32 within 1e-3 x max|logit| (asserted).
 
@@ -56,8 +56,8 @@ import numpy as np
 
 from _common import add_model_shape_args, cpu_flags, cpu_name, same_prefix
 
-FORMATS = ("f32", "bf16", "f16", "int8")
-LLAMA_TYPE = {"f32": "F32", "bf16": "BF16", "f16": "F16", "int8": "Q8_0"}
+FORMATS = ("f32", "bf16", "f16", "int8", "q4_0")
+LLAMA_TYPE = {"f32": "F32", "bf16": "BF16", "f16": "F16", "int8": "Q8_0", "q4_0": "Q4_0"}
 
 
 def csv_ints(s):
@@ -567,7 +567,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_shape_args(ap, new_default=32, reps_default=3)
     ap.add_argument("--weights", type=csv_formats, default=list(FORMATS),
-                    help="comma list of algenta weight formats (default f32,bf16,f16,int8)")
+                    help="comma list of algenta weight formats (default f32,bf16,f16,int8,q4_0)")
     ap.add_argument("--threads", type=csv_ints, default=[1, 2],
                     help="comma list of thread counts, one subprocess each (default 1,2)")
     ap.add_argument("--prefill", type=csv_ints, default=[16, 64, 128, 512],

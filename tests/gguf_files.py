@@ -20,14 +20,15 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def write_gguf(path, cfg, tensors, fmt="F32", tokenizer=None, chat_template=None, meta=None):
     """Write `tensors` (transformers name -> float32 array) of a session config `cfg` (a
-    ResidentConfig) to `path`: every 2-D matrix in `fmt` (F32, F16, BF16, Q8_0, Q4_0), norms and
-    biases in F32, no output.weight when the head is tied. tokenizer: (tokens, merges, types,
+    ResidentConfig) to `path`: every 2-D matrix in `fmt` (F32, F16, BF16, Q8_0, Q4_0; or a
+    function of the tensor's name giving one), norms and biases in F32, no output.weight when the
+    head is tied. tokenizer: (tokens, merges, types,
     pre) for a byte-level BPE vocabulary, else placeholder tokens. meta: extra key -> value."""
     import gguf
 
     arch = cfg.family.get("arch", "qwen3")
     qt = gguf.GGMLQuantizationType
-    qtype = getattr(qt, fmt)
+    fmt_of = fmt if callable(fmt) else (lambda _name: fmt)
     w = gguf.GGUFWriter(str(path), ARCH[arch])
     w.add_context_length(4096)
     w.add_embedding_length(cfg.d_model)
@@ -59,6 +60,8 @@ def write_gguf(path, cfg, tensors, fmt="F32", tokenizer=None, chat_template=None
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         arr = np.ascontiguousarray(arr, dtype=np.float32)
+        fmt = fmt_of(name)
+        qtype = getattr(qt, fmt)
         if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             arr = permute(arr, cfg.h_q if "q_proj" in name else cfg.h_kv)
         if arr.ndim == 1 or fmt == "F32":

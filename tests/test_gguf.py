@@ -114,16 +114,19 @@ def test_block_types_widen_as_ggml_dequantizes(name):
     np.testing.assert_array_equal(got, want.astype(np.float32))
 
 
-def test_a_4bit_file_needs_a_format_named_and_then_matches_its_values(tmp_path):
+def test_a_file_of_mixed_types_needs_a_format_named_and_then_matches_its_values(tmp_path):
+    # as Q4_K_M mixes Q4_K and Q6_K: here Q4_0 and Q8_0 (the gguf package quantizes only these)
     cfg = config("llama")
     t = tensors_of(cfg, 4)
-    path = tmp_path / "m-q4_0.gguf"
-    write_gguf(path, cfg, t, "Q4_0")
-    with pytest.raises(ResidentError, match="Q4_0.*weights='int8'") as e:
+    path = tmp_path / "m-mixed.gguf"
+    fmt = lambda name: "Q8_0" if "down_proj" in name or "embed" in name else "Q4_0"  # noqa: E731
+    write_gguf(path, cfg, t, fmt)
+    with pytest.raises(ResidentError, match="Q4_0, Q8_0.*weights='q4_0'") as e:
         ResidentSession.from_pretrained(path, progress=False)
     assert e.value.status == 607
     got = ResidentSession.from_pretrained(path, progress=False, weights="f32")
-    want = ResidentSession(cfg, dequantized(t, cfg, "Q4_0"))
+    deq = {k: dequantized({k: v}, cfg, fmt(k))[k] for k, v in t.items()}
+    want = ResidentSession(cfg, deq)
     np.testing.assert_array_equal(logits(got), logits(want))
 
 
@@ -282,11 +285,11 @@ def test_the_command_line_names_what_a_file_needs(tmp_path, capsys):
     from algenta.cli import main
 
     cfg = config()
-    p = tmp_path / "m-q4_0.gguf"
-    write_gguf(p, cfg, tensors_of(cfg), "Q4_0")
+    p = tmp_path / "m-mixed.gguf"
+    write_gguf(p, cfg, tensors_of(cfg), lambda name: "Q8_0" if "embed" in name else "Q4_0")
     assert main(["generate", "--model", str(p), "--ids", "1,2"]) == 2
     err = capsys.readouterr().err
-    assert "--weights" in err and "Q4_0" in err and "Traceback" not in err
+    assert "--weights" in err and "Q4_0, Q8_0" in err and "Traceback" not in err
     assert main(["generate", "--model", str(p), "--ids", "1,2", "--weights", "int8",
                  "--max-new", "2", "--ignore-eos"]) == 0
     (tmp_path / "x.gguf").write_bytes(b"GGUF" + bytes(30))

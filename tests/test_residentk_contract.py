@@ -260,10 +260,11 @@ def test_max_ctx_fitting():
 
 # ---- bytes per weight format -----------------------------------------------------------------
 # The reference below is written from the format's definition (f32 4 B, bf16/f16 2 B an element;
-# int8 1 B an element + a float32 scale per block of 32 along each row), in Python's unbounded
-# ints; the pinned numbers beside it were worked out by hand in the comments.
+# int8 1 B an element + a float32 scale per block of 32 along each row; q4_0 18 B per block of
+# 32), in Python's unbounded ints; the pinned numbers beside it were worked out by hand in the
+# comments.
 
-FORMATS = ("f32", "bf16", "f16", "int8")
+FORMATS = ("f32", "bf16", "f16", "int8", "q4_0")
 Q8_UNTIED = (4096, 32, 8, 128, 12288, 36, 151936)   # Qwen3-8B: separate lm_head
 # Row lengths 1000 (d_model), 40 (h_q * d_head) and 2730 (d_ff; 546 at tp=5) are none of them a
 # multiple of 32, so every int8 matrix has a partial last block; vocab is prime.
@@ -273,6 +274,8 @@ RAGGED = (1000, 5, 5, 8, 2730, 3, 50261)
 def _matrix_bytes_ref(rows, cols, fmt):
     if fmt == "int8":
         return rows * cols + 4 * rows * -(-cols // 32)  # integer ceil: exact past 2**53
+    if fmt == "q4_0":
+        return 18 * rows * -(-cols // 32)
     return {"f32": 4, "bf16": 2, "f16": 2}[fmt] * rows * cols
 
 
@@ -294,7 +297,8 @@ def test_weight_format_constants():
 
 
 def test_matrix_bytes_by_hand():
-    assert [rc.residentk_matrix_bytes(3, 33, f) for f in FORMATS] == [396, 198, 198, 123]
+    # q4_0: 3 rows of 2 blocks (33 = 32 + 1) at 18 bytes
+    assert [rc.residentk_matrix_bytes(3, 33, f) for f in FORMATS] == [396, 198, 198, 123, 108]
     assert rc.residentk_matrix_bytes(3, 33) == 396                 # f32 is the default
     assert rc.residentk_matrix_bytes(1, 1, "int8") == 1 + 4        # one element, one scale
     assert rc.residentk_matrix_bytes(2, 32, "int8") == 64 + 2 * 4  # exactly one block a row
@@ -430,7 +434,7 @@ def test_max_ctx_fitting_grows_as_the_format_shrinks():
     budget = 5 * 2**29
     got = {fmt: rc.residentk_max_ctx_fitting(*QWEN3_06B, budget, format=fmt) for fmt in FORMATS}
     assert got == {fmt: largest(fmt, budget) for fmt in FORMATS}
-    assert got == {"f32": 1024, "bf16": 4096, "f16": 4096, "int8": 8192}
+    assert got == {"f32": 1024, "bf16": 4096, "f16": 4096, "int8": 8192, "q4_0": 8192}
     # Exactly the int8 footprint at 512 positions: int8 fits, f32 does not; one byte less, none.
     int8_512 = 788_185_088
     assert rc.residentk_max_ctx_fitting(*QWEN3_06B, int8_512, format="int8") == 512

@@ -485,6 +485,7 @@ def test_weight_paths_follow_the_instruction_set():
         "f32": "fp32", "f16": "fp32 on widened f16",
         "bf16": "vdpbf16ps" if dot else "fp32 on widened bf16",
         "int8": "vpdpbusd" if dot else "vpmaddubsw" if isa in ("avx512", "avx2") else "scalar",
+        "q4_0": "scalar on 4-bit codes" if isa == "generic" else "vpmaddubsw on 4-bit codes",
     }, (isa, paths)
 
 

@@ -269,8 +269,7 @@ void bind_session(py::module_& m) {
       "cpu_weight_paths",
       [] {
         py::dict d;
-        for (algenta::Dtype f : {algenta::Dtype::F32, algenta::Dtype::BF16, algenta::Dtype::F16,
-                                 algenta::Dtype::Int8})
+        for (algenta::Dtype f : algenta::residentk::kWeightFormats)
           d[algenta::dtype_name(f)] = algenta::residentk::cpu_weight_path(f);
         return d;
       },
@@ -326,6 +325,27 @@ void bind_session(py::module_& m) {
       },
       py::arg("q"), py::arg("scales"), py::arg("X"),
       "Test hook: the int8 prefill GEMM of the active ISA.");
+
+  s.def(
+      "cpu_q4_gemm",
+      [](py::array_t<uint8_t, py::array::c_style | py::array::forcecast> codes, F32 sc, F32 X) {
+        namespace rk = algenta::residentk;
+        const int64_t blocks = codes.ndim() == 2 ? (codes.shape(1) + 31) / 32 : 0;
+        if (codes.ndim() != 2 || X.ndim() != 2 || sc.ndim() != 2 || codes.shape(1) < 1 ||
+            X.shape(1) != codes.shape(1) || sc.shape(0) != codes.shape(0) ||
+            sc.shape(1) != blocks)
+          refuse(rk::RESIDENT_ERR_WEIGHT_LENGTH,
+                 "cpu_q4_gemm: codes (rows, n), scales (rows, ceil(n / 32)), X (M, n)");
+        const uint8_t* c = codes.data();
+        for (py::ssize_t i = 0; i < codes.size(); ++i)
+          if (c[i] > 15) refuse(rk::RESIDENT_ERR_WEIGHT_LENGTH, "cpu_q4_gemm: codes are 0..15");
+        const int64_t rows = codes.shape(0), n = codes.shape(1), M = X.shape(0);
+        py::array_t<float> Y({M, rows});
+        rk::cpu_q4_gemm(c, sc.data(), rows, n, X.data(), M, Y.mutable_data());
+        return Y;
+      },
+      py::arg("codes"), py::arg("scales"), py::arg("X"),
+      "Test hook: the Q4_0 GEMM of the active ISA (M == 1: a decode step's product).");
 
   s.def(
       "cpu_gate",

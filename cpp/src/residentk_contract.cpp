@@ -164,6 +164,10 @@ int64_t residentk_matrix_bytes(int64_t rows, int64_t cols, Dtype f) {
       const int64_t blocks = cols / RESIDENT_INT8_BLOCK + (cols % RESIDENT_INT8_BLOCK != 0);
       return mul(rows, blocks, &t) && mul(t, 4, &t) && add(n, t, &t) ? t : 0;
     }
+    case Dtype::Q4_0: {
+      const int64_t blocks = cols / RESIDENT_INT8_BLOCK + (cols % RESIDENT_INT8_BLOCK != 0);
+      return mul(rows, blocks, &t) && mul(t, 18, &t) ? t : 0;
+    }
     default: return 0;  // f64, ggml block types: not formats a session holds
   }
   return 0;

@@ -1,8 +1,8 @@
 // The CPU resident decode engine: the session's model families with float32 activations,
-// OpenMP across cores, SIMD within one; weight matrices resident in float32, bfloat16, float16
-// or int8 (SessionConfig::weights) as the instruction set's weight panels (kernels.hpp:
+// OpenMP across cores, SIMD within one; weight matrices resident in float32, bfloat16, float16,
+// int8 or q4_0 (SessionConfig::weights) as the instruction set's weight panels (kernels.hpp:
 // PanelOps), widened to float32 in registers as they stream or multiplied on bf16 / int8 dot
-// products; the KV cache in float32, bfloat16 or float16 (SessionConfig::kv, see KvCache).
+// products (q4_0's 4-bit codes too); the KV cache in float32, bfloat16 or float16 (SessionConfig::kv, see KvCache).
 //
 // Dimension legend: D d_model, Hq query heads, Hkv key/value heads, G = Hq/Hkv group size,
 // Dh d_head, Q = (Hq + 2*Hkv)*Dh fused q/k/v rows, F d_ff, L layers, V vocab, T capacity,
@@ -52,6 +52,8 @@
 //   int8  int8 activations (Q8_0 x Q8_0, as llama.cpp): each vector quantized once per product
 //         by the weights' rule, block products summed exactly in int32 (vpdpbusd / vpmaddubsw),
 //         each block's sum entering float32 once.
+//   q4_0  as int8, on llama.cpp's Q4_0 blocks (Q4_0 x Q8_0, ggml's quantizer at load): the
+//         4-bit codes unpacked in registers, each cell int8's for the codes q - 8.
 //
 // The registry, the refusals and the position are SessionBase's; this engine is the compute and
 // the layout of the resident buffers (stage_weight says where each tensor's rows go).

@@ -120,7 +120,7 @@ struct ActScratch {
       : f(fmt),
         stride(kern::act_padded(widest)),
         per(rows * stride) {
-    if (f == Dtype::Int8) {
+    if (kern::act_q8(f)) {
       q = ABuf<int8_t>(nt * per);
       s = Buf(nt * (per / RESIDENT_INT8_BLOCK));
     } else if (f == Dtype::BF16) {
@@ -140,7 +140,7 @@ struct ActScratch {
       for (int64_t m = 0; m < M; ++m)
         S.round_bf16(X + m * ldx, n, bt + m * stride, rt + m * stride);
       a.f = rt, a.b = bt;
-    } else if (f == Dtype::Int8) {
+    } else if (kern::act_q8(f)) {
       int8_t* qt = q.p + t * per;
       float* st = s.p + t * (per / RESIDENT_INT8_BLOCK);
       for (int64_t m = 0; m < M; ++m) S.quantize_q8(X + m * ldx, n, qt + m * stride, st + m * lds);

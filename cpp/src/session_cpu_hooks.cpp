@@ -31,7 +31,8 @@ struct HookProducts {
     WMat(f, rows, n, &arena, &need);
     arena.open(need);
     WMat m(f, rows, n, &arena);
-    const size_t row_bytes = size_t(n) * size_t(dtype_info(f).bytes);
+    // a row's elements as put_row takes them: q4_0's codes one a byte, like int8's
+    const size_t row_bytes = size_t(n) * size_t(f == Dtype::Q4_0 ? 1 : dtype_info(f).bytes);
     const int64_t blocks = (n + RESIDENT_INT8_BLOCK - 1) / RESIDENT_INT8_BLOCK;
     for (int64_t o = 0; o < rows; ++o)
       m.put_row(o, static_cast<const char*>(w) + size_t(o) * row_bytes,
@@ -63,6 +64,11 @@ void cpu_int8_products(const int8_t* q, const float* sc, int64_t rows, int64_t n
 void cpu_int8_gemm(const int8_t* q, const float* sc, int64_t rows, int64_t n, const float* X,
                    int64_t M, float* Y) {
   HookProducts(Dtype::Int8, q, sc, rows, n, X, M, Y);
+}
+
+void cpu_q4_gemm(const uint8_t* codes, const float* sc, int64_t rows, int64_t n, const float* X,
+                 int64_t M, float* Y) {
+  HookProducts(Dtype::Q4_0, codes, sc, rows, n, X, M, Y);
 }
 
 void cpu_bf16_products(const uint16_t* w, int64_t rows, int64_t n, const float* x, float* y,

@@ -82,6 +82,12 @@ Plan make_plan(const SessionConfig& c, int64_t max_ctx, int64_t sms, int64_t slo
   int64_t T = 0;
   p.status = session_open_status(c, max_ctx, &T, &p.why);
   if (p.status != RESIDENT_OK) return p;
+  if (c.weights == Dtype::Q4_0) {  // CPU panels only (kernels/q4panels.cpp), so far
+    p.status = RESIDENT_ERR_NO_KERNELS;
+    p.why = "device='cuda' has no q4_0 kernels yet: hold the weights as 'int8' on the GPU, or "
+            "use device='cpu'";
+    return p;
+  }
   if (slots < 1 || slots > RESIDENT_MAX_SLOTS) {
     p.status = slots < 1 ? RESIDENT_ERR_EMPTY_DIMENSION : RESIDENT_ERR_DIMENSION_TOO_LARGE;
     p.why = "slots " + std::to_string(slots) + " outside [1, " +

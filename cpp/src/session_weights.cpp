@@ -325,19 +325,34 @@ int64_t narrow_row(Dtype f, const float* x, int64_t cols, void* dst, float* scal
       }
       return -1;
     }
+    case Dtype::Q4_0: {
+      uint8_t* d = static_cast<uint8_t*>(dst);
+      for (int64_t i0 = 0, b = 0; i0 < cols; i0 += RESIDENT_INT8_BLOCK, ++b) {
+        const int64_t n = cols - i0 < RESIDENT_INT8_BLOCK ? cols - i0 : RESIDENT_INT8_BLOCK;
+        scales[b] = quant::q4_0_block(x + i0, n, d + i0);
+        if (!std::isfinite(scales[b])) {  // the block's scale past float16: its largest value
+          int64_t at = i0;
+          for (int64_t i = i0; i < i0 + n; ++i)
+            if (std::fabs(x[i]) > std::fabs(x[at])) at = i;
+          return at;
+        }
+      }
+      return -1;
+    }
     default: break;  // f64 and the ggml block types are not formats a session holds (601)
   }
   return -1;
 }
 
 void refuse_past_range(const std::string& tensor, Dtype f, float value, int64_t flat_index) {
-  const bool f16 = f == Dtype::F16;
+  const bool f16 = f == Dtype::F16, q4 = f == Dtype::Q4_0;
   refuse(RESIDENT_ERR_NON_FINITE,
          "weight '" + tensor + "' holds " + std::to_string(value) + " at index " +
              std::to_string(flat_index) + ", past " + residentk_weight_format_name(f) +
              "'s range (" +
-             (f16 ? "float16 holds |x| <= 65504): load it with weights='bf16' or 'f32'"
-                  : "it rounds to infinity): load it with weights='f32'"));
+             (f16   ? "float16 holds |x| <= 65504): load it with weights='bf16' or 'f32'"
+              : q4  ? "its float16 scale holds |x| <= 8 * 65504): load it with weights='int8'"
+                    : "it rounds to infinity): load it with weights='f32'"));
 }
 
 WeightRegistry::WeightRegistry(const SessionConfig& c) : table_(model_tensors(c)) {

@@ -223,7 +223,7 @@ class residentk:
     RESIDENT_SPLITK_FALLBACK_SPLITS: int = 80
     RESIDENT_SPLITK_MAX_SPLITS: int = 256
     RESIDENT_SPLITK_MIN_KEYS: int = 32
-    RESIDENT_WEIGHT_FORMATS: tuple = ('f32', 'bf16', 'f16', 'int8')
+    RESIDENT_WEIGHT_FORMATS: tuple = ('f32', 'bf16', 'f16', 'int8', 'q4_0')
 class session:
     class Session:
         def check_tokens(self, ids: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], what: str) -> None:
@@ -308,6 +308,11 @@ class session:
     def cpu_panel_products(w: numpy.ndarray, X: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], weights: str, packed: bool = True) -> numpy.typing.NDArray[numpy.float32]:
         """
         Test hook: X (M, n) times w (rows, n) in the session's f32, bf16 or f16 panels (bf16 and f16 as uint16 bits): M == 1 a decode step's product, M > 1 the prefill GEMM (X packed once, as prefill packs it) or, packed=False, a batched decode step's.
+        """
+    @staticmethod
+    def cpu_q4_gemm(codes: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], scales: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], X: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -> numpy.typing.NDArray[numpy.float32]:
+        """
+        Test hook: the Q4_0 GEMM of the active ISA (M == 1: a decode step's product).
         """
     @staticmethod
     def cpu_read_bandwidth(bytes: typing.SupportsInt | typing.SupportsIndex, reps: typing.SupportsInt | typing.SupportsIndex = 5) -> float:

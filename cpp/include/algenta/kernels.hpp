@@ -218,12 +218,14 @@ struct SessionOps {
   void (*gelu_mul)(const float* g, const float* u, const float* gb, const float* ub, float* out,
                    int64_t n);
   // indexed by panel_index(weight format)
-  PanelOps panels[4];
+  PanelOps panels[5];
 };
-// The index of a session weight format (f32, bf16, f16, int8) in SessionOps::panels.
+// The index of a session weight format (f32, bf16, f16, int8, q4_0) in SessionOps::panels.
 constexpr int panel_index(Dtype f) {
-  return f == Dtype::F32 ? 0 : f == Dtype::BF16 ? 1 : f == Dtype::F16 ? 2 : 3;
+  return f == Dtype::F32 ? 0 : f == Dtype::BF16 ? 1 : f == Dtype::F16 ? 2 : f == Dtype::Int8 ? 3 : 4;
 }
+// Whether a weight format's panels multiply int8 activation blocks (quantize_q8's): int8, q4_0.
+constexpr bool act_q8(Dtype f) { return f == Dtype::Int8 || f == Dtype::Q4_0; }
 
 struct IsaTable {
   const char* name;

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "algenta/half.hpp"
 #include "algenta/hd.hpp"
 
 namespace algenta {
@@ -34,6 +35,33 @@ ALGENTA_HD float q8_block(const float* x, int64_t n, int8_t* q) {
     q[i] = c == c ? int8_t(c) : int8_t(0);
   }
   return s;
+}
+
+// llama.cpp's Q4_0 rule (ggml's quantize_row_q4_0_ref), for a block of n <= 32 values: the value
+// of largest magnitude (the first of equals) sets d = max / -8, so it lands on code 0; each code
+// is trunc(x * (1/d) + 8.5) capped at 15 (x ~ (code - 8) * d); d is stored as float16 (rounded to
+// nearest even) and returned widened. Written without fused multiply-adds (this header's host
+// users compile without FMA), as ggml's reference and the gguf package round it. A block this
+// rule wrote requantizes to itself from its widened values (tests/test_residentk_q4.py), so a
+// Q4_0 file loads exactly. An infinite d (|max| past 8 * 65504) is returned as infinity: the
+// caller refuses it (609).
+ALGENTA_HD float q4_0_block(const float* x, int64_t n, uint8_t* q) {
+  float amax = 0.f, max = 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = fabsf(x[i]);
+    if (amax < a) {
+      amax = a;
+      max = x[i];
+    }
+  }
+  const float d = max / -8.f;
+  const float id = d != 0.f ? 1.f / d : 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float t = x[i] * id;
+    const int c = int(int8_t(t + 8.5f));  // ggml's (int8_t) cast: truncation toward zero
+    q[i] = uint8_t(c < 15 ? c : 15);
+  }
+  return half::f16_to_f32(half::f32_to_f16(d));
 }
 
 }  // namespace quant

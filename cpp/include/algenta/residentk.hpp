@@ -155,11 +155,13 @@ int64_t resident_bucket_ctx(int64_t max_ctx);
 // head); norms, activations, RoPE and the KV cache are float32 in every format. Int8 is
 // symmetric per-block quantization of each row: blocks of RESIDENT_INT8_BLOCK along the row, one
 // float32 scale per block (amax / 127), values rounded to nearest even (llama.cpp's Q8_0 with a
-// float32 instead of a float16 scale).
-// The formats are Dtype's f32, bf16, f16 and int8 (dtype.hpp); f64 is none.
-constexpr Dtype kWeightFormats[] = {Dtype::F32, Dtype::BF16, Dtype::F16, Dtype::Int8};
+// float32 instead of a float16 scale). q4_0 is llama.cpp's Q4_0 as it is (blocks of 32 four-bit
+// codes with one float16 scale, quant::q4_0_block's rule): CPU engine only for now.
+// The formats are Dtype's f32, bf16, f16, int8 and q4_0 (dtype.hpp); f64 is none.
+constexpr Dtype kWeightFormats[] = {Dtype::F32, Dtype::BF16, Dtype::F16, Dtype::Int8,
+                                    Dtype::Q4_0};
 constexpr int64_t RESIDENT_INT8_BLOCK = 32;
-// "f32", "bf16", "f16", "int8"; "?" for any other
+// "f32", "bf16", "f16", "int8", "q4_0"; "?" for any other
 const char* residentk_weight_format_name(Dtype f);
 
 // ---- KV cache formats --------------------------------------------------------------------------
@@ -169,7 +171,8 @@ const char* residentk_weight_format_name(Dtype f);
 constexpr Dtype kKvFormats[] = {Dtype::F32, Dtype::BF16, Dtype::F16};
 const char* residentk_kv_format_name(Dtype f);  // "f32", "bf16", "f16"; "?" for any other
 // Bytes of one (rows, cols) matrix held in format f: 4, 2, 2 bytes an element, or for int8 one
-// byte an element plus 4 per block (rows * ceil(cols / 32) blocks). 0 for rows or cols < 1.
+// byte an element plus 4 per block (rows * ceil(cols / 32) blocks), for q4_0 18 bytes a block
+// (16 of codes, a float16 scale). 0 for rows or cols < 1.
 int64_t residentk_matrix_bytes(int64_t rows, int64_t cols, Dtype f);
 
 // ---- sizing, term by term ------------------------------------------------------------------

@@ -206,6 +206,10 @@ void cpu_int8_products(const int8_t* q, const float* sc, int64_t rows, int64_t n
 // (M, n) quantized as cpu_int8_products quantizes x, Y (M, rows) = X q^T.
 void cpu_int8_gemm(const int8_t* q, const float* sc, int64_t rows, int64_t n, const float* X,
                    int64_t M, float* Y);
+// The Q4_0 GEMM of the active instruction set (M == 1: a decode step's product): codes (rows, n)
+// 0..15 (a value is (code - 8) * scale), sc (rows, ceil(n / 32)) float16 values, X as above.
+void cpu_q4_gemm(const uint8_t* codes, const float* sc, int64_t rows, int64_t n, const float* X,
+                 int64_t M, float* Y);
 // The MLP gate of the active instruction set, out (n) = act(g) * u with act silu or (gelu) GELU's
 // tanh form, and RMSNorm's sum of squares, x (n) squared and summed in double, as both engines'
 // stages compute them.

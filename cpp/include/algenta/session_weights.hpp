@@ -111,8 +111,10 @@ int64_t widen_checked(const void* src, Dtype t, int64_t i0, int64_t n, float* ds
 // (so the same checkpoint is the same bits on either): f32 copied; bf16 and f16 rounded to
 // nearest even (half.hpp) into dst as uint16_t bits; int8 quantized per block of
 // RESIDENT_INT8_BLOCK (quant.hpp) into dst as int8_t values and `scales` (ceil(cols / 32)
-// floats). Returns the index of the first value the format cannot hold (it rounds to infinity:
-// float16 past 65504, bfloat16 past its largest finite), or -1. x is finite (widen_checked).
+// floats); q4_0 likewise by llama.cpp's rule (quant::q4_0_block) into uint8_t codes 0..15 and
+// their float16 scales widened. Returns the index of the first value the format cannot hold (it
+// rounds to infinity: float16 past 65504, bfloat16 past its largest finite; for q4_0 the largest
+// value of a block whose scale passes float16's range), or -1. x is finite (widen_checked).
 int64_t narrow_row(Dtype f, const float* x, int64_t cols, void* dst, float* scales);
 // The 609 refusal of a weight value past its format's range (narrow_row's index), naming the
 // tensor, the value, its flat index and the format to load it with instead.

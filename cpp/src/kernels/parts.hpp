@@ -156,6 +156,19 @@ constexpr const char* Q8_PATH = "vpmaddubsw";
 constexpr const char* Q8_PATH = "scalar";
 #endif
 
+// ---- q4panels.cpp: the Q4_0 panels (PanelOps' signatures; activations as quantize_q8's) ----
+int64_t q4_block_bytes(int64_t K);
+void q4_put_row(void* blk, int64_t K, int64_t c, const void* row, const float* scales);
+void q4_get_row(const void* blk, int64_t K, int64_t c, float* dst);
+void q4_gemm(int64_t M, int64_t N, int64_t K, const PanelAct& X, const void* W, float* Y,
+             int64_t ldy, bool accumulate, void* ws);
+int64_t q4_ws_bytes(int64_t K);
+#if ALGENTA_VBYTES >= 32
+constexpr const char* Q4_PATH = "vpmaddubsw on 4-bit codes";
+#else
+constexpr const char* Q4_PATH = "scalar on 4-bit codes";
+#endif
+
 // ---- attention.cpp --------------------------------------------------------------------------
 void kv_dots(Dtype f, const float* const* q, int nq, const void* K, int64_t n, int64_t j0,
              int64_t j1, float* s, int64_t lds);

@@ -118,6 +118,8 @@ constexpr SessionOps session_ops = {
         fp_panels<PANEL_F16>("fp32 on widened f16"),
         {q8_block_bytes, q8_put_row, q8_get_row, q8_gemm, q8_ws_bytes, ACT_Q8, Q8_PATH, nullptr,
          nullptr},
+        {q4_block_bytes, q4_put_row, q4_get_row, q4_gemm, q4_ws_bytes, ACT_Q8, Q4_PATH, nullptr,
+         nullptr},
     },
 };
 

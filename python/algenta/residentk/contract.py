@@ -40,8 +40,10 @@ never change with the format; only bytes do::
     f16    2 bytes an element
     int8   1 byte an element + one float32 scale (4 bytes) per block of RESIDENT_INT8_BLOCK (32)
            along each row: rows * (cols + 4 * ceil(cols / 32)) bytes for a (rows, cols) matrix
+    q4_0   llama.cpp's Q4_0: 18 bytes per block of 32 along each row (16 of 4-bit codes and a
+           float16 scale): rows * 18 * ceil(cols / 32) bytes
 
-The norms are float32 in every format. A format name that is none of the four is refused with
+The norms are float32 in every format. A format name that is none of the five is refused with
 ``ResidentError`` (a ``ValueError``, status 601); a format that is not a ``str`` raises
 ``TypeError``.
 
@@ -100,7 +102,7 @@ RESIDENT_SPLITK_FALLBACK_SPLITS = _c.RESIDENT_SPLITK_FALLBACK_SPLITS
 RESIDENT_SPLITK_MAX_SPLITS = _c.RESIDENT_SPLITK_MAX_SPLITS
 RESIDENT_PREFILL_NARROW_BELOW_ROWS = _c.RESIDENT_PREFILL_NARROW_BELOW_ROWS
 RESIDENT_INT8_BLOCK = _c.RESIDENT_INT8_BLOCK
-RESIDENT_WEIGHT_FORMATS = _c.RESIDENT_WEIGHT_FORMATS  # ("f32", "bf16", "f16", "int8")
+RESIDENT_WEIGHT_FORMATS = _c.RESIDENT_WEIGHT_FORMATS  # ("f32", "bf16", "f16", "int8", "q4_0")
 RESIDENT_KV_FORMATS = _c.RESIDENT_KV_FORMATS  # ("f32", "bf16", "f16")
 
 _i64 = as_i64_clamped

@@ -13,12 +13,14 @@ What llama.cpp's converter (convert_hf_to_gguf.py) changes, undone here as data:
   a block never spans rows.
 Families read: qwen3, qwen2, llama (Llama and Mistral). Others are refused by name (607).
 
-Formats: F32, F16 and BF16 matrices are handed over as they are stored. Q8_0 blocks are handed
-over as blocks and the engine widens each row and stores it in its own format: held as int8, a
+Formats: F32, F16 and BF16 matrices are handed over as they are stored. Block types are handed
+over as blocks and the engine widens each row and stores it in its own format. Held as int8, a
 Q8_0 file written by llama.cpp keeps its exact values (each nonzero block reaches +-127, so the
-session's amax / 127 rule finds the file's scale and codes again: tests/test_gguf.py). Q4_0, Q4_K
-and Q6_K are widened exactly and then held in the format the caller names; holding them as 4-bit
-blocks is not built yet, so a file with them needs ``weights=`` (see docs/gguf.md).
+session's amax / 127 rule finds the file's scale and codes again: tests/test_gguf.py); held as
+q4_0, a Q4_0 file does (the session quantizes by ggml's own Q4_0 rule, which maps a block it
+wrote back onto itself). Q4_K and Q6_K are widened exactly and then held in the format the
+caller names; holding them as their own blocks is not built yet, so a file with them (Q4_K_M)
+needs ``weights=`` (see docs/gguf.md).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ _LAYER = {  # transformers' name inside model.layers.N -> llama.cpp's inside blk
     "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
 }
 # The session format that holds each stored matrix type as it is.
-_KEEPS = {"f32": "f32", "f16": "f16", "bf16": "bf16", "q8_0": "int8"}
+_KEEPS = {"f32": "f32", "f16": "f16", "bf16": "bf16", "q8_0": "int8", "q4_0": "q4_0"}
 
 
 def _refuse(msg: str) -> ResidentError:
@@ -177,9 +179,9 @@ class GgufCheckpoint:
         if self.stored_format is None:
             types = ", ".join(t.upper() for t in self.matrix_types)
             raise _refuse(f"{self.path.name} stores its matrices as {types}, which no session "
-                          "format holds as they are (4-bit blocks are not held as 4-bit yet): "
-                          "pass weights='int8' (8-bit blocks), 'bf16', 'f16' or 'f32' to hold "
-                          "them widened")
+                          "format holds as they are (Q4_K and Q6_K blocks are not held as such "
+                          "yet): pass weights='q4_0' (4-bit blocks, requantized), 'int8' (8-bit "
+                          "blocks), 'bf16', 'f16' or 'f32'")
         return self.stored_format
 
     def tensors(self, progress=None):

@@ -50,8 +50,8 @@ def _open_engine(cfg: ResidentConfig, max_ctx: int, device: str, weights: str = 
     (604 without a CUDA backend, 605 without a usable device)."""
     if device not in ("cpu", "cuda", "auto"):  # which factory to call: the one choice made here
         raise ResidentError(f"device must be 'cpu', 'cuda' or 'auto', got {device!r}", 601)
-    if device == "auto":  # every weight format runs on either engine
-        device = "cuda" if _core.session.cuda_backend()["usable"] else "cpu"
+    if device == "auto":  # every weight format but q4_0 (CPU only so far) runs on either engine
+        device = "cuda" if weights != "q4_0" and _core.session.cuda_backend()["usable"] else "cpu"
     # A max_ctx past int64 is clamped to int64's end: the core refuses it as too large (602).
     max_ctx = as_i64_clamped(max_ctx, "max_ctx")
     slots = as_i64_clamped(slots, "slots")
@@ -193,11 +193,12 @@ class ResidentSession:
     slot 0), owns it while it runs, and ``hold()`` owns it for a caller's own block of calls.
 
     ``weights`` is how the weight matrices are held resident: "f32", "bf16", "f16" (round to
-    nearest even; a value past float16's 65504 is refused, 609) or "int8" (per row, blocks of 32
-    with one float32 scale each, amax / 127). A bfloat16 checkpoint held as "bf16" keeps its bits.
-    Norms, activations and RoPE are float32 in every format. Every format runs on both engines,
-    which multiply the same values (bf16 activations for bf16 weights, int8 blocks for int8:
-    see README).
+    nearest even; a value past float16's 65504 is refused, 609), "int8" (per row, blocks of 32
+    with one float32 scale each, amax / 127) or "q4_0" (llama.cpp's Q4_0: blocks of 32 four-bit
+    codes with one float16 scale, by ggml's rule; CPU engine only so far, 604 on CUDA). A
+    bfloat16 checkpoint held as "bf16" keeps its bits. Norms, activations and RoPE are float32
+    in every format. Every other format runs on both engines, which multiply the same values
+    (bf16 activations for bf16 weights, int8 blocks for int8 and q4_0: see README).
 
     ``kv`` is how the KV cache holds keys and values: "f32", or "bf16" / "f16" (half the
     memory: each value rounded to nearest even once, when its position is written; a float16
