@@ -295,3 +295,16 @@ def test_the_command_line_names_what_a_file_needs(tmp_path, capsys):
     (tmp_path / "x.gguf").write_bytes(b"GGUF" + bytes(30))
     assert main(["generate", "--model", str(tmp_path / "x.gguf"), "--ids", "1"]) == 2
     assert "GGUF version 0" in capsys.readouterr().err
+
+
+def test_plan_sizes_a_gguf_file_as_the_session_holds_it(tmp_path, capsys):
+    from algenta.cli import main
+
+    cfg = config("qwen2", tied=False)
+    p = tmp_path / "m.gguf"
+    write_gguf(p, cfg, tensors_of(cfg), "Q4_0")
+    s = ResidentSession.from_pretrained(p, max_ctx=512, progress=False)
+    assert main(["plan", "--config", str(p), "--weights", "q4_0", "--ctx", "512",
+                 "--json"]) == 0
+    out = capsys.readouterr().out
+    assert str(s.resident_bytes) in out.replace(",", "").replace("_", ""), out[:2000]

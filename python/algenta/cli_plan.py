@@ -22,7 +22,7 @@ _HF_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_d
 _EPILOG = """\
 model shape (exactly one):
   MODEL                 a preset (algenta plan --list): {presets}
-  --config PATH         a HuggingFace config.json (or the directory holding it)
+  --config PATH         a HuggingFace config.json (or the directory holding it), or a .gguf file
   --dims D,HQ,HKV,DH,FF,L,V
                         d_model, query heads, key/value heads, head_dim, d_ff, layers, vocab
 
@@ -528,7 +528,7 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("model", nargs="?", metavar="MODEL", help="a preset name (see below)")
-    p.add_argument("--config", metavar="PATH", help="HuggingFace config.json")
+    p.add_argument("--config", metavar="PATH", help="HuggingFace config.json, or a .gguf file")
     p.add_argument("--dims", metavar="D,HQ,HKV,DH,FF,L,V", help="the seven dimensions")
     p.add_argument("--untied", action="store_true",
                    help="count a separate lm_head (--dims assumes a tied one)")

@@ -112,6 +112,34 @@ static inline void q4_tile(int64_t nb, const uint8_t* const* pw, const Q4Rows& x
     for (int r = 0; r < RT; ++r)
       for (int v = 0; v < NP; ++v) a[r][v][0] = a[r][v][1] = _mm256_setzero_si256();
     for (int j = 0; j < 4; ++j) {
+      if constexpr (RT == 1) {
+        // One decode row: the unsigned codes are vpmaddubsw's unsigned operand as they are
+        // (sum (q - 8) x = sum q x - 8 sum x, the last term taken off once a block below), and
+        // each half-group is unpacked and multiplied at once, so the live registers are the
+        // sums and x's two vectors, not NP panels of unpacked codes. Pairs reach 2 * 15 * 127.
+        int32_t ql, qh;
+        std::memcpy(&ql, x.q[0] + b * RESIDENT_INT8_BLOCK + j * 4, 4);
+        std::memcpy(&qh, x.q[0] + b * RESIDENT_INT8_BLOCK + (j + 4) * 4, 4);
+        const __m256i xl = _mm256_set1_epi32(ql), xh = _mm256_set1_epi32(qh);
+        for (int v = 0; v < NP; ++v)
+          for (int h = 0; h < 2; ++h) {
+            const __m256i raw = _mm256_loadu_si256(
+                reinterpret_cast<const __m256i*>(pw[v] + b * Q4_PB + j * 64 + h * 32));
+            const __m256i pl = _mm256_maddubs_epi16(_mm256_and_si256(raw, lo4), xl);
+            const __m256i ph =
+                _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4), xh);
+            a[0][v][h] =
+                _mm256_add_epi32(a[0][v][h], _mm256_madd_epi16(_mm256_add_epi16(pl, ph), ones));
+          }
+        if (j == 3) {
+          int32_t sx = 0;
+          for (int i = 0; i < RESIDENT_INT8_BLOCK; ++i) sx += x.q[0][b * RESIDENT_INT8_BLOCK + i];
+          const __m256i off = _mm256_set1_epi32(8 * sx);
+          for (int v = 0; v < NP; ++v)
+            for (int h = 0; h < 2; ++h) a[0][v][h] = _mm256_sub_epi32(a[0][v][h], off);
+        }
+        continue;
+      }
       __m256i wl[NP][2], wh[NP][2];
       for (int v = 0; v < NP; ++v)
         for (int h = 0; h < 2; ++h) {

@@ -247,6 +247,12 @@ def is_gguf(path) -> bool:
         return False
 
 
+def gguf_hf_config(path) -> dict:
+    """config.json's dict for the GGUF file at `path` (its metadata and tensor table checked,
+    no tensor read): what ``algenta plan --config model.gguf`` sizes."""
+    return _hf_config(read_gguf(path))[0]
+
+
 def open_gguf(path) -> GgufCheckpoint:
     """The GGUF file at `path`, checked whole (the container, the metadata, every tensor's name,
     type and shape against the architecture) before anything is allocated from it."""
@@ -255,4 +261,4 @@ def open_gguf(path) -> GgufCheckpoint:
     return GgufCheckpoint(g, hf, arch)
 
 
-__all__ = ["open_gguf", "is_gguf", "gguf_name", "GgufCheckpoint"]
+__all__ = ["open_gguf", "is_gguf", "gguf_name", "gguf_hf_config", "GgufCheckpoint"]

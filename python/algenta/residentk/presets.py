@@ -67,12 +67,16 @@ def shape_from_hf_config(cfg: dict, name: str = "config") -> ModelShape:
 
 
 def load_hf_config(path) -> ModelShape:
-    """:func:`shape_from_hf_config` of a ``config.json`` file (or a directory holding one).
-    Raises ``OSError`` if it cannot be read and ``ResidentError`` (a ``ValueError``) if it is not
-    a usable config."""
+    """:func:`shape_from_hf_config` of a ``config.json`` file (or a directory holding one), or of
+    a GGUF file's metadata (read as the session reads it, gguf_model). Raises ``OSError`` if it
+    cannot be read and ``ResidentError`` (a ``ValueError``) if it is not a usable config."""
     import os
 
+    from .gguf_model import gguf_hf_config, is_gguf
+
     p = os.fspath(path)
+    if is_gguf(p):
+        return shape_from_hf_config(gguf_hf_config(p), name=os.path.splitext(os.path.basename(p))[0])
     if os.path.isdir(p):
         p = os.path.join(p, "config.json")
     cfg = read_json_file(p, os.path.basename(p))
