@@ -104,7 +104,8 @@ def _eos_ids(root: Path) -> set:
 
 class ModelPath:
     """What --model names: a checkpoint directory or a GGUF file (its header read and checked
-    here, nothing allocated), with the tokenizer, eos ids and chat template each one holds."""
+    here, nothing allocated), with the session format, tokenizer and eos ids each one gives
+    (the server reads a GGUF file's chat template from ``.gguf``)."""
 
     def __init__(self, path):
         from .errors import AlgentaError
