@@ -232,7 +232,9 @@ def test_flipped_bytes_are_refused_or_read_never_a_crash(tmp_path, good):
 
 
 # ---- the vocabulary ----------------------------------------------------------------------
-def test_the_vocabulary_reads_back_as_the_tokenizer_it_came_from(tmp_path, capsys):
+def trained_vocabulary():
+    """A byte-level BPE trained here (Qwen2's split rule and NFC, two special tokens and a
+    plain added <think>) and its GGUF arrays: (tokenizer, (tokens, merges, types, pre))."""
     tokenizers = pytest.importorskip("tokenizers")
     from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
     from tokenizers.models import BPE
@@ -257,6 +259,11 @@ def test_the_vocabulary_reads_back_as_the_tokenizer_it_came_from(tmp_path, capsy
     merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
     types = [3 if t in ("<|im_start|>", "<|im_end|>") else 4 if t == "<think>" else 1
              for t in tokens]
+    return hf, (tokens, merges, types, "qwen2")
+
+
+def test_the_vocabulary_reads_back_as_the_tokenizer_it_came_from(tmp_path, capsys):
+    hf, (tokens, merges, types, _) = trained_vocabulary()
     cfg = make_config(dict(SHAPE, vocab=len(tokens)))
     p = tmp_path / "v.gguf"
     write_gguf(p, cfg, tensors_of(cfg), tokenizer=(tokens, merges, types, "qwen2"),
@@ -308,3 +315,53 @@ def test_plan_sizes_a_gguf_file_as_the_session_holds_it(tmp_path, capsys):
                  "--json"]) == 0
     out = capsys.readouterr().out
     assert str(s.resident_bytes) in out.replace(",", "").replace("_", ""), out[:2000]
+
+
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.slow
+def test_algenta_serve_serves_a_gguf_file(tmp_path):
+    # The file alone: its vocabulary, chat template and eos from the metadata, held as q4_0.
+    import http.client
+    import json
+    import socket
+    import subprocess
+    import time
+
+    hf, vocab = trained_vocabulary()
+    cfg = make_config(dict(SHAPE, vocab=len(vocab[0])))
+    p = tmp_path / "tiny-Q4_0.gguf"
+    write_gguf(p, cfg, tensors_of(cfg), "Q4_0", tokenizer=vocab, chat_template=TEMPLATE)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "algenta", "serve", "--model", str(p),
+                             "--port", str(port), "--slots", "2"], stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.time() + 60
+        body = {"model": "tiny-Q4_0", "messages": [{"role": "user", "content": "the lazy fox"}],
+                "max_tokens": 4, "temperature": 0}
+        while True:
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                c.request("POST", "/v1/chat/completions", body=json.dumps(body))
+                r = c.getresponse()
+                break
+            except OSError:
+                assert time.time() < deadline and proc.poll() is None, proc.stderr.read()
+                time.sleep(0.1)
+        out = json.loads(r.read())
+        assert r.status == 200, out
+        solo = ResidentSession.from_pretrained(p, progress=False)
+        assert solo.weights == "q4_0"
+        prompt = hf.encode("<|im_start|>user\nthe lazy fox<|im_end|>\n<|im_start|>assistant\n").ids
+        want = solo.generate(prompt, 4, stop_ids=[len(vocab[0]) - 1])
+        assert len(want) == 4 and out["choices"][0]["message"]["content"] == hf.decode(want)
+        proc.send_signal(__import__("signal").SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
