@@ -25,18 +25,13 @@ needs ``weights=`` (see docs/gguf.md).
 
 from __future__ import annotations
 
-import sys
-import time
-
 import numpy as np
 
 from .._dtypes import Bf16Bits
-from ..errors import ResidentError
 from .config import parse_hf_config, session_config
-from .gguf_file import read_gguf
+from .gguf_file import _refuse, read_gguf
+from .loader import _Progress
 from .weights import EMBED, HEAD, BlockTensor, expected_shapes
-
-_WEIGHT = 607
 
 # GGUF architecture -> (transformers model_type, its class, whether q/k rows were permuted).
 _ARCHS = {
@@ -65,10 +60,6 @@ _LAYER = {  # transformers' name inside model.layers.N -> llama.cpp's inside blk
 }
 # The session format that holds each stored matrix type as it is.
 _KEEPS = {"f32": "f32", "f16": "f16", "bf16": "bf16", "q8_0": "int8", "q4_0": "q4_0"}
-
-
-def _refuse(msg: str) -> ResidentError:
-    return ResidentError(msg, _WEIGHT)
 
 
 def gguf_name(hf_name: str) -> str:
@@ -189,27 +180,20 @@ class GgufCheckpoint:
         memory map; block types as BlockTensor; q and k rows of the Llama family put back."""
         permute = _ARCHS[self._arch][2]
         c = self.config
-        total, done, last = self.total_bytes, 0, 0.0
-        tty = progress if progress is not None and not callable(progress) else \
-            (progress is None and sys.stderr.isatty())
-        for hf_name, t in sorted(self._names.items(), key=lambda kv: kv[1].offset):
-            a = t.array()
-            if permute and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
-                a = _unpermute(a, c.h_q if "q_proj" in hf_name else c.h_kv)
-            if t.dtype == "bf16":
-                a = Bf16Bits(a)
-            elif t.dtype not in ("f32", "f16"):
-                a = BlockTensor(a, t.dtype, t.shape)
-            yield hf_name, a
-            done += t.nbytes
-            if callable(progress):
-                progress(done, total)
-            elif tty and (time.monotonic() - last > 0.2 or done == total):
-                last = time.monotonic()
-                sys.stderr.write(f"\rloading {done / 1e9:.2f}/{total / 1e9:.2f} GB")
-                sys.stderr.flush()
-        if tty:
-            sys.stderr.write("\n")
+        bar = _Progress(self.total_bytes, progress)  # the checkpoint loader's progress line
+        try:
+            for hf_name, t in sorted(self._names.items(), key=lambda kv: kv[1].offset):
+                a = t.array()
+                if permute and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
+                    a = _unpermute(a, c.h_q if "q_proj" in hf_name else c.h_kv)
+                if t.dtype == "bf16":
+                    a = Bf16Bits(a)
+                elif t.dtype not in ("f32", "f16"):
+                    a = BlockTensor(a, t.dtype, t.shape)
+                yield hf_name, a
+                bar.add(t.nbytes, hf_name)
+        finally:
+            bar.close()
 
     # -- what a checkpoint directory's other files hold -----------------------------------
     @property

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ResidentError
-
-_WEIGHT = 607
+from .gguf_file import _refuse
 _QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -26,10 +24,6 @@ _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
 PRE = {"qwen2": (_QWEN2, True, False), "llama-bpe": (_LLAMA3, False, True),
        "gpt-2": (None, False, False), "default": (None, False, False)}
 _CONTROL, _USER_DEFINED = 3, 4
-
-
-def _refuse(msg: str) -> ResidentError:
-    return ResidentError(msg, _WEIGHT)
 
 
 def build_tokenizer(g):
